@@ -1,0 +1,98 @@
+"""`python -m flowjam ...`: the command line. Heavy imports happen inside the commands, so --help is instant."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="tiny", help="network preset when no --checkpoint is given: tiny (default, no files), turbo-2b, xl (random weights)")
+    parser.add_argument("--checkpoint", type=Path, help="local weights: official ACE-Step 1.5 folder, ComfyUI models/ folder or file, or a flowjam .safetensors")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowjam", description="flowjam: play ACE-Step 1.5 in real time (ComfyUI nodes, OSC, MIDI)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    render = commands.add_parser("render", help="generate one piece offline and write a 48 kHz stereo WAV")
+    render.add_argument("--prompt", required=True, help="caption / tags describing the music")
+    render.add_argument("--lyrics", default="", help="lyrics text, or @file.txt to read them from a file (default: instrumental)")
+    render.add_argument("--seconds", type=float, default=10.0, help="length of the output in seconds (> 0)")
+    render.add_argument("--out", type=Path, default=Path("flowjam.wav"), help="output WAV path")
+    render.add_argument("--cover", type=Path, help="source WAV to cover (keeps its structure)")
+    render.add_argument("--seed", type=int, default=0)
+    render.add_argument("--steps", type=int, default=8, help="denoising steps (turbo: 8)")
+    render.add_argument("--shift", type=float, default=3.0, help="timestep shift (turbo: 3)")
+    render.add_argument("--denoise", type=float, default=1.0, help="1 = from noise; below 1 keeps that much of --cover")
+    render.add_argument("--bpm", type=int)
+    render.add_argument("--key", help="key scale, e.g. 'G major', 'F# minor'")
+    render.add_argument("--time-signature", help="2, 3, 4 or 6 (or 4/4 style)")
+    render.add_argument("--language", default="unknown", help="lyrics language code (en, zh, ja, ...)")
+    add_model_arguments(render)
+    return parser
+
+
+class ProgressBar:
+    """A one-line terminal progress bar on stderr."""
+
+    def __init__(self, label: str, width: int = 30):
+        self.label, self.width, self.start = label, width, time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        filled = round(self.width * done / total)
+        elapsed = time.perf_counter() - self.start
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {elapsed:5.1f}s")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def run_render(args: argparse.Namespace) -> int:
+    from .engine.render import RenderRequest, render
+
+    lyrics = Path(args.lyrics[1:]).read_text(encoding="utf-8") if args.lyrics.startswith("@") else args.lyrics
+    request = RenderRequest(
+        prompt=args.prompt, seconds=args.seconds, out=args.out, lyrics=lyrics, cover=args.cover, seed=args.seed,
+        steps=args.steps, shift=args.shift, denoise=args.denoise, bpm=args.bpm, key=args.key,
+        time_signature=args.time_signature, language=args.language,
+    )
+    request.validate()
+    session = load_session(args)
+    path = render(session, request, on_step=ProgressBar("denoise"))
+    print(f"wrote {path} ({args.seconds:g} s, 48 kHz stereo, seed {args.seed}, {session.models.source})")
+    return 0
+
+
+def load_session(args: argparse.Namespace):
+    import torch
+
+    from .engine.session import Session
+
+    return Session.load(args.checkpoint, preset=args.preset, device=args.device, dtype=getattr(torch, args.dtype))
+
+
+COMMANDS = {"render": run_render}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"flowjam {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""ACE-Step 1.5 DiT decoder (`decoder.*` keys): AdaLN-modulated transformer over patch-2 latent tokens.
+
+Inputs are batch-first: noisy latents x_t [B, T, 64], t [B], context latents [B, T, 128] (source || chunk
+mask) and a condition (encoder states [B, L, Hc], or the cross-attention K/V already built from them).
+Output: velocity [B, T, 64] (flow matching: x_t = t*noise + (1-t)*x0, v = noise - x0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import Attention, RMSNorm, SwiGLU, band_mask, combine_masks, rope_cos_sin
+from .presets import AceStepConfig
+
+TIMESTEP_FREQ_DIM = 256
+TIMESTEP_SCALE = 1000.0
+
+
+def timestep_sinusoid(t: torch.Tensor, dim: int = TIMESTEP_FREQ_DIM) -> torch.Tensor:
+    """[cos | sin] features of t*1000 with periods up to 10000, in fp32: [B] -> [B, dim]."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = (t.float() * TIMESTEP_SCALE)[:, None] * freqs[None]
+    return torch.cat([args.cos(), args.sin()], dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    """t -> (temb [B, H], six modulation vectors [B, 6, H])."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear_1 = nn.Linear(TIMESTEP_FREQ_DIM, hidden)
+        self.linear_2 = nn.Linear(hidden, hidden)
+        self.time_proj = nn.Linear(hidden, hidden * 6)
+
+    def forward(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = timestep_sinusoid(t).to(self.linear_1.weight.dtype)
+        temb = self.linear_2(F.silu(self.linear_1(features)))
+        return temb, self.time_proj(F.silu(temb)).unflatten(1, (6, -1))
+
+
+class PatchConv(nn.Sequential):
+    """Conv with the patch size as kernel and stride, wrapped so its weights sit at index 1 like the official
+    `Sequential(transpose, conv, transpose)`; works on [B, T, C] tensors."""
+
+    def __init__(self, conv: nn.Module):
+        super().__init__(nn.Identity(), conv)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self[1](x.transpose(1, 2)).transpose(1, 2)
+
+
+@dataclass
+class CrossKV:
+    """Cross-attention keys/values of one condition for every layer, built once and reused every step."""
+
+    keys: list[torch.Tensor]  # per layer [B, kv_heads, L, head_dim]
+    values: list[torch.Tensor]
+    key_mask: torch.Tensor | None = None  # [B, L] True = valid; None = attend to all (the reference)
+
+    @property
+    def batch(self) -> int:
+        return self.keys[0].shape[0]
+
+    def select(self, rows: torch.Tensor) -> "CrossKV":
+        """The K/V for a subset (or repetition) of batch rows."""
+        mask = None if self.key_mask is None else self.key_mask[rows]
+        return CrossKV([k[rows] for k in self.keys], [v[rows] for v in self.values], mask)
+
+
+class DiTLayer(nn.Module):
+    def __init__(self, config: AceStepConfig, index: int):
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        heads, kv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.sliding = config.layer_is_sliding(index)
+        self.self_attn_norm = RMSNorm(h, eps)
+        self.self_attn = Attention(h, heads, kv, hd, eps)
+        self.cross_attn_norm = RMSNorm(h, eps)
+        self.cross_attn = Attention(h, heads, kv, hd, eps)
+        self.mlp_norm = RMSNorm(h, eps)
+        self.mlp = SwiGLU(h, config.intermediate_size)
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 6, h) / h**0.5)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        modulation: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        self_mask: torch.Tensor | None,
+        cross_k: torch.Tensor,
+        cross_v: torch.Tensor,
+        cross_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        shift, scale, gate, mlp_shift, mlp_scale, mlp_gate = (self.scale_shift_table + modulation).chunk(6, dim=1)
+        h = (self.self_attn_norm(x) * (1 + scale) + shift).type_as(x)
+        x = (x + self.self_attn(h, rope, self_mask) * gate).type_as(x)
+        h = self.cross_attn_norm(x)
+        x = x + self.cross_attn.attend(self.cross_attn.query(h), cross_k, cross_v, cross_mask)
+        h = (self.mlp_norm(x) * (1 + mlp_scale) + mlp_shift).type_as(x)
+        return (x + self.mlp(h) * mlp_gate).type_as(x)
+
+
+class DiTDecoder(nn.Module):
+    def __init__(self, config: AceStepConfig):
+        super().__init__()
+        self.config = config
+        h, p = config.hidden_size, config.patch_size
+        self.proj_in = PatchConv(nn.Conv1d(config.in_channels, h, kernel_size=p, stride=p))
+        self.time_embed = TimestepEmbedding(h)
+        self.time_embed_r = TimestepEmbedding(h)
+        self.condition_embedder = nn.Linear(config.condition_width, h)
+        self.layers = nn.ModuleList(DiTLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm_out = RMSNorm(h, config.rms_norm_eps)
+        self.proj_out = PatchConv(nn.ConvTranspose1d(h, config.audio_acoustic_hidden_dim, kernel_size=p, stride=p))
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, h) / h**0.5)
+        self._folded_r: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.clear_folded_constants())
+
+    def clear_folded_constants(self) -> None:
+        """Forget the cached `time_embed_r(0)`; call after changing weights in place."""
+        self._folded_r = None
+
+    def _time_embedding_r0(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`time_embed_r(t - r)` with r = t (always, at inference) is a constant: compute it once."""
+        cached = self._folded_r
+        if cached is None or cached[0].device != like.device or cached[0].dtype != like.dtype:
+            with torch.no_grad():
+                temb, tproj = self.time_embed_r(torch.zeros(1, device=like.device))
+            cached = (temb.to(like.dtype), tproj.to(like.dtype))
+            self._folded_r = cached
+        return cached
+
+    def timestep_modulation(self, t: torch.Tensor, t_r: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(temb [B, H], per-layer modulation [B, 6, H]) for timesteps t (and optional mean-flow r)."""
+        temb, tproj = self.time_embed(t)
+        if t_r is None:
+            temb_r, tproj_r = self._time_embedding_r0(temb)
+        else:
+            temb_r, tproj_r = self.time_embed_r(t - t_r)
+        return temb + temb_r, tproj + tproj_r
+
+    def build_cross_kv(self, encoder_hidden_states: torch.Tensor, key_mask: torch.Tensor | None = None) -> CrossKV:
+        """Embed a condition [B, L, Hc] and project it to every layer's cross-attention K/V."""
+        embedded = self.condition_embedder(encoder_hidden_states)
+        keys, values = zip(*(layer.cross_attn.key_value(embedded) for layer in self.layers))
+        return CrossKV(list(keys), list(values), key_mask)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        context_latents: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        cross_kv: CrossKV | None = None,
+        timestep_r: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Velocity [B, T, 64]. Give either `encoder_hidden_states` or a prebuilt `cross_kv`."""
+        if (encoder_hidden_states is None) == (cross_kv is None):
+            raise ValueError("pass exactly one of encoder_hidden_states or cross_kv")
+        if cross_kv is None:
+            cross_kv = self.build_cross_kv(encoder_hidden_states)
+        frames = hidden_states.shape[1]
+        temb, modulation = self.timestep_modulation(timestep, timestep_r)
+        x = torch.cat([context_latents, hidden_states], dim=-1)
+        pad = (-frames) % self.config.patch_size
+        if pad:
+            x = F.pad(x, (0, 0, 0, pad))
+        x = self.proj_in(x)
+        tokens = x.shape[1]
+        rope = rope_cos_sin(torch.arange(tokens, device=x.device), self.config.head_dim, self.config.rope_theta, x.dtype)
+        sliding = band_mask(tokens, self.config.sliding_window, x.device)
+        cross_mask = combine_masks(None, cross_kv.key_mask)
+        for layer, k, v in zip(self.layers, cross_kv.keys, cross_kv.values):
+            x = layer(x, modulation, rope, sliding if layer.sliding else None, k, v, cross_mask)
+        shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
+        x = (self.norm_out(x) * (1 + scale) + shift).type_as(x)
+        return self.proj_out(x)[:, :frames]

@@ -1,0 +1,161 @@
+"""Loading real checkpoint layouts (official HF folders, ComfyUI split files and AIO, flowjam files) and their errors."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from flowjam.engine.checkpoints import CheckpointError, build_random, load_checkpoint, save_flowjam_file
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_random("tiny", seed=3)
+
+
+def comfy_vae_name(key: str) -> str:
+    """Official diffusers VAE key -> ComfyUI (stable-audio-tools) key, spelled out from ComfyUI's module tree."""
+    top = {"conv1": 0, "snake1": 6, "conv2": 7}
+    m = re.fullmatch(r"(encoder|decoder)\.(conv1|snake1|conv2)\.(\w+)", key)
+    if m:
+        return f"{m[1]}.layers.{top[m[2]]}.{m[3]}"
+    m = re.fullmatch(r"encoder\.block\.(\d)\.res_unit(\d)\.(snake1|conv1|snake2|conv2)\.(\w+)", key)
+    if m:
+        part = ("snake1", "conv1", "snake2", "conv2").index(m[3])
+        return f"encoder.layers.{int(m[1]) + 1}.layers.{int(m[2]) - 1}.layers.{part}.{m[4]}"
+    m = re.fullmatch(r"encoder\.block\.(\d)\.(snake1|conv1)\.(\w+)", key)
+    if m:
+        return f"encoder.layers.{int(m[1]) + 1}.layers.{3 if m[2] == 'snake1' else 4}.{m[3]}"
+    m = re.fullmatch(r"decoder\.block\.(\d)\.res_unit(\d)\.(snake1|conv1|snake2|conv2)\.(\w+)", key)
+    if m:
+        part = ("snake1", "conv1", "snake2", "conv2").index(m[3])
+        return f"decoder.layers.{int(m[1]) + 1}.layers.{int(m[2]) + 1}.layers.{part}.{m[4]}"
+    m = re.fullmatch(r"decoder\.block\.(\d)\.(snake1|conv_t1)\.(\w+)", key)
+    assert m, key
+    return f"decoder.layers.{int(m[1]) + 1}.layers.{0 if m[2] == 'snake1' else 1}.{m[3]}"
+
+
+def comfy_vae_state(vae) -> dict:
+    out = {}
+    for key, value in vae.state_dict().items():
+        name = comfy_vae_name(key)
+        if name.endswith((".alpha", ".beta")):
+            value = value.flatten()  # ComfyUI's SnakeBeta stores [C]
+        if "decoder.layers.2." in name:  # a re-saved file may use parametrized weight-norm names
+            name = name.replace("weight_g", "parametrizations.weight.original0").replace("weight_v", "parametrizations.weight.original1")
+        out[name] = value.clone().contiguous()
+    return out
+
+
+def assert_same_weights(a, b):
+    for name in ("acestep", "text_encoder", "vae"):
+        left, right = getattr(a, name).state_dict(), getattr(b, name).state_dict()
+        assert left.keys() == right.keys(), name
+        for key in left:
+            assert torch.equal(left[key], right[key]), f"{name}.{key} differs after loading"
+
+
+def plain(net) -> dict:
+    return {k: v.clone().contiguous() for k, v in net.state_dict().items()}
+
+
+def test_official_folder_layout_loads_exactly(tiny, tmp_path):
+    dit_dir, vae_dir, text_dir = tmp_path / "acestep-v15-turbo", tmp_path / "vae", tmp_path / "Qwen3-Embedding-0.6B"
+    for folder in (dit_dir, vae_dir, text_dir):
+        folder.mkdir()
+    save_file(plain(tiny.acestep), str(dit_dir / "model.safetensors"))
+    (dit_dir / "config.json").write_text(json.dumps({"model_type": "acestep", "sliding_window": 8}))
+    torch.save(tiny.silence_latent[0].t().contiguous().unsqueeze(0), dit_dir / "silence_latent.pt")  # [1, 64, F]
+    save_file(plain(tiny.vae), str(vae_dir / "diffusion_pytorch_model.safetensors"))
+    save_file(plain(tiny.text_encoder), str(text_dir / "model.safetensors"))
+    loaded = load_checkpoint(tmp_path)
+    assert_same_weights(tiny, loaded)
+    assert torch.equal(loaded.silence_latent, tiny.silence_latent)
+    assert loaded.config == tiny.config
+    assert load_checkpoint(dit_dir).config == tiny.config  # the DiT folder itself works too
+
+
+def test_comfyui_split_files_and_bf16_load(tiny, tmp_path):
+    models = tmp_path / "models"
+    for sub in ("diffusion_models", "text_encoders", "vae"):
+        (models / sub).mkdir(parents=True)
+    save_file(plain(tiny.acestep), str(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"))
+    save_file({"model." + k: v for k, v in plain(tiny.text_encoder).items()}, str(models / "text_encoders" / "qwen_0.6b_ace15.safetensors"))
+    save_file(comfy_vae_state(tiny.vae), str(models / "vae" / "ace_1.5_vae.safetensors"))
+    assert_same_weights(tiny, load_checkpoint(models))
+    assert_same_weights(tiny, load_checkpoint(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"))
+
+    save_file({k: v.bfloat16() for k, v in plain(tiny.acestep).items()}, str(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"))
+    loaded = load_checkpoint(models)
+    weight = loaded.acestep.decoder.proj_in[1].weight
+    assert weight.dtype == torch.float32
+    assert torch.equal(weight, tiny.acestep.decoder.proj_in[1].weight.bfloat16().float())
+
+
+def test_comfyui_all_in_one_checkpoint(tiny, tmp_path):
+    state = {"model.diffusion_model." + k: v for k, v in plain(tiny.acestep).items()}
+    state |= {"vae." + k: v for k, v in comfy_vae_state(tiny.vae).items()}
+    state |= {"text_encoders.qwen3_06b.transformer.model." + k: v for k, v in plain(tiny.text_encoder).items()}
+    state["text_encoders.qwen3_2b.transformer.model.norm.weight"] = torch.ones(8)  # the LM rides along; ignored here
+    path = tmp_path / "ace_step_1.5_turbo_aio.safetensors"
+    save_file(state, str(path))
+    assert_same_weights(tiny, load_checkpoint(path))
+
+
+def test_flowjam_single_file_round_trip(tiny, tmp_path):
+    loaded = load_checkpoint(save_flowjam_file(tiny, tmp_path / "tiny.safetensors"))
+    assert_same_weights(tiny, loaded)
+    assert torch.equal(loaded.silence_latent, tiny.silence_latent)
+
+
+def test_wrong_key_set_is_one_error_listing_every_problem(tiny, tmp_path):
+    models = tmp_path / "models"
+    for sub in ("diffusion_models", "text_encoders", "vae"):
+        (models / sub).mkdir(parents=True)
+    dit = plain(tiny.acestep)
+    del dit["decoder.norm_out.weight"]
+    dit["decoder.extra_tensor"] = torch.zeros(3)
+    dit["decoder.scale_shift_table"] = torch.zeros(1, 2, 65)
+    save_file(dit, str(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"))
+    save_file({"model." + k: v for k, v in plain(tiny.text_encoder).items()}, str(models / "text_encoders" / "qwen_0.6b_ace15.safetensors"))
+    save_file(comfy_vae_state(tiny.vae), str(models / "vae" / "ace_1.5_vae.safetensors"))
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(models)
+    message = str(error.value)
+    assert "1 missing (decoder.norm_out.weight)" in message
+    assert "1 unexpected (decoder.extra_tensor)" in message
+    assert "decoder.scale_shift_table (1, 2, 65) != (1, 2, 64)" in message
+
+
+def test_missing_paths_name_the_fix(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint path not found"):
+        load_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(CheckpointError, match="no acestep-v15"):
+        load_checkpoint(tmp_path)
+    (tmp_path / "acestep-v15-turbo").mkdir()
+    with pytest.raises(CheckpointError, match="vae/ and Qwen3-Embedding-0.6B/"):
+        load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--checkpoint", "/no/such/dir"], "checkpoint path not found: /no/such/dir"),
+        (["--seconds", "0"], "seconds must be > 0"),
+        (["--seconds", "-3"], "seconds must be > 0"),
+        (["--preset", "huge"], "unknown preset 'huge'"),
+    ],
+)
+def test_cli_bad_input_prints_one_clear_error_line(args, expected, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "flowjam", "render", "--prompt", "ambient", "--out", str(tmp_path / "x.wav"), *args],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert not (tmp_path / "x.wav").exists()

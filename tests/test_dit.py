@@ -1,0 +1,166 @@
+"""DiT decoder: official key set at full size, shapes, the ±128-token sliding window, batching rows at different t."""
+
+import torch
+
+from flowjam.engine.models.acestep import AceStepModel
+from flowjam.engine.models.dit import DiTDecoder
+from flowjam.engine.models.layers import band_mask
+from flowjam.engine.models.presets import TINY, TURBO_2B, XL, with_overrides
+
+
+def official_keys(c) -> dict[str, tuple[int, ...]]:
+    """The checkpoint's key -> shape table, written out from the spec (§1.6), independent of our modules."""
+    H, I, hd = c.hidden_size, c.intermediate_size, c.head_dim
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    E = c.encoder_hidden_size or H
+    EI = c.encoder_intermediate_size or I
+    eq = (c.encoder_num_attention_heads or c.num_attention_heads) * hd
+    ekv = (c.encoder_num_key_value_heads or c.num_key_value_heads) * hd
+    keys: dict[str, tuple[int, ...]] = {}
+    for name in ("time_embed", "time_embed_r"):
+        p = f"decoder.{name}."
+        keys |= {p + "linear_1.weight": (H, 256), p + "linear_1.bias": (H,), p + "linear_2.weight": (H, H),
+                 p + "linear_2.bias": (H,), p + "time_proj.weight": (6 * H, H), p + "time_proj.bias": (6 * H,)}
+    keys |= {"decoder.proj_in.1.weight": (H, 192, 2), "decoder.proj_in.1.bias": (H,),
+             "decoder.condition_embedder.weight": (H, E), "decoder.condition_embedder.bias": (H,),
+             "decoder.norm_out.weight": (H,), "decoder.proj_out.1.weight": (H, 64, 2), "decoder.proj_out.1.bias": (64,),
+             "decoder.scale_shift_table": (1, 2, H)}
+    for i in range(c.num_hidden_layers):
+        p = f"decoder.layers.{i}."
+        for attn in ("self_attn", "cross_attn"):
+            keys |= {p + f"{attn}_norm.weight": (H,), p + f"{attn}.q_proj.weight": (q, H),
+                     p + f"{attn}.k_proj.weight": (kv, H), p + f"{attn}.v_proj.weight": (kv, H),
+                     p + f"{attn}.o_proj.weight": (H, q), p + f"{attn}.q_norm.weight": (hd,),
+                     p + f"{attn}.k_norm.weight": (hd,)}
+        keys |= {p + "mlp_norm.weight": (H,), p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                 p + "mlp.down_proj.weight": (H, I), p + "scale_shift_table": (1, 6, H)}
+
+    def encoder_layers(prefix, count):
+        out = {}
+        for i in range(count):
+            p = f"{prefix}.layers.{i}."
+            out |= {p + "input_layernorm.weight": (E,), p + "post_attention_layernorm.weight": (E,),
+                    p + "self_attn.q_proj.weight": (eq, E), p + "self_attn.k_proj.weight": (ekv, E),
+                    p + "self_attn.v_proj.weight": (ekv, E), p + "self_attn.o_proj.weight": (E, eq),
+                    p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                    p + "mlp.gate_proj.weight": (EI, E), p + "mlp.up_proj.weight": (EI, E),
+                    p + "mlp.down_proj.weight": (E, EI)}
+        return out
+
+    keys["encoder.text_projector.weight"] = (E, c.text_hidden_dim)
+    keys |= {"encoder.lyric_encoder.embed_tokens.weight": (E, c.text_hidden_dim),
+             "encoder.lyric_encoder.embed_tokens.bias": (E,), "encoder.lyric_encoder.norm.weight": (E,)}
+    keys |= encoder_layers("encoder.lyric_encoder", c.num_lyric_encoder_hidden_layers)
+    keys |= {"encoder.timbre_encoder.embed_tokens.weight": (E, 64), "encoder.timbre_encoder.embed_tokens.bias": (E,),
+             "encoder.timbre_encoder.norm.weight": (E,), "encoder.timbre_encoder.special_token": (1, 1, E)}
+    keys |= encoder_layers("encoder.timbre_encoder", c.num_timbre_encoder_hidden_layers)
+    keys |= {"tokenizer.audio_acoustic_proj.weight": (E, 64), "tokenizer.audio_acoustic_proj.bias": (E,),
+             "tokenizer.attention_pooler.embed_tokens.weight": (E, E), "tokenizer.attention_pooler.embed_tokens.bias": (E,),
+             "tokenizer.attention_pooler.norm.weight": (E,), "tokenizer.attention_pooler.special_token": (1, 1, E),
+             "tokenizer.quantizer.project_in.weight": (6, E), "tokenizer.quantizer.project_in.bias": (6,),
+             "tokenizer.quantizer.project_out.weight": (E, 6), "tokenizer.quantizer.project_out.bias": (E,)}
+    keys |= encoder_layers("tokenizer.attention_pooler", c.num_attention_pooler_hidden_layers)
+    keys |= {"detokenizer.embed_tokens.weight": (E, E), "detokenizer.embed_tokens.bias": (E,),
+             "detokenizer.special_tokens": (1, 5, E), "detokenizer.norm.weight": (E,),
+             "detokenizer.proj_out.weight": (64, E), "detokenizer.proj_out.bias": (64,)}
+    keys |= encoder_layers("detokenizer", c.num_attention_pooler_hidden_layers)
+    keys["null_condition_emb"] = (1, 1, E)
+    return keys
+
+
+def test_full_configs_have_exactly_the_official_keys_and_shapes():
+    for config, count, params in ((TURBO_2B, 677, 2_393_872_518), (XL, 829, 4_987_310_726)):
+        with torch.device("meta"):
+            model = AceStepModel(config)
+        ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        expected = official_keys(config)
+        assert len(expected) == count
+        assert ours.keys() == expected.keys(), sorted(ours.keys() ^ expected.keys())[:10]
+        wrong = {k: (ours[k], expected[k]) for k in ours if ours[k] != expected[k]}
+        assert not wrong, wrong
+        assert sum(p.numel() for p in model.parameters()) == params
+
+
+def test_full_size_state_dict_loads_strictly_without_memory():
+    with torch.device("meta"):
+        model = AceStepModel(TURBO_2B)
+        state = {k: torch.empty(shape) for k, shape in official_keys(TURBO_2B).items()}
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def tiny_inputs(batch: int, frames: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, frames, 64, generator=g)
+    context = torch.cat([torch.randn(batch, frames, 64, generator=g), torch.ones(batch, frames, 64)], dim=-1)
+    cond = torch.randn(batch, 7, TINY.condition_width, generator=g)
+    return x, context, cond
+
+
+def test_forward_shapes_for_odd_and_even_lengths():
+    torch.manual_seed(0)
+    dit = DiTDecoder(TINY).eval()
+    for frames in (1, 2, 37, 40, 251):
+        x, context, cond = tiny_inputs(2, frames)
+        with torch.no_grad():
+            v = dit(x, torch.tensor([1.0, 0.3]), context, encoder_hidden_states=cond)
+        assert v.shape == (2, frames, 64)
+        assert torch.isfinite(v).all()
+
+
+def test_sliding_mask_is_plus_minus_128_tokens():
+    mask = band_mask(400, 128, "cpu")
+    assert mask[200, 72] and mask[200, 328] and not mask[200, 71] and not mask[200, 329]
+    assert mask.sum(dim=1)[200] == 257
+
+
+def test_sliding_layer_sees_exactly_128_tokens_each_side():
+    """A one-layer (sliding) DiT: a token 129 tokens away cannot change the output, one 128 away does."""
+    torch.manual_seed(0)
+    config = with_overrides(TINY, num_hidden_layers=1, sliding_window=128)
+    dit = DiTDecoder(config).eval()
+    x, context, cond = tiny_inputs(1, 1200)
+    poked = x.clone()
+    poked[:, 2 * 300] += 5.0  # latent frame 600 = token 300
+    with torch.no_grad():
+        base = dit(x, torch.tensor([0.7]), context, encoder_hidden_states=cond)
+        moved = dit(poked, torch.tensor([0.7]), context, encoder_hidden_states=cond)
+    changed_tokens = ((base - moved).abs().amax(dim=-1)[0].reshape(600, 2).amax(dim=-1) > 0).nonzero().flatten()
+    assert changed_tokens.min() == 300 - 128 and changed_tokens.max() == 300 + 128
+
+
+def test_rows_at_different_t_batch_like_single_rows():
+    torch.manual_seed(0)
+    dit = DiTDecoder(TINY).eval()
+    x, context, cond = tiny_inputs(3, 41)
+    t = torch.tensor([1.0, 0.642857, 0.3])
+    with torch.no_grad():
+        batched = dit(x, t, context, encoder_hidden_states=cond)
+        single = torch.cat([dit(x[i : i + 1], t[i : i + 1], context[i : i + 1], encoder_hidden_states=cond[i : i + 1]) for i in range(3)])
+    torch.testing.assert_close(batched, single, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(batched[0], batched[1])
+
+
+def test_prebuilt_cross_kv_equals_passing_the_condition():
+    torch.manual_seed(0)
+    dit = DiTDecoder(TINY).eval()
+    x, context, cond = tiny_inputs(2, 20)
+    t = torch.tensor([0.9, 0.5])
+    with torch.no_grad():
+        direct = dit(x, t, context, encoder_hidden_states=cond)
+        cached = dit(x, t, context, cross_kv=dit.build_cross_kv(cond))
+    torch.testing.assert_close(direct, cached, atol=0, rtol=0)
+
+
+def test_folded_time_embed_r_equals_explicit_r_equal_t():
+    torch.manual_seed(0)
+    dit = DiTDecoder(TINY).eval()
+    x, context, cond = tiny_inputs(2, 10)
+    t = torch.tensor([0.9, 0.5])
+    with torch.no_grad():
+        folded = dit(x, t, context, encoder_hidden_states=cond)
+        explicit = dit(x, t, context, encoder_hidden_states=cond, timestep_r=t)
+        dit.load_state_dict({k: v * 1.01 for k, v in dit.state_dict().items()})
+        after_reload = dit(x, t, context, encoder_hidden_states=cond)
+        explicit_reload = dit(x, t, context, encoder_hidden_states=cond, timestep_r=t)
+    torch.testing.assert_close(folded, explicit, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(after_reload, explicit_reload, atol=1e-6, rtol=1e-6)
