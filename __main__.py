@@ -36,6 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--time-signature", help="2, 3, 4 or 6 (or 4/4 style)")
     render.add_argument("--language", default="unknown", help="lyrics language code (en, zh, ja, ...)")
     add_model_arguments(render)
+
+    bench = commands.add_parser("bench", help="benchmarks that print numbers")
+    targets = bench.add_subparsers(dest="target", metavar="TARGET", required=True)
+    dit = targets.add_parser("dit", help="time one batched DiT forward at several window lengths")
+    dit.add_argument("--preset", default="tiny")
+    dit.add_argument("--seconds", type=float, nargs="+", default=[10.0, 20.0, 60.0])
+    dit.add_argument("--batch", type=int, default=1, help="rows per forward (depth x CFG)")
+    dit.add_argument("--repeats", type=int, default=5)
+    dit.add_argument("--device", default="cpu")
+    dit.add_argument("--dtype", default="float32", choices=DTYPES)
+
+    info = commands.add_parser("info", help="parameter counts of a preset's networks (no weights needed)")
+    info.add_argument("--preset", default="turbo-2b")
     return parser
 
 
@@ -78,7 +91,28 @@ def load_session(args: argparse.Namespace):
     return Session.load(args.checkpoint, preset=args.preset, device=args.device, dtype=getattr(torch, args.dtype))
 
 
-COMMANDS = {"render": run_render}
+def run_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine.benchmarks import time_dit_forward
+
+    print(f"DiT forward, preset {args.preset}, batch {args.batch}, {args.dtype}, device {args.device}, torch threads {torch.get_num_threads()}")
+    print(f"{'window s':>9} {'frames':>7} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
+    for seconds in args.seconds:
+        timing = time_dit_forward(args.preset, seconds, args.batch, args.device, getattr(torch, args.dtype), args.repeats)
+        print(f"{timing.seconds:9.1f} {timing.frames:7d} {timing.median_ms:10.2f} {timing.min_ms:8.2f} {timing.max_ms:8.2f}")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from .engine.benchmarks import parameter_census
+
+    for name, count in parameter_census(args.preset).items():
+        print(f"{name:>26}: {count:>15,}")
+    return 0
+
+
+COMMANDS = {"render": run_render, "bench": run_bench, "info": run_info}
 
 
 def main(argv: list[str] | None = None) -> int:
