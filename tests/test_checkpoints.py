@@ -148,9 +148,14 @@ def test_missing_paths_name_the_fix(tmp_path):
         (["--seconds", "0"], "seconds must be > 0"),
         (["--seconds", "-3"], "seconds must be > 0"),
         (["--preset", "huge"], "unknown preset 'huge'"),
+        (["--checkpoint", "WRONG_KEYS"], "is not an ACE-Step 1.5 checkpoint"),
     ],
 )
 def test_cli_bad_input_prints_one_clear_error_line(args, expected, tmp_path):
+    if "WRONG_KEYS" in args:
+        wrong = tmp_path / "other_model.safetensors"
+        save_file({"unet.conv_in.weight": torch.zeros(4, 4)}, str(wrong))
+        args = [str(wrong) if a == "WRONG_KEYS" else a for a in args]
     result = subprocess.run(
         [sys.executable, "-m", "flowjam", "render", "--prompt", "ambient", "--out", str(tmp_path / "x.wav"), *args],
         capture_output=True, text=True, timeout=120,

@@ -1,0 +1,60 @@
+"""The package imports without ComfyUI and without torch work; the XL-shaped networks (CLS timbre) run end to end."""
+
+import subprocess
+import sys
+
+import torch
+
+from flowjam.engine.models.acestep import AceStepModel
+from flowjam.engine.models.presets import TINY, with_overrides
+from flowjam.engine.session import Session
+from spec_keys import official_keys
+
+TINY_XL = with_overrides(
+    TINY, hidden_size=96, intermediate_size=192, num_attention_heads=8, num_key_value_heads=2,
+    encoder_hidden_size=64, encoder_intermediate_size=128, encoder_num_attention_heads=4,
+    encoder_num_key_value_heads=2, timbre_cls_token=True,
+)
+
+
+def test_import_is_light_and_help_works():
+    code = "import sys, flowjam; print('torch' in sys.modules, sorted(flowjam.NODE_CLASS_MAPPINGS))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False []", result.stderr
+    help_text = subprocess.run([sys.executable, "-m", "flowjam", "--help"], capture_output=True, text=True, timeout=60)
+    assert help_text.returncode == 0 and "render" in help_text.stdout
+
+
+def test_xl_shaped_model_uses_a_cls_token_for_timbre_and_embeds_a_narrower_condition():
+    torch.manual_seed(0)
+    model = AceStepModel(TINY_XL).eval()
+    expected = official_keys(TINY_XL)
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == expected
+    refs = torch.randn(2, 20, 64)
+    with torch.no_grad():
+        before = model.encoder.timbre_encoder(refs)
+        model.encoder.timbre_encoder.special_token.add_(1.0)
+        after = model.encoder.timbre_encoder(refs)
+        states, _ = model.encoder(torch.randn(1, 5, 32), torch.ones(1, 5), torch.randn(1, 4, 32), torch.ones(1, 4), refs[:1], torch.zeros(1, dtype=torch.long))
+        velocity = model.decoder(torch.randn(1, 31, 64), torch.tensor([0.5]), torch.randn(1, 31, 128), encoder_hidden_states=states)
+    assert not torch.allclose(before, after), "XL timbre must read its CLS token"
+    assert states.shape == (1, 10, 64) and velocity.shape == (1, 31, 64)
+
+
+def test_2b_timbre_reads_the_first_frame_and_ignores_the_special_token():
+    torch.manual_seed(0)
+    timbre = AceStepModel(TINY).eval().encoder.timbre_encoder
+    refs = torch.randn(2, 20, 64)
+    with torch.no_grad():
+        before = timbre(refs)
+        timbre.special_token.add_(1.0)
+        after = timbre(refs)
+    torch.testing.assert_close(before, after, atol=0, rtol=0)
+
+
+def test_bfloat16_session_generates_finite_audio():
+    session = Session.load(preset="tiny", dtype=torch.bfloat16)
+    latent = session.generate(session.encode_text("bf16 check"), seconds=1.0, seed=3)
+    assert latent.dtype == torch.bfloat16 and latent.shape == (1, 25, 64)
+    audio = session.decode(latent)
+    assert audio.shape == (2, 48_000) and torch.isfinite(audio).all()
