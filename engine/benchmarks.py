@@ -10,10 +10,9 @@ import torch
 
 from .models.acestep import AceStepModel
 from .models.dit import DiTDecoder
-from .models.presets import get_preset
+from .models.presets import LATENT_RATE_HZ, get_preset
 from .models.text_encoder import Qwen3TextEncoder
 from .models.vae import OobleckVAE
-from .session import LATENT_RATE_HZ
 
 CONDITION_TOKENS = 256
 

@@ -12,10 +12,10 @@ from . import prompts
 from .audio_io import resample
 from .checkpoints import ModelBundle, load_models, silence_frames
 from .models.dit import CrossKV
+from .models.presets import LATENT_RATE_HZ
 from .schedule import timestep_schedule
 from .solver import euler_step, noised
 
-LATENT_RATE_HZ = 25
 CAPTION_MAX_TOKENS = 256
 LYRIC_MAX_TOKENS = 2048
 

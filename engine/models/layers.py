@@ -83,11 +83,9 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
         """SDPA over prepared heads, then the output projection: -> [B, S, hidden]."""
-        if self.kv_heads != self.heads:
-            repeat = self.heads // self.kv_heads
-            k = k.repeat_interleave(repeat, dim=1)
-            v = v.repeat_interleave(repeat, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=self.kv_heads != self.heads
+        )
         b, _, s, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 

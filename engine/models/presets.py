@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, replace
 
 from .vae import VAE_FULL, VAE_TINY, OobleckConfig
 
+LATENT_RATE_HZ = 25  # latent frames per second (48 kHz / 1920-sample hop)
+
 
 @dataclass(frozen=True)
 class AceStepConfig:
