@@ -47,6 +47,24 @@ def build_parser() -> argparse.ArgumentParser:
     dit.add_argument("--device", default="cpu")
     dit.add_argument("--dtype", default="float32", choices=DTYPES)
 
+    tick = targets.add_parser("tick", help="steady-state StreamPipeline ticks at real shapes (random weights)")
+    tick.add_argument("--preset", default="turbo-2b")
+    tick.add_argument("--seconds", type=float, default=60.0, help="song latent length")
+    tick.add_argument("--depth", type=int, default=4)
+    tick.add_argument("--steps", type=int, default=8)
+    tick.add_argument("--cfg", default="off", choices=("off", "full", "initialize", "self"))
+    tick.add_argument("--ticks", type=int, default=48, help="measured ticks (after warm-up)")
+    tick.add_argument("--device", default="cpu")
+    tick.add_argument("--dtype", default="float32", choices=DTYPES)
+
+    demo = commands.add_parser("demo", help="stream N seconds on the tiny preset with a scripted knob sweep -> WAV")
+    demo.add_argument("--seconds", type=float, default=12.0)
+    demo.add_argument("--out", type=Path, default=Path("flowjam-demo-stream.wav"))
+    demo.add_argument("--depth", type=int, default=4)
+    demo.add_argument("--seed", type=int, default=42)
+    demo.add_argument("--quiet", action="store_true", help="no per-tick lines")
+    add_model_arguments(demo)
+
     info = commands.add_parser("info", help="parameter counts of a preset's networks (no weights needed)")
     info.add_argument("--preset", default="turbo-2b")
     return parser
@@ -92,6 +110,24 @@ def load_session(args: argparse.Namespace):
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    return {"dit": bench_dit, "tick": bench_tick}[args.target](args)
+
+
+def bench_tick(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine.benchmarks import bench_tick as measure
+
+    device_name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
+    print(f"StreamPipeline tick: preset {args.preset}, {args.seconds:g} s song, depth {args.depth}, {args.steps} steps, cfg {args.cfg}, {args.dtype}, {device_name}")
+    r = measure(args.preset, args.seconds, args.depth, args.steps, args.cfg, args.device, getattr(torch, args.dtype), ticks=args.ticks)
+    print(f"  ms/tick           median {r.median_ms:.2f}   p95 {r.p95_ms:.2f}   ({r.ticks} ticks, {r.rows_per_tick:.2f} rows/tick)")
+    print(f"  finished latents  {r.finished_per_s:.2f} /s   audio generated {r.audio_s_per_s:.1f} s per wall second")
+    print(f"  FLOP bound        {r.row_tflop * 1000:.3f} GFLOP/row x {r.rows_per_tick:.2f} rows at measured GEMM peak {r.gemm_tflops:.1f} TFLOP/s = {r.bound_ms:.2f} ms/tick;  ratio {r.median_ms / r.bound_ms:.2f}x")
+    return 0
+
+
+def bench_dit(args: argparse.Namespace) -> int:
     import torch
 
     from .engine.benchmarks import time_dit_forward
@@ -112,7 +148,23 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"render": run_render, "bench": run_bench, "info": run_info}
+def run_demo(args: argparse.Namespace) -> int:
+    from .engine.demo import run_demo as perform
+
+    session = load_session(args)
+
+    def show(line) -> None:
+        if not args.quiet:
+            print(f"tick {line.tick:4d}  {line.tick_ms:7.1f} ms  playhead {line.playhead_s:5.2f} s  slots {line.active_slots}  rows {line.rows}"
+                  f"  denoise {line.denoise:.2f}  blend {line.blend:.2f}  velocity {line.velocity_scale:4s}  delivered {line.delivered}")
+
+    path, lines = perform(session, args.seconds, args.out, depth=args.depth, seed=args.seed, on_tick=show)
+    times = sorted(line.tick_ms for line in lines)
+    print(f"wrote {path}: {args.seconds:g} s from {len(lines)} ticks; tick ms median {times[len(times) // 2]:.1f}, max {times[-1]:.1f}")
+    return 0
+
+
+COMMANDS = {"render": run_render, "bench": run_bench, "info": run_info, "demo": run_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .conditioning import Conditioning
 from .models.acestep import AceStepModel
 from .models.dit import DiTDecoder
-from .models.presets import LATENT_RATE_HZ, get_preset
+from .models.presets import LATENT_RATE_HZ, AceStepConfig, get_preset
 from .models.text_encoder import Qwen3TextEncoder
 from .models.vae import OobleckVAE
+from .stream import SlotRequest, StreamPipeline
 
 CONDITION_TOKENS = 256
 
@@ -78,3 +80,102 @@ def time_dit_forward(
             _sync(dev)
             times_ms.append((time.perf_counter() - start) * 1000.0)
     return ForwardTiming(seconds, frames, batch, statistics.median(times_ms), min(times_ms), max(times_ms))
+
+
+def band_mean_keys(tokens: int, window: int) -> float:
+    """Mean number of keys a query sees in a ±window band over `tokens` positions."""
+    total = sum(min(tokens - 1, i + window) - max(0, i - window) + 1 for i in range(tokens))
+    return total / tokens
+
+
+def dit_row_flops(config: AceStepConfig, frames: int, condition_tokens: int = CONDITION_TOKENS) -> float:
+    """FLOPs of one DiT row per forward (spec §7): linear layers, self-attention (full and banded), cross-attention
+    with cached K/V, patch in/out. Timestep MLPs (cached per t) and cross K/V projections (once per condition) excluded."""
+    h, inter = config.hidden_size, config.intermediate_size
+    q_dim, kv_dim = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    tokens = -(-frames // config.patch_size)
+    layers = config.num_hidden_layers
+    sliding = sum(config.layer_is_sliding(i) for i in range(layers))
+    linear_macs = (2 * h * q_dim + 2 * h * kv_dim) + 2 * h * q_dim + 3 * h * inter
+    attention = 4 * q_dim * tokens * (
+        (layers - sliding) * tokens + sliding * band_mean_keys(tokens, config.sliding_window) + layers * condition_tokens
+    )
+    patch = config.patch_size * (config.in_channels * h + h * config.audio_acoustic_hidden_dim)
+    return 2 * layers * tokens * linear_macs + attention + 2 * tokens * patch
+
+
+def measure_gemm_tflops(device: torch.device, dtype: torch.dtype, sizes=((8192, 8192, 8192), (6000, 2048, 6144))) -> float:
+    """Best matmul throughput over a few shapes (TFLOP/s), timed in this process."""
+    best = 0.0
+    for m, k, n in sizes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        _sync(device)
+        repeats = 20 if device.type == "cuda" else 2
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        _sync(device)
+        best = max(best, 2 * m * k * n * repeats / (time.perf_counter() - start) / 1e12)
+    return best
+
+
+@dataclass(frozen=True)
+class TickReport:
+    ticks: int
+    median_ms: float
+    p95_ms: float
+    rows_per_tick: float
+    finished_per_s: float
+    audio_s_per_s: float
+    row_tflop: float
+    gemm_tflops: float
+    bound_ms: float
+
+
+def bench_tick(
+    preset_name: str, seconds: float, depth: int, steps: int, cfg: str, device: str, dtype: torch.dtype,
+    ticks: int = 48, seed: int = 0,
+) -> TickReport:
+    """Steady-state ticks of a StreamPipeline at real shapes with random weights (a new request every tick)."""
+    config = get_preset(preset_name).dit
+    dev = torch.device(device)
+    frames = round(seconds * LATENT_RATE_HZ)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        dit = DiTDecoder(config).to(dev, dtype).eval()
+        positive = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, device=dev, dtype=dtype))
+        negative = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, device=dev, dtype=dtype))
+        context = torch.randn(1, frames, config.in_channels - config.audio_acoustic_hidden_dim, device=dev, dtype=dtype)
+    pipeline = StreamPipeline(dit, depth=depth)
+    options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else negative, guidance=2.0)
+    warmup = steps + depth
+    times_ms, rows, finished = [], [], 0
+    for index in range(warmup + ticks):
+        pipeline.submit(SlotRequest(positive, context, seed=index, steps=steps, **options))
+        _sync(dev)
+        start = time.perf_counter()
+        out = pipeline.tick()
+        _sync(dev)
+        if index >= warmup:
+            times_ms.append((time.perf_counter() - start) * 1000.0)
+            rows.append(pipeline.stats()["rows"])
+            finished += len(out)
+    total_s = sum(times_ms) / 1000.0
+    ordered = sorted(times_ms)
+    row_flops = dit_row_flops(config, frames)
+    gemm = measure_gemm_tflops(dev, dtype)
+    mean_rows = sum(rows) / len(rows)
+    return TickReport(
+        ticks=ticks,
+        median_ms=statistics.median(times_ms),
+        p95_ms=ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+        rows_per_tick=mean_rows,
+        finished_per_s=finished / total_s,
+        audio_s_per_s=finished * seconds / total_s,
+        row_tflop=row_flops / 1e12,
+        gemm_tflops=gemm,
+        bound_ms=mean_rows * row_flops / (gemm * 1e12) * 1000.0,
+    )

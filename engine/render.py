@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .audio_io import read_wav, write_wav
-from .session import Session, seconds_to_frames
+from .session import Session, peak_normalize, seconds_to_frames
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def render(session: Session, request: RenderRequest, on_step: Callable[[int, int
         source=source,
         on_step=on_step,
     )
-    audio = session.decode(latent)
+    audio = peak_normalize(session.decode(latent))
     samples = round(request.seconds * session.sample_rate)
     if audio.shape[-1] < samples:
         audio = torch.nn.functional.pad(audio, (0, samples - audio.shape[-1]))

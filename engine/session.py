@@ -2,38 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from . import prompts
 from .audio_io import resample
 from .checkpoints import ModelBundle, load_models, silence_frames
-from .models.dit import CrossKV
+from .conditioning import Conditioning, blend_conditionings
 from .models.presets import LATENT_RATE_HZ
-from .schedule import timestep_schedule
-from .solver import euler_step, noised
+from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
 
 CAPTION_MAX_TOKENS = 256
+DECODE_MARGIN_FRAMES = 12
 LYRIC_MAX_TOKENS = 2048
-
-
-@dataclass
-class Conditioning:
-    """One encoded prompt: the packed condition the DiT cross-attends to, and its K/V built on first use."""
-
-    encoder_hidden_states: torch.Tensor  # [1, L, Hc]
-    task: str
-    caption: str
-    _cross_kv: CrossKV | None = field(default=None, repr=False)
-
-    def cross_kv(self, session: "Session") -> CrossKV:
-        if self._cross_kv is None:
-            with torch.no_grad():
-                self._cross_kv = session.models.acestep.decoder.build_cross_kv(self.encoder_hidden_states)
-        return self._cross_kv
 
 
 @dataclass
@@ -126,6 +112,10 @@ class Session:
         """The unconditional condition for CFG: `null_condition_emb` in every position of `like`."""
         return Conditioning(self.models.acestep.null_condition(like.encoder_hidden_states), like.task, "")
 
+    def blend_conditionings(self, a: Conditioning, b: Conditioning, alpha: float) -> Conditioning:
+        """Prompt morph in embedding space: alpha 0 = a, 1 = b."""
+        return blend_conditionings(a, b, alpha, self.models.acestep.null_condition_emb.detach())
+
     # ---- source audio ----------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -161,12 +151,38 @@ class Session:
         return torch.cat([src, torch.ones_like(src)], dim=-1)
 
     def initial_noise(self, frames: int, seed: int) -> torch.Tensor:
-        """Seeded Gaussian noise [1, T, 64], drawn on the CPU so a seed means the same noise on every device."""
-        generator = torch.Generator("cpu").manual_seed(int(seed))
-        noise = torch.randn(1, frames, self.models.config.audio_acoustic_hidden_dim, generator=generator)
-        return noise.to(self.device, self.dtype)
+        """The seeded starting noise [1, T, 64] of a generation (drawn on the CPU: same on every device)."""
+        return seeded_noise(seed, frames, self.models.config.audio_acoustic_hidden_dim).to(self.device, self.dtype)
 
-    @torch.no_grad()
+    def make_request(
+        self,
+        conditioning: Conditioning,
+        seconds: float | None = None,
+        source: Source | None = None,
+        seed: int = 0,
+        steps: int = 8,
+        shift: float = 3.0,
+        denoise: float = 1.0,
+        **options: Any,
+    ) -> SlotRequest:
+        """A stream request: T from the source (cropped to `seconds`) or from `seconds`; `options` are any other
+        `SlotRequest` fields (cfg_mode, negative, guidance, curves, x0_target, latent_mask, dcw, ...)."""
+        if source is None:
+            frames = seconds_to_frames(seconds if seconds is not None else 0.0)
+            source_latents = options.pop("source_latents", None)
+        else:
+            frames = source.frames if seconds is None else min(source.frames, seconds_to_frames(seconds))
+            source_latents = options.pop("source_latents", source.latents[:, :frames])
+        if denoise < 1.0 and source_latents is None:
+            raise ValueError("denoise < 1 needs source audio to start from (a cover); use denoise 1 for text2music")
+        context = options.pop("context_latents", None)
+        if context is None:
+            context = self.context_latents(frames, source)
+        return SlotRequest(
+            conditioning=conditioning, context_latents=context, seed=seed, steps=steps, shift=shift, denoise=denoise,
+            source_latents=source_latents, **options,
+        )
+
     def generate(
         self,
         conditioning: Conditioning,
@@ -177,29 +193,95 @@ class Session:
         denoise: float = 1.0,
         source: Source | None = None,
         on_step: Callable[[int, int], None] | None = None,
+        **options: Any,
     ) -> torch.Tensor:
-        """One-shot generation -> latent [1, T, 64]. With a source, T follows it and denoise < 1 starts from it."""
-        frames = source.frames if source is not None else seconds_to_frames(seconds if seconds is not None else 0.0)
-        if source is not None and seconds is not None:
-            frames = min(frames, seconds_to_frames(seconds))
-        if denoise < 1.0 and source is None:
-            raise ValueError("denoise < 1 needs source audio to start from (a cover); use denoise 1 for text2music")
-        schedule = timestep_schedule(int(steps), float(shift), float(denoise))
-        noise = self.initial_noise(frames, seed)
-        x = noise if source is None or denoise >= 1.0 else noised(source.latents[:, :frames], noise, schedule[0])
-        context = self.context_latents(frames, source)
-        cross_kv = conditioning.cross_kv(self)
-        decoder = self.models.acestep.decoder
-        for index, (t, t_next) in enumerate(zip(schedule[:-1], schedule[1:])):
-            velocity = decoder(x, torch.full((1,), t, device=self.device, dtype=self.dtype), context, cross_kv=cross_kv)
-            x = euler_step(x, velocity, t, t_next)
+        """One-shot generation -> latent [1, T, 64]: the same pipeline as a stream, at depth 1."""
+        request = self.make_request(conditioning, seconds, source, seed, steps, shift, denoise, **options)
+        pipeline = StreamPipeline(self.models.acestep.decoder, depth=1)
+        pipeline.submit(request)
+        total = request.steps if request.denoise > 1e-6 else 1
+        for tick in range(1, total + 1):
+            finished = pipeline.tick()
             if on_step is not None:
-                on_step(index + 1, len(schedule) - 1)
-        return x
+                on_step(tick, total)
+            if finished:
+                return finished[0].latent
+        raise RuntimeError("generation did not finish within its schedule")
+
+    def stream(self, depth: int = 4) -> "StreamHandle":
+        """A live pipeline on this session's decoder; feed it requests from `make_request`."""
+        return StreamHandle(self, StreamPipeline(self.models.acestep.decoder, depth=depth))
+
+    # ---- decoding --------------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def decode(self, latent: torch.Tensor) -> torch.Tensor:
-        """Latent [1, T, 64] -> stereo audio [2, T*1920] at 48 kHz, scaled down only if it would clip."""
-        audio = self.models.vae.decode(latent.transpose(1, 2).to(self.device, self.dtype))[0].float()
-        peak = audio.abs().max()
-        return audio / peak if peak > 1.0 else audio
+    def decode(
+        self,
+        latent: torch.Tensor,
+        t_start: float | None = None,
+        window_s: float | None = None,
+        margin_frames: int = DECODE_MARGIN_FRAMES,
+        cyclic: bool = False,
+    ) -> torch.Tensor:
+        """Latent [1, T, 64] -> stereo audio at 48 kHz, as the VAE decodes it (no normalisation: windows of one
+        latent must join seamlessly; see `peak_normalize` for offline renders).
+
+        Without `t_start`, the whole latent ([2, T*1920]). With it, only `window_s` seconds from `t_start`
+        ([2, window_frames*1920]), decoded with `margin_frames` of context on each side (the VAE decoder sees
+        about 9 frames each way, so the kept audio equals a full decode); `cyclic` takes the context across the
+        loop seam."""
+        frames = latent.shape[1]
+        if t_start is None:
+            return self._vae_decode(latent)
+        if window_s is None or window_s <= 0:
+            raise ValueError(f"window_s must be > 0 for a windowed decode, got {window_s}")
+        if margin_frames < 0:
+            raise ValueError(f"margin_frames must be >= 0, got {margin_frames}")
+        keep = min(frames, max(1, math.ceil(window_s * LATENT_RATE_HZ)))
+        start = int(t_start * LATENT_RATE_HZ)
+        start = start % frames if cyclic else min(max(start, 0), frames - keep)
+        if cyclic:
+            index = torch.arange(start - margin_frames, start + keep + margin_frames, device=latent.device) % frames
+            audio = self._vae_decode(latent.index_select(1, index))
+            left = margin_frames
+        else:
+            lo, hi = max(0, start - margin_frames), min(frames, start + keep + margin_frames)
+            audio = self._vae_decode(latent[:, lo:hi])
+            left = start - lo
+        hop = self.models.vae.hop_samples
+        return audio[:, left * hop : (left + keep) * hop]
+
+    def _vae_decode(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.models.vae.decode(latent.transpose(1, 2).to(self.device, self.dtype))[0].float()
+
+
+def peak_normalize(audio: torch.Tensor) -> torch.Tensor:
+    """Scale down to a peak of 1 if the audio would clip (what the official pipeline does after decoding)."""
+    peak = audio.abs().max()
+    return audio / peak if peak > 1.0 else audio
+
+
+class StreamHandle:
+    """A session's live stream: submit requests, tick, steer shared curves and depth, decode windows."""
+
+    def __init__(self, session: Session, pipeline: StreamPipeline):
+        self.session = session
+        self.pipeline = pipeline
+
+    def submit(self, request: SlotRequest) -> None:
+        self.pipeline.submit(request)
+
+    def tick(self) -> list[Finished]:
+        return self.pipeline.tick()
+
+    def set_shared_curve(self, name: str, value: Any) -> None:
+        self.pipeline.set_shared_curve(name, value)
+
+    def set_depth(self, depth: int) -> None:
+        self.pipeline.set_depth(depth)
+
+    def stats(self) -> dict[str, Any]:
+        return self.pipeline.stats()
+
+    def decode(self, latent: torch.Tensor, t_start: float, window_s: float, cyclic: bool = True) -> torch.Tensor:
+        return self.session.decode(latent, t_start, window_s, cyclic=cyclic)

@@ -73,6 +73,30 @@ class CrossKV:
         return CrossKV([k[rows] for k in self.keys], [v[rows] for v in self.values], mask)
 
 
+@dataclass
+class CrossGroup:
+    """Rows of a batch that cross-attend to one condition. `kv` has batch 1 (shared by every row) or len(rows)."""
+
+    kv: CrossKV
+    rows: torch.Tensor  # int64 row indices into the batch
+
+
+def _group_attention(attn: Attention, q: torch.Tensor, groups: list[CrossGroup], layer: int) -> torch.Tensor:
+    """Cross-attention heads [R, heads, S, D] with each group's rows attending to its own condition.
+
+    Rows of different conditions never share a padded K/V tensor, so a row's result does not depend on the
+    other rows in the batch (stream == one-shot generation, bit for bit)."""
+    heads = torch.empty_like(q)
+    for group in groups:
+        k, v = group.kv.keys[layer], group.kv.values[layer]
+        count = group.rows.numel()
+        if k.shape[0] == 1 and count > 1:
+            k, v = k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)
+        mask = None if group.kv.key_mask is None else combine_masks(None, group.kv.key_mask.expand(count, -1))
+        heads.index_copy_(0, group.rows, attn.heads_attention(q.index_select(0, group.rows), k, v, mask))
+    return heads
+
+
 class DiTLayer(nn.Module):
     def __init__(self, config: AceStepConfig, index: int):
         super().__init__()
@@ -93,15 +117,14 @@ class DiTLayer(nn.Module):
         modulation: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         self_mask: torch.Tensor | None,
-        cross_k: torch.Tensor,
-        cross_v: torch.Tensor,
-        cross_mask: torch.Tensor | None,
+        groups: list[CrossGroup],
+        index: int,
     ) -> torch.Tensor:
         shift, scale, gate, mlp_shift, mlp_scale, mlp_gate = (self.scale_shift_table + modulation).chunk(6, dim=1)
         h = (self.self_attn_norm(x) * (1 + scale) + shift).type_as(x)
         x = (x + self.self_attn(h, rope, self_mask) * gate).type_as(x)
         h = self.cross_attn_norm(x)
-        x = x + self.cross_attn.attend(self.cross_attn.query(h), cross_k, cross_v, cross_mask)
+        x = x + self.cross_attn.project_out(_group_attention(self.cross_attn, self.cross_attn.query(h), groups, index))
         h = (self.mlp_norm(x) * (1 + mlp_scale) + mlp_shift).type_as(x)
         return (x + self.mlp(h) * mlp_gate).type_as(x)
 
@@ -160,13 +183,26 @@ class DiTDecoder(nn.Module):
         cross_kv: CrossKV | None = None,
         timestep_r: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Velocity [B, T, 64]. Give either `encoder_hidden_states` or a prebuilt `cross_kv`."""
+        """Velocity [B, T, 64]. Give either `encoder_hidden_states` or a prebuilt `cross_kv` (batch 1 or B)."""
         if (encoder_hidden_states is None) == (cross_kv is None):
             raise ValueError("pass exactly one of encoder_hidden_states or cross_kv")
         if cross_kv is None:
             cross_kv = self.build_cross_kv(encoder_hidden_states)
-        frames = hidden_states.shape[1]
+        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
         temb, modulation = self.timestep_modulation(timestep, timestep_r)
+        return self.forward_rows(hidden_states, temb, modulation, context_latents, [CrossGroup(cross_kv, rows)])
+
+    def forward_rows(
+        self,
+        hidden_states: torch.Tensor,
+        temb: torch.Tensor,
+        modulation: torch.Tensor,
+        context_latents: torch.Tensor,
+        groups: list[CrossGroup],
+    ) -> torch.Tensor:
+        """The batched forward a stream tick runs: rows with their own timestep embeddings (temb [R, H],
+        modulation [R, 6, H]) and conditions (`groups` cover every row exactly once) -> velocity [R, T, 64]."""
+        frames = hidden_states.shape[1]
         x = torch.cat([context_latents, hidden_states], dim=-1)
         pad = (-frames) % self.config.patch_size
         if pad:
@@ -175,9 +211,8 @@ class DiTDecoder(nn.Module):
         tokens = x.shape[1]
         rope = rope_cos_sin(torch.arange(tokens, device=x.device), self.config.head_dim, self.config.rope_theta, x.dtype)
         sliding = band_mask(tokens, self.config.sliding_window, x.device)
-        cross_mask = combine_masks(None, cross_kv.key_mask)
-        for layer, k, v in zip(self.layers, cross_kv.keys, cross_kv.values):
-            x = layer(x, modulation, rope, sliding if layer.sliding else None, k, v, cross_mask)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, modulation, rope, sliding if layer.sliding else None, groups, index)
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
         x = (self.norm_out(x) * (1 + scale) + shift).type_as(x)
         return self.proj_out(x)[:, :frames]

@@ -81,13 +81,20 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim).transpose(1, 2)
         return k, v
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
-        """SDPA over prepared heads, then the output projection: -> [B, S, hidden]."""
-        out = F.scaled_dot_product_attention(
+    def heads_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
+        """SDPA over prepared heads: -> [B, heads, S, head_dim] (before the output projection)."""
+        return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=self.kv_heads != self.heads
         )
-        b, _, s, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+    def project_out(self, heads: torch.Tensor) -> torch.Tensor:
+        """[B, heads, S, head_dim] -> o_proj -> [B, S, hidden]."""
+        b, _, s, _ = heads.shape
+        return self.o_proj(heads.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
+        """SDPA over prepared heads, then the output projection: -> [B, S, hidden]."""
+        return self.project_out(self.heads_attention(q, k, v, mask, causal))
 
     def forward(
         self,

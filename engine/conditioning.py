@@ -1,0 +1,56 @@
+"""Encoded conditions as the DiT consumes them, with their cross-attention K/V built once and reused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .models.dit import CrossKV, DiTDecoder
+
+
+@dataclass(eq=False)
+class Conditioning:
+    """One condition: packed encoder states [1, L, Hc]. Compared by identity: each encode is its own condition."""
+
+    encoder_hidden_states: torch.Tensor
+    task: str = "text2music"
+    caption: str = ""
+    _cross_kv: CrossKV | None = field(default=None, repr=False)
+    _built_by: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        states = self.encoder_hidden_states
+        if states.dim() != 3 or states.shape[0] != 1:
+            raise ValueError(f"encoder_hidden_states must be [1, L, H], got {tuple(states.shape)}")
+        if not torch.isfinite(states).all():
+            raise ValueError("conditioning contains NaN or infinite values")
+
+    def cross_kv(self, decoder: DiTDecoder) -> CrossKV:
+        """Cross-attention K/V for every decoder layer, computed on first use per decoder."""
+        if self._cross_kv is None or self._built_by != id(decoder):
+            with torch.no_grad():
+                self._cross_kv = decoder.build_cross_kv(self.encoder_hidden_states)
+            self._built_by = id(decoder)
+        return self._cross_kv
+
+    @property
+    def length(self) -> int:
+        return self.encoder_hidden_states.shape[1]
+
+
+def pad_condition(states: torch.Tensor, length: int, filler: torch.Tensor) -> torch.Tensor:
+    """Extend [1, L, H] to `length` tokens with the `filler` vector [1, 1, H] (the learned null condition)."""
+    missing = length - states.shape[1]
+    if missing <= 0:
+        return states
+    return torch.cat([states, filler.to(states).expand(1, missing, -1)], dim=1)
+
+
+def blend_conditionings(a: Conditioning, b: Conditioning, alpha: float, filler: torch.Tensor) -> Conditioning:
+    """Embedding-space prompt blend (1 - alpha)*a + alpha*b; the shorter one is padded with the null embedding."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"blend amount must be in [0, 1], got {alpha}")
+    length = max(a.length, b.length)
+    mixed = torch.lerp(pad_condition(a.encoder_hidden_states, length, filler), pad_condition(b.encoder_hidden_states, length, filler), alpha)
+    return Conditioning(mixed, a.task, f"{a.caption} <{alpha:.2f}> {b.caption}")

@@ -1,0 +1,563 @@
+"""StreamPipeline: a ring of in-flight generations ("slots") at different denoise steps, advanced together by
+one batched DiT forward per tick.
+
+Each slot owns its request (seed, schedule, source, conditions, CFG mode, curves) and its state; every row of
+the tick's batch (positive, negative, extra conditions, of every slot) goes through ONE decoder call. A request
+submitted while a slot is free starts on the next tick and is delivered by the tick that takes its last step,
+so its latency is exactly `steps` ticks. Shared curves override a step-time field for every in-flight slot from
+the next tick on. Rows never depend on each other: a request's latent equals one-shot generation bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import solver
+from .conditioning import Conditioning
+from .curves import Curve, as_curve
+from .models.dit import CrossGroup, DiTDecoder
+from .schedule import timestep_schedule
+
+MAX_DEPTH = 8
+CFG_MODES = ("off", "full", "initialize", "self")
+GUIDANCE_METHODS = ("apg", "cfg")
+SOLVERS = ("ode", "sde")
+DCW_MODES = ("low", "high", "double", "pix")
+SHARED_FIELDS = ("velocity_scale", "ode_noise", "sde_denoise", "x0_target_strength", "guidance", "apg_momentum", "cfg_rescale")
+MODULATION_CACHE_SIZE = 512
+
+
+@dataclass(frozen=True)
+class DCW:
+    """Wavelet correction after each step (spec §4.3): mode low/high/double/pix and the band strengths."""
+
+    mode: str = "double"
+    low: float = 0.05
+    high: float = 0.02
+
+
+@dataclass(frozen=True)
+class ExtraCondition:
+    """A further positive condition whose velocity is blended per frame (`weight`) over a part of the schedule."""
+
+    conditioning: Conditioning
+    weight: Curve | None = None
+    step_range: tuple[float, float] | None = None
+
+
+@dataclass(eq=False)
+class SlotRequest:
+    """Everything one generation needs; captured when it enters a slot. Curves are a float or a [T] tensor."""
+
+    conditioning: Conditioning
+    context_latents: torch.Tensor  # [1, T, 128]: source context || chunk mask
+    seed: int = 0
+    steps: int = 8
+    shift: float = 3.0
+    denoise: float = 1.0
+    source_latents: torch.Tensor | None = None  # [1, T, 64] clean latents to start from (denoise < 1)
+    solver: str = "ode"
+    cfg_mode: str = "off"
+    negative: Conditioning | None = None
+    guidance: Curve = 1.0
+    guidance_method: str = "apg"
+    apg_momentum: Curve = -0.75
+    cfg_rescale: Curve | None = None
+    velocity_scale: Curve | None = None
+    ode_noise: Curve | None = None
+    sde_denoise: Curve | None = None
+    initial_noise: Curve | None = None
+    x0_target: torch.Tensor | None = None
+    x0_target_strength: Curve | None = None
+    x0_target_curve: Curve | None = None
+    x0_target_gate: float = 0.5
+    latent_mask: Curve | None = None  # 1 = generate, 0 = keep source_latents
+    primary_weight: Curve | None = None
+    primary_step_range: tuple[float, float] | None = None
+    extra_conditions: tuple[ExtraCondition, ...] = ()
+    dcw: DCW | None = None
+    tag: Any = None
+
+    @property
+    def frames(self) -> int:
+        return self.context_latents.shape[1]
+
+
+@dataclass(eq=False)
+class Finished:
+    latent: torch.Tensor  # [1, T, 64]
+    request: SlotRequest
+    ticks: int  # ticks the request spent in its slot
+
+
+@dataclass(eq=False)
+class _Prepared:
+    """A validated request with its device tensors made at submit time, so a tick never waits on the host."""
+
+    request: SlotRequest
+    schedule: tuple[float, ...]
+    noise: torch.Tensor
+    source: torch.Tensor | None
+    context: torch.Tensor
+    x0_target: torch.Tensor | None
+    curves: dict[str, torch.Tensor]
+    extra_weights: tuple[torch.Tensor | None, ...]
+
+
+@dataclass(eq=False)
+class _Slot:
+    prepared: _Prepared
+    x: torch.Tensor
+    step: int = 0
+    running: torch.Tensor | None = None
+    cached_negative: torch.Tensor | None = None
+
+    @property
+    def request(self) -> SlotRequest:
+        return self.prepared.request
+
+    @property
+    def schedule(self) -> tuple[float, ...]:
+        return self.prepared.schedule
+
+    @property
+    def noise(self) -> torch.Tensor:
+        return self.prepared.noise
+
+    @property
+    def source(self) -> torch.Tensor | None:
+        return self.prepared.source
+
+    @property
+    def curves(self) -> dict[str, torch.Tensor]:
+        return self.prepared.curves
+
+    @property
+    def steps(self) -> int:
+        return len(self.schedule) - 1
+
+    @property
+    def t(self) -> float:
+        return self.schedule[self.step]
+
+    @property
+    def t_next(self) -> float:
+        return self.schedule[self.step + 1]
+
+
+@dataclass(eq=False)
+class _Row:
+    slot: _Slot
+    conditioning: Conditioning
+    negative: bool
+    weight: torch.Tensor | None = None
+
+
+@dataclass
+class TickStats:
+    ticks: int = 0
+    rows: int = 0
+    negative_rows: int = 0
+    active_slots: int = 0
+    last_tick_ms: float = 0.0
+    finished: int = 0
+    history_ms: list[float] = field(default_factory=list)
+
+
+class StreamPipeline:
+    def __init__(self, decoder: DiTDecoder, depth: int = 4):
+        self.decoder = decoder
+        self._check_depth(depth)
+        self.depth = depth
+        self._slots: list[_Slot | None] = [None] * depth
+        self._queued: _Prepared | None = None
+        self._row_indices: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+        self._shared: dict[str, torch.Tensor] = {}
+        self._modulation: OrderedDict[float, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._stats = TickStats()
+        self._events: list[tuple[Any, Any]] = []
+
+    # ---- configuration ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_depth(depth: int) -> None:
+        if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
+            raise ValueError(f"depth must be an integer in 1..{MAX_DEPTH}, got {depth!r}")
+
+    def set_depth(self, depth: int) -> None:
+        """Hot depth change: growing adds free slots; shrinking stops admitting to the removed slots, whose
+        in-flight work finishes and is delivered before they disappear."""
+        self._check_depth(depth)
+        self.depth = depth
+        if len(self._slots) < depth:
+            self._slots.extend([None] * (depth - len(self._slots)))
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self._slots) > self.depth and self._slots[-1] is None:
+            self._slots.pop()
+
+    @property
+    def frames(self) -> int | None:
+        """T of the in-flight work (None when idle)."""
+        for slot in self._slots:
+            if slot is not None:
+                return slot.request.frames
+        return None
+
+    def set_shared_curve(self, name: str, value: Curve | None) -> None:
+        """Override a step-time field for every in-flight slot from the next tick; None reverts to per-slot values."""
+        if name not in SHARED_FIELDS:
+            raise ValueError(f"unknown shared curve {name!r}: choose one of {', '.join(SHARED_FIELDS)}")
+        if value is None:
+            self._shared.pop(name, None)
+            return
+        frames = self.frames or (self._queued.request.frames if self._queued else None)
+        self._shared[name] = self._to_device(as_curve(value, frames if frames is not None else _length_of(value), name))
+
+    def shared_curves(self) -> dict[str, torch.Tensor]:
+        return dict(self._shared)
+
+    # ---- requests --------------------------------------------------------------------------------------------
+
+    def submit(self, request: SlotRequest) -> None:
+        """Queue a request (a queue of one: a newer submission replaces one that has not started).
+
+        Validation, cross-attention K/V of its conditions, its seeded noise and curves are all made here."""
+        self._validate(request)
+        self._queued = self._prepare(request)
+
+    def _prepare(self, request: SlotRequest) -> _Prepared:
+        device, dtype = self._device_dtype()
+        for conditioning in (request.conditioning, request.negative, *(e.conditioning for e in request.extra_conditions)):
+            if conditioning is not None:
+                conditioning.cross_kv(self.decoder)
+        frames = request.frames
+        curves = {name: self._to_device(as_curve(getattr(request, name), frames, name)) for name in CURVE_FIELDS if getattr(request, name) is not None}
+        extra_weights = tuple(
+            None if e.weight is None else self._to_device(as_curve(e.weight, frames, "extra condition weight")) for e in request.extra_conditions
+        )
+        return _Prepared(
+            request=request,
+            schedule=timestep_schedule(int(request.steps), float(request.shift), float(request.denoise)),
+            noise=seeded_noise(request.seed, frames, self.decoder.config.audio_acoustic_hidden_dim).to(device, dtype),
+            source=None if request.source_latents is None else request.source_latents.to(device, dtype),
+            context=request.context_latents.to(device, dtype),
+            x0_target=None if request.x0_target is None else request.x0_target.to(device, dtype),
+            curves=curves,
+            extra_weights=extra_weights,
+        )
+
+    def _validate(self, request: SlotRequest) -> None:
+        context = request.context_latents
+        if context.dim() != 3 or context.shape[0] != 1 or context.shape[2] != self.decoder.config.in_channels - self.decoder.config.audio_acoustic_hidden_dim:
+            raise ValueError(f"context_latents must be [1, T, 128], got {tuple(context.shape)}")
+        frames = request.frames
+        in_flight = self.frames
+        if in_flight is not None and in_flight != frames:
+            raise ValueError(f"request has T={frames} frames but the in-flight slots have T={in_flight}; drain() first to change length")
+        for name, tensor in (("context_latents", context), ("source_latents", request.source_latents), ("x0_target", request.x0_target)):
+            if tensor is None:
+                continue
+            if tensor.shape[:2] != (1, frames) or (name != "context_latents" and tensor.shape[2] != self.decoder.config.audio_acoustic_hidden_dim):
+                raise ValueError(f"{name} must be [1, {frames}, C], got {tuple(tensor.shape)}")
+            if not torch.isfinite(tensor).all():
+                raise ValueError(f"{name} contains NaN or infinite values")
+        if request.solver not in SOLVERS:
+            raise ValueError(f"unknown solver {request.solver!r}: choose one of {', '.join(SOLVERS)}")
+        if request.cfg_mode not in CFG_MODES:
+            raise ValueError(f"unknown cfg_mode {request.cfg_mode!r}: choose one of {', '.join(CFG_MODES)}")
+        if request.guidance_method not in GUIDANCE_METHODS:
+            raise ValueError(f"unknown guidance_method {request.guidance_method!r}: choose one of {', '.join(GUIDANCE_METHODS)}")
+        if request.cfg_mode in ("full", "initialize") and request.negative is None:
+            raise ValueError(f"cfg_mode {request.cfg_mode!r} needs a negative conditioning")
+        if request.dcw is not None and request.dcw.mode not in DCW_MODES:
+            raise ValueError(f"unknown DCW mode {request.dcw.mode!r}: choose one of {', '.join(DCW_MODES)}")
+        if request.denoise < 1.0 and request.source_latents is None:
+            raise ValueError("denoise < 1 needs source_latents to start from")
+        if request.latent_mask is not None and request.source_latents is None:
+            raise ValueError("latent_mask needs source_latents (the frames it keeps)")
+        if not 0.0 <= request.x0_target_gate < 1.0:
+            raise ValueError(f"x0_target_gate must be in [0, 1), got {request.x0_target_gate}")
+        for name, curve in self._shared.items():
+            if curve.shape[1] not in (1, frames):
+                raise ValueError(f"shared curve {name!r} has {curve.shape[1]} frames but the request has T={frames}")
+
+    def drain(self, max_ticks: int = 1000) -> list[Finished]:
+        """Tick until every slot and the queue are empty; returns everything delivered on the way."""
+        delivered: list[Finished] = []
+        for _ in range(max_ticks):
+            if self.idle:
+                break
+            delivered.extend(self.tick())
+        return delivered
+
+    @property
+    def idle(self) -> bool:
+        return self._queued is None and all(slot is None for slot in self._slots)
+
+    # ---- the tick --------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def tick(self) -> list[Finished]:
+        """Admit a queued request, advance every active slot one step in one batched forward, deliver finished ones."""
+        started = time.perf_counter()
+        self._admit()
+        active = [slot for slot in self._slots if slot is not None]
+        if not active:
+            return []
+        rows = [row for slot in active for row in self._rows_for(slot)]
+        velocities = self._forward(rows)
+        finished: list[Finished] = []
+        for slot in active:
+            own = [(row, velocities[i]) for i, row in enumerate(rows) if row.slot is slot]
+            self._advance(slot, own)
+            if slot.step == slot.steps:
+                self._slots[next(i for i, s in enumerate(self._slots) if s is slot)] = None
+                finished.append(Finished(slot.x, slot.request, slot.steps))
+        self._trim()
+        self._record(started, rows, active, finished)
+        return finished
+
+    def _admit(self) -> None:
+        if self._queued is None:
+            return
+        for index in range(min(self.depth, len(self._slots))):
+            if self._slots[index] is None:
+                self._slots[index] = self._start(self._queued)
+                self._queued = None
+                return
+
+    def _start(self, prepared: _Prepared) -> _Slot:
+        request, source, noise, curves = prepared.request, prepared.source, prepared.noise, prepared.curves
+        if source is not None and "initial_noise" in curves:
+            x = solver.noised(source, noise, curves["initial_noise"])
+        elif source is not None and request.denoise < 1.0:
+            x = solver.noised(source, noise, prepared.schedule[0])
+        else:
+            x = noise
+        return _Slot(prepared, x)
+
+    def _curve(self, slot: _Slot, name: str) -> torch.Tensor | None:
+        """The effective value of a step-time field: the shared override if set, else the slot's own."""
+        shared = self._shared.get(name)
+        return shared if shared is not None else slot.curves.get(name)
+
+    def _needs_negative(self, slot: _Slot) -> bool:
+        mode = slot.request.cfg_mode
+        return mode == "full" or (mode == "initialize" and slot.step == 0)
+
+    def _rows_for(self, slot: _Slot) -> list[_Row]:
+        request = slot.request
+        rows = []
+        if solver.step_range_active(request.primary_step_range, slot.step, slot.steps) or not request.extra_conditions:
+            rows.append(_Row(slot, request.conditioning, False, slot.curves.get("primary_weight")))
+        for extra, weight in zip(request.extra_conditions, slot.prepared.extra_weights):
+            if solver.step_range_active(extra.step_range, slot.step, slot.steps):
+                rows.append(_Row(slot, extra.conditioning, False, weight))
+        if not rows:
+            rows.append(_Row(slot, request.conditioning, False, None))
+        if self._needs_negative(slot):
+            rows.append(_Row(slot, request.negative, True))
+        return rows
+
+    def _model_input(self, slot: _Slot) -> torch.Tensor:
+        mask = slot.curves.get("latent_mask")
+        if mask is None:
+            return slot.x
+        return solver.mask_pre_blend(slot.x, mask, slot.source, slot.noise, slot.t)
+
+    def _forward(self, rows: list[_Row]) -> torch.Tensor:
+        """One decoder call over every row; rows are grouped per condition for cross-attention only."""
+        inputs = {id(row.slot): self._model_input(row.slot) for row in rows}
+        x = torch.cat([inputs[id(row.slot)] for row in rows])
+        context = torch.cat([row.slot.prepared.context for row in rows])
+        embeddings = [self._timestep_embedding(row.slot.t) for row in rows]
+        temb = torch.cat([e[0] for e in embeddings])
+        modulation = torch.cat([e[1] for e in embeddings])
+        by_condition: dict[int, list[int]] = {}
+        for index, row in enumerate(rows):
+            by_condition.setdefault(id(row.conditioning), []).append(index)
+        conditions = {id(row.conditioning): row.conditioning for row in rows}
+        groups = [CrossGroup(conditions[key].cross_kv(self.decoder), self._indices(indices)) for key, indices in by_condition.items()]
+        return self.decoder.forward_rows(x, temb, modulation, context, groups)
+
+    def _indices(self, indices: list[int]) -> torch.Tensor:
+        """Row-index tensors on the device, cached: steady-state ticks reuse the same few layouts."""
+        key = tuple(indices)
+        cached = self._row_indices.get(key)
+        if cached is None:
+            cached = torch.tensor(indices, device=self._device_dtype()[0])
+            self._row_indices[key] = cached
+            if len(self._row_indices) > MODULATION_CACHE_SIZE:
+                self._row_indices.popitem(last=False)
+        return cached
+
+    def _timestep_embedding(self, t: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(temb [1, H], modulation [1, 6, H]) for one t, computed alone (batch 1) and cached: every row at the
+        same t gets identical embeddings whatever else is in the batch."""
+        cached = self._modulation.get(t)
+        if cached is None:
+            device, dtype = self._device_dtype()
+            cached = self.decoder.timestep_modulation(torch.tensor([t], device=device, dtype=dtype))
+            self._modulation[t] = cached
+            if len(self._modulation) > MODULATION_CACHE_SIZE:
+                self._modulation.popitem(last=False)
+        return cached
+
+    def clear_caches(self) -> None:
+        """Forget cached timestep embeddings (call after changing decoder weights in place)."""
+        self._modulation.clear()
+
+    def _advance(self, slot: _Slot, rows: list[tuple[_Row, torch.Tensor]]) -> None:
+        request = slot.request
+        positive = [(row, v[None]) for row, v in rows if not row.negative]
+        negative = [v[None] for row, v in rows if row.negative]
+        if len(positive) == 1:
+            v_pos = positive[0][1]
+        else:
+            v_pos = solver.blend_velocities([v for _, v in positive], [row.weight for row, _ in positive])
+        v_neg = None
+        if request.cfg_mode == "self":
+            v_neg = slot.noise
+        elif negative:
+            v_neg = negative[0]
+            if request.cfg_mode == "initialize":
+                slot.cached_negative = v_neg
+        elif request.cfg_mode == "initialize":
+            v_neg = slot.cached_negative
+        velocity = v_pos
+        if v_neg is not None:
+            scale = self._curve(slot, "guidance")
+            if request.guidance_method == "apg":
+                velocity, slot.running = solver.apg(v_pos, v_neg, scale, slot.running, self._curve(slot, "apg_momentum"))
+            else:
+                velocity = solver.cfg(v_pos, v_neg, scale)
+            rescale = self._curve(slot, "cfg_rescale")
+            if rescale is not None:
+                velocity = solver.cfg_rescale(velocity, v_pos, rescale)
+        slot.x = self._integrate(slot, velocity)
+        slot.step += 1
+
+    def _step_noise(self, slot: _Slot) -> torch.Tensor:
+        """Fresh noise for this slot's current step, seeded by (seed, step), drawn on the device: reproducible,
+        independent of the slot's place in the ring, and no host round trip."""
+        device, dtype = self._device_dtype()
+        generator = torch.Generator(device).manual_seed(step_seed(slot.request.seed, slot.step))
+        return torch.randn(slot.x.shape, generator=generator, device=device, dtype=dtype)
+
+    def _integrate(self, slot: _Slot, velocity: torch.Tensor) -> torch.Tensor:
+        request, x, t, t_next = slot.request, slot.x, slot.t, slot.t_next
+        scale = self._curve(slot, "velocity_scale")
+        ode_noise = self._curve(slot, "ode_noise")
+        sde_curve = self._curve(slot, "sde_denoise")
+        scaled = velocity if scale is None else solver.scale_velocity(velocity, scale)
+        source = slot.source
+        needs_x0 = (
+            request.solver == "sde"
+            or slot.curves.get("latent_mask") is not None
+            or request.x0_target is not None
+            or (sde_curve is not None and source is not None)
+        )
+        if not needs_x0:
+            x_next = solver.euler_step(x, scaled, t, t_next)
+            if ode_noise is not None and t_next > 0:
+                x_next = solver.inject_ode_noise(x_next, self._step_noise(slot), ode_noise, t_next)
+        else:
+            x0 = solver.predict_x0(x, scaled, t)
+            mask = slot.curves.get("latent_mask")
+            if mask is not None:
+                x0 = solver.mask_post_blend(x0, mask, source)
+            x0 = self._x0_target(slot, x0)
+            if sde_curve is not None and source is not None:
+                noise = self._step_noise(slot) if t_next > 0 else torch.zeros_like(x)
+                x_next = solver.sde_curve_step(x0, source, noise, t_next, sde_curve)
+            elif t_next <= 0:
+                x_next = x0
+            elif request.solver == "sde":
+                x_next = solver.noised(x0, slot.noise if mask is not None else self._step_noise(slot), t_next)
+            else:
+                x_next = solver.euler_step(x, (x - x0) / t, t, t_next)
+                if ode_noise is not None:
+                    x_next = solver.inject_ode_noise(x_next, self._step_noise(slot), ode_noise, t_next)
+        if request.dcw is not None and t_next > 0:
+            x_next = solver.dcw_correct(x_next, solver.predict_x0(x, velocity, t), t, request.dcw.mode, request.dcw.low, request.dcw.high)
+        return x_next
+
+    def _x0_target(self, slot: _Slot, x0: torch.Tensor) -> torch.Tensor:
+        request = slot.request
+        target = slot.prepared.x0_target
+        if target is None:
+            return x0
+        curve = slot.curves.get("x0_target_curve")
+        if curve is not None:
+            progress = slot.step / max(slot.steps - 1, 1)
+            return solver.blend_x0_target(x0, target, curve, progress, request.x0_target_gate)
+        strength = self._curve(slot, "x0_target_strength")
+        if strength is not None and slot.step >= slot.steps // 2 and slot.t > 0:
+            return solver.blend_x0_target_scalar(x0, target, strength)
+        return x0
+
+    # ---- bookkeeping -----------------------------------------------------------------------------------------
+
+    def _device_dtype(self) -> tuple[torch.device, torch.dtype]:
+        weight = self.decoder.proj_in[1].weight
+        return weight.device, weight.dtype
+
+    def _to_device(self, curve: torch.Tensor) -> torch.Tensor:
+        device, dtype = self._device_dtype()
+        return curve.to(device=device, dtype=dtype)
+
+    def _record(self, started: float, rows: list[_Row], active: list[_Slot], finished: list[Finished]) -> None:
+        stats = self._stats
+        stats.ticks += 1
+        stats.rows = len(rows)
+        stats.negative_rows = sum(row.negative for row in rows)
+        stats.active_slots = len(active)
+        stats.finished += len(finished)
+        stats.last_tick_ms = (time.perf_counter() - started) * 1000.0
+        stats.history_ms.append(stats.last_tick_ms)
+        del stats.history_ms[:-256]
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the last tick (wall time of the host side; GPU timing lives in the benchmark)."""
+        s = self._stats
+        return {
+            "ticks": s.ticks,
+            "depth": self.depth,
+            "active_slots": s.active_slots,
+            "rows": s.rows,
+            "negative_rows": s.negative_rows,
+            "queued": self._queued is not None,
+            "finished": s.finished,
+            "last_tick_ms": s.last_tick_ms,
+            "slot_steps": [None if slot is None else slot.step for slot in self._slots],
+        }
+
+
+CURVE_FIELDS = frozenset(
+    ("guidance", "apg_momentum", "cfg_rescale", "velocity_scale", "ode_noise", "sde_denoise", "initial_noise",
+     "x0_target_strength", "x0_target_curve", "latent_mask", "primary_weight")
+)
+
+
+def seeded_noise(seed: int, frames: int, channels: int) -> torch.Tensor:
+    """Gaussian noise [1, T, C] from a CPU generator: the same seed gives the same noise on every device."""
+    generator = torch.Generator("cpu").manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    return torch.randn(1, frames, channels, generator=generator)
+
+
+def step_seed(seed: int, step: int) -> int:
+    """A distinct, reproducible seed for the noise drawn at `step` of a generation seeded `seed`."""
+    return (int(seed) * 1_000_003 + 7_919 * (step + 1)) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _length_of(value: Curve) -> int:
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        return value.shape[-2] if value.dim() == 3 else value.shape[-1]
+    return 1

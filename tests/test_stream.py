@@ -1,0 +1,257 @@
+"""StreamPipeline on the tiny preset: stream == one-shot, shared curves, latency in ticks, CFG rows, depth, errors."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from flowjam.engine.models.dit import CrossGroup
+from flowjam.engine.session import Session
+from flowjam.engine.stream import DCW, StreamPipeline
+
+SECONDS = 10.0  # T = 250 frames (125 tokens): large enough for batch-size-invariant CPU GEMMs
+FRAMES = 250
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session.load(preset="tiny")
+
+
+@pytest.fixture(scope="module")
+def prompts(session):
+    a = session.encode_text("warm analog synth pads")
+    b = session.encode_text("breakbeat drums, fast", lyrics="[Verse]\nla la la")
+    return a, b, session.null_conditioning(a)
+
+
+@pytest.fixture(scope="module")
+def source(session):
+    t = torch.arange(48_000 * 10) / 48_000
+    audio = 0.4 * torch.stack([torch.sin(2 * math.pi * 110 * t), torch.sin(2 * math.pi * 165 * t)])
+    return session.prepare_source(audio, 48_000)
+
+
+def slot_states(pipeline):
+    return [None if slot is None else slot.x.clone() for slot in pipeline._slots]
+
+
+def test_stream_equals_one_shot_generation_bitwise(session, prompts, source):
+    a, b, null = prompts
+    others = [
+        session.make_request(b, SECONDS, seed=1),
+        session.make_request(a, SECONDS, source=source, seed=2, denoise=0.75, cfg_mode="initialize", negative=null, guidance=3.0),
+        session.make_request(b, SECONDS, seed=3, cfg_mode="self", guidance=1.5, solver="sde"),
+    ]
+    target = dict(seconds=SECONDS, source=source, seed=5, denoise=0.6, cfg_mode="full", negative=null, guidance=2.0,
+                  velocity_scale=torch.linspace(0.8, 1.2, FRAMES), dcw=DCW())
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=4)
+    delivered = []
+    for request in others:
+        pipeline.submit(request)
+        delivered += pipeline.tick()
+    pipeline.submit(session.make_request(a, **target))
+    while not pipeline.idle:
+        assert pipeline.stats()["active_slots"] <= 4
+        delivered += pipeline.tick()
+    streamed = next(f.latent for f in delivered if f.request.seed == 5)
+    one_shot = session.generate(a, **target)
+    assert torch.equal(streamed, one_shot), f"max diff {(streamed - one_shot).abs().max().item()}"
+    assert len(delivered) == 4
+
+
+def fill(session, prompt, depth=4, **options):
+    """A pipeline with `depth` slots in flight at different steps (one admitted per tick)."""
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=depth)
+    for seed in range(depth):
+        pipeline.submit(session.make_request(prompt, SECONDS, seed=seed, **options))
+        pipeline.tick()
+    return pipeline
+
+
+def test_shared_curve_reaches_every_slot_next_tick_and_none_reverts(session, prompts):
+    a = prompts[0]
+    plain = fill(session, a)
+    steered = copy.deepcopy(plain)
+    assert [torch.equal(x, y) for x, y in zip(slot_states(plain), slot_states(steered))] == [True] * 4
+    before = slot_states(steered)
+    steered.set_shared_curve("velocity_scale", 0.0)  # freeze: an Euler step with v*0 leaves x where it is
+    assert [torch.equal(x, y) for x, y in zip(before, slot_states(steered))] == [True] * 4, "set must not touch state"
+    steered.tick()
+    plain.tick()
+    after = slot_states(steered)
+    for index, (x0, x1) in enumerate(zip(before, after)):
+        if x1 is not None:
+            assert torch.equal(x0, x1), f"slot {index} moved although the shared velocity scale is 0"
+    steered.set_shared_curve("velocity_scale", None)
+    reverted_from = slot_states(steered)
+    steered.tick()
+    for index, (x0, x1) in enumerate(zip(reverted_from, slot_states(steered))):
+        if x1 is not None and x0 is not None:
+            assert not torch.equal(x0, x1), f"slot {index} still frozen after the shared curve was removed"
+
+
+def test_shared_curve_overrides_per_slot_values_then_per_slot_values_return(session, prompts):
+    pipeline = fill(session, prompts[0], depth=2, velocity_scale=0.0)  # every request frozen by its own value
+    frozen = slot_states(pipeline)
+    pipeline.tick()
+    assert all(torch.equal(x, y) for x, y in zip(frozen, slot_states(pipeline)) if y is not None)
+    pipeline.set_shared_curve("velocity_scale", torch.full((FRAMES,), 1.0))
+    moving = slot_states(pipeline)
+    pipeline.tick()
+    assert all(not torch.equal(x, y) for x, y in zip(moving, slot_states(pipeline)) if y is not None and x is not None)
+    pipeline.set_shared_curve("velocity_scale", None)
+    refrozen = slot_states(pipeline)
+    pipeline.tick()
+    assert all(torch.equal(x, y) for x, y in zip(refrozen, slot_states(pipeline)) if y is not None and x is not None)
+
+
+@pytest.mark.parametrize("depth, steps", [(1, 8), (4, 8), (4, 4), (8, 8)])
+def test_free_pipeline_delivers_exactly_steps_ticks_later(session, prompts, depth, steps):
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=depth)
+    pipeline.submit(session.make_request(prompts[0], SECONDS, steps=steps))
+    ticks = 0
+    while True:
+        ticks += 1
+        if pipeline.tick():
+            break
+    assert ticks == steps
+
+
+def test_busy_pipeline_keeps_only_the_newest_queued_request(session, prompts):
+    pipeline = fill(session, prompts[0], depth=2)
+    pipeline.submit(session.make_request(prompts[0], SECONDS, seed=100))
+    pipeline.submit(session.make_request(prompts[0], SECONDS, seed=101))  # replaces seed 100 before it starts
+    delivered = pipeline.drain()
+    seeds = [f.request.seed for f in delivered]
+    assert 100 not in seeds and 101 in seeds and sorted(seeds) == [0, 1, 101]
+
+
+def test_fused_cfg_rows_equal_separate_calls(session, prompts):
+    a, _, null = prompts
+    decoder = session.models.acestep.decoder
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, FRAMES, 64, generator=g)
+    context = session.context_latents(FRAMES, None).expand(3, -1, -1)
+    embeddings = [decoder.timestep_modulation(torch.tensor([t])) for t in (1.0, 0.9, 0.5)]
+    temb, mod = torch.cat([e[0] for e in embeddings]), torch.cat([e[1] for e in embeddings])
+    with torch.no_grad():
+        fused = decoder.forward_rows(x, temb, mod, context, [CrossGroup(a.cross_kv(decoder), torch.tensor([0, 1])), CrossGroup(null.cross_kv(decoder), torch.tensor([2]))])
+        positive = decoder.forward_rows(x[:2], temb[:2], mod[:2], context[:2], [CrossGroup(a.cross_kv(decoder), torch.tensor([0, 1]))])
+        negative = decoder.forward_rows(x[2:], temb[2:], mod[2:], context[2:], [CrossGroup(null.cross_kv(decoder), torch.tensor([0]))])
+    assert torch.equal(fused[:2], positive) and torch.equal(fused[2:], negative)
+
+
+@pytest.mark.parametrize("mode, expected", [("off", [0] * 8), ("full", [1] * 8), ("initialize", [1] + [0] * 7), ("self", [0] * 8)])
+def test_cfg_modes_make_the_documented_negative_rows(session, prompts, mode, expected):
+    a, _, null = prompts
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=1)
+    pipeline.submit(session.make_request(a, SECONDS, cfg_mode=mode, negative=None if mode in ("off", "self") else null, guidance=2.0))
+    counts = []
+    for _ in range(8):
+        pipeline.tick()
+        counts.append(pipeline.stats()["negative_rows"])
+    assert counts == expected
+
+
+def test_depth_shrink_finishes_every_in_flight_slot(session, prompts):
+    pipeline = fill(session, prompts[0], depth=4)
+    pipeline.set_depth(1)
+    delivered = pipeline.drain()
+    assert sorted(f.request.seed for f in delivered) == [0, 1, 2, 3]
+    assert pipeline.stats()["depth"] == 1 and len(pipeline._slots) == 1
+    pipeline.set_depth(3)
+    pipeline.submit(session.make_request(prompts[0], SECONDS, seed=9))
+    assert [f.request.seed for f in pipeline.drain()] == [9]
+
+
+def test_same_seed_same_stream_output_sde_and_ode_noise_included(session, prompts, source):
+    def run():
+        pipeline = StreamPipeline(session.models.acestep.decoder, depth=3)
+        out = []
+        for seed, options in ((1, dict(solver="sde")), (2, dict(ode_noise=0.3)), (3, dict(sde_denoise=torch.linspace(0, 1, FRAMES), source=source, denoise=0.8))):
+            pipeline.submit(session.make_request(prompts[0], SECONDS, seed=seed, **options))
+            out += pipeline.tick()
+        return [f.latent for f in out + pipeline.drain()]
+
+    first, second = run(), run()
+    assert len(first) == 3 and all(torch.equal(x, y) for x, y in zip(first, second))
+
+
+@pytest.mark.parametrize("t_start", [0.0, 4.0, 9.6])
+def test_windowed_decode_equals_full_decode_in_the_kept_region(session, prompts, t_start):
+    latent = session.generate(prompts[0], SECONDS, seed=4)
+    full = session.decode(latent)
+    window = session.decode(latent, t_start=t_start, window_s=0.4)
+    start = min(int(t_start * 25), FRAMES - 10) * 1920
+    expected = full[:, start : start + window.shape[-1]]
+    assert window.shape == (2, 10 * 1920)
+    assert (window - expected).abs().max() < 1e-5 * max(1.0, expected.abs().max().item())
+
+
+def test_cyclic_window_across_the_loop_seam(session, prompts):
+    latent = session.generate(prompts[0], SECONDS, seed=4)
+    rolled = torch.roll(latent, shifts=20, dims=1)
+    seam = session.decode(latent, t_start=(FRAMES - 4) / 25, window_s=0.4, cyclic=True)
+    middle = session.decode(rolled, t_start=(FRAMES - 4 + 20 - FRAMES) / 25, window_s=0.4)
+    assert (seam - middle).abs().max() < 1e-5 * max(1.0, middle.abs().max().item())
+
+
+def test_bad_inputs_raise_and_leave_the_pipeline_usable(session, prompts, source):
+    a = prompts[0]
+    pipeline = fill(session, a, depth=2)
+    with pytest.raises(ValueError, match="T=125"):
+        pipeline.submit(session.make_request(a, 5.0))
+    nan_source = source.latents.clone()
+    nan_source[0, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        pipeline.submit(session.make_request(a, SECONDS, source_latents=nan_source, denoise=0.5))
+    with pytest.raises(ValueError, match="velocity_scale.*250"):
+        pipeline.submit(session.make_request(a, SECONDS, velocity_scale=torch.ones(17)))
+    with pytest.raises(ValueError, match="velocity_scale.*250"):
+        pipeline.set_shared_curve("velocity_scale", torch.ones(17))
+    for depth in (0, 9):
+        with pytest.raises(ValueError, match="depth"):
+            pipeline.set_depth(depth)
+    with pytest.raises(ValueError, match="unknown shared curve 'wobble'"):
+        pipeline.set_shared_curve("wobble", 1.0)
+    with pytest.raises(ValueError, match="negative"):
+        pipeline.submit(session.make_request(a, SECONDS, cfg_mode="full"))
+    assert sorted(f.request.seed for f in pipeline.drain()) == [0, 1]
+    pipeline.submit(session.make_request(a, SECONDS, seed=7))
+    assert [f.request.seed for f in pipeline.drain()] == [7]
+
+
+def test_latent_mask_keeps_the_source_where_it_is_zero(session, prompts, source):
+    mask = torch.ones(FRAMES)
+    mask[:100] = 0.0
+    latent = session.generate(prompts[0], SECONDS, source=source, seed=2, latent_mask=mask)
+    assert torch.equal(latent[:, :100], source.latents[:, :100])
+    assert not torch.allclose(latent[:, 150:], source.latents[:, 150:])
+
+
+def test_x0_target_at_full_strength_lands_on_the_target(session, prompts, source):
+    target = source.latents
+    latent = session.generate(prompts[0], SECONDS, seed=2, x0_target=target, x0_target_strength=1.0)
+    torch.testing.assert_close(latent, target)
+    gated = session.generate(prompts[0], SECONDS, seed=2, x0_target=target, x0_target_curve=0.5, x0_target_gate=0.5)
+    free = session.generate(prompts[0], SECONDS, seed=2)
+    assert (gated - target).abs().mean() < (free - target).abs().mean()
+
+
+def test_extra_condition_with_all_the_weight_equals_generating_with_it_alone(session, prompts):
+    from flowjam.engine.stream import ExtraCondition
+
+    a, b, _ = prompts
+    only_b = session.generate(b, SECONDS, seed=6)
+    blended = session.generate(a, SECONDS, seed=6, primary_weight=0.0, extra_conditions=(ExtraCondition(b, 1.0),))
+    assert torch.equal(blended, only_b)
+    halfway = session.generate(a, SECONDS, seed=6, extra_conditions=(ExtraCondition(b, None, (0.5, 1.0)),))
+    assert not torch.equal(halfway, only_b) and not torch.equal(halfway, session.generate(a, SECONDS, seed=6))
+
+
+def test_dcw_changes_the_result_and_stays_finite(session, prompts):
+    plain = session.generate(prompts[0], SECONDS, seed=8)
+    corrected = session.generate(prompts[0], SECONDS, seed=8, dcw=DCW("double", 0.05, 0.02))
+    assert torch.isfinite(corrected).all() and not torch.equal(plain, corrected)
