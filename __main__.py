@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--steps", type=int, default=8)
     tick.add_argument("--cfg", default="off", choices=("off", "full", "initialize", "self"))
     tick.add_argument("--ticks", type=int, default=48, help="measured ticks (after warm-up)")
+    tick.add_argument("--backend", default="eager", choices=("eager", "compile"))
     tick.add_argument("--device", default="cpu")
     tick.add_argument("--dtype", default="float32", choices=DTYPES)
 
@@ -119,8 +120,9 @@ def bench_tick(args: argparse.Namespace) -> int:
     from .engine.benchmarks import bench_tick as measure
 
     device_name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
-    print(f"StreamPipeline tick: preset {args.preset}, {args.seconds:g} s song, depth {args.depth}, {args.steps} steps, cfg {args.cfg}, {args.dtype}, {device_name}")
-    r = measure(args.preset, args.seconds, args.depth, args.steps, args.cfg, args.device, getattr(torch, args.dtype), ticks=args.ticks)
+    print(f"StreamPipeline tick: preset {args.preset}, {args.seconds:g} s song, depth {args.depth}, {args.steps} steps, cfg {args.cfg}, {args.dtype}, {args.backend}, {device_name}")
+    r = measure(args.preset, args.seconds, args.depth, args.steps, args.cfg, args.device, getattr(torch, args.dtype), ticks=args.ticks, backend=args.backend)
+    print(f"  warm-up           {r.warmup_s:.1f} s (first ticks, compilation included)")
     print(f"  ms/tick           median {r.median_ms:.2f}   p95 {r.p95_ms:.2f}   ({r.ticks} ticks, {r.rows_per_tick:.2f} rows/tick)")
     print(f"  finished latents  {r.finished_per_s:.2f} /s   audio generated {r.audio_s_per_s:.1f} s per wall second")
     print(f"  FLOP bound        {r.row_tflop * 1000:.3f} GFLOP/row x {r.rows_per_tick:.2f} rows at measured GEMM peak {r.gemm_tflops:.1f} TFLOP/s = {r.bound_ms:.2f} ms/tick;  ratio {r.median_ms / r.bound_ms:.2f}x")

@@ -125,6 +125,7 @@ def measure_gemm_tflops(device: torch.device, dtype: torch.dtype, sizes=((8192, 
 @dataclass(frozen=True)
 class TickReport:
     ticks: int
+    warmup_s: float
     median_ms: float
     p95_ms: float
     rows_per_tick: float
@@ -137,7 +138,7 @@ class TickReport:
 
 def bench_tick(
     preset_name: str, seconds: float, depth: int, steps: int, cfg: str, device: str, dtype: torch.dtype,
-    ticks: int = 48, seed: int = 0,
+    ticks: int = 48, seed: int = 0, backend: str = "eager",
 ) -> TickReport:
     """Steady-state ticks of a StreamPipeline at real shapes with random weights (a new request every tick)."""
     config = get_preset(preset_name).dit
@@ -149,11 +150,14 @@ def bench_tick(
         positive = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, device=dev, dtype=dtype))
         negative = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, device=dev, dtype=dtype))
         context = torch.randn(1, frames, config.in_channels - config.audio_acoustic_hidden_dim, device=dev, dtype=dtype)
-    pipeline = StreamPipeline(dit, depth=depth)
+    pipeline = StreamPipeline(dit, depth=depth, backend=backend)
     options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else negative, guidance=2.0)
     warmup = steps + depth
     times_ms, rows, finished = [], [], 0
+    warmup_started = time.perf_counter()
     for index in range(warmup + ticks):
+        if index == warmup:
+            warmup_s = time.perf_counter() - warmup_started
         pipeline.submit(SlotRequest(positive, context, seed=index, steps=steps, **options))
         _sync(dev)
         start = time.perf_counter()
@@ -170,6 +174,7 @@ def bench_tick(
     mean_rows = sum(rows) / len(rows)
     return TickReport(
         ticks=ticks,
+        warmup_s=warmup_s,
         median_ms=statistics.median(times_ms),
         p95_ms=ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
         rows_per_tick=mean_rows,

@@ -208,9 +208,9 @@ class Session:
                 return finished[0].latent
         raise RuntimeError("generation did not finish within its schedule")
 
-    def stream(self, depth: int = 4) -> "StreamHandle":
+    def stream(self, depth: int = 4, backend: str = "eager") -> "StreamHandle":
         """A live pipeline on this session's decoder; feed it requests from `make_request`."""
-        return StreamHandle(self, StreamPipeline(self.models.acestep.decoder, depth=depth))
+        return StreamHandle(self, StreamPipeline(self.models.acestep.decoder, depth=depth, backend=backend))
 
     # ---- decoding --------------------------------------------------------------------------------------------
 

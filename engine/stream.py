@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import solver
+from .backends import decoder_forward
 from .conditioning import Conditioning
 from .curves import Curve, as_curve
 from .models.dit import CrossGroup, DiTDecoder
@@ -170,7 +171,7 @@ class TickStats:
 
 
 class StreamPipeline:
-    def __init__(self, decoder: DiTDecoder, depth: int = 4):
+    def __init__(self, decoder: DiTDecoder, depth: int = 4, backend: str = "eager"):
         self.decoder = decoder
         self._check_depth(depth)
         self.depth = depth
@@ -180,7 +181,7 @@ class StreamPipeline:
         self._shared: dict[str, torch.Tensor] = {}
         self._modulation: OrderedDict[float, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._stats = TickStats()
-        self._events: list[tuple[Any, Any]] = []
+        self.decoder_forward = decoder_forward(decoder, backend)
 
     # ---- configuration ---------------------------------------------------------------------------------------
 
@@ -385,7 +386,7 @@ class StreamPipeline:
             by_condition.setdefault(id(row.conditioning), []).append(index)
         conditions = {id(row.conditioning): row.conditioning for row in rows}
         groups = [CrossGroup(conditions[key].cross_kv(self.decoder), self._indices(indices)) for key, indices in by_condition.items()]
-        return self.decoder.forward_rows(x, temb, modulation, context, groups)
+        return self.decoder_forward(x, temb, modulation, context, groups)
 
     def _indices(self, indices: list[int]) -> torch.Tensor:
         """Row-index tensors on the device, cached: steady-state ticks reuse the same few layouts."""

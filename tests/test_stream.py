@@ -255,3 +255,21 @@ def test_dcw_changes_the_result_and_stays_finite(session, prompts):
     plain = session.generate(prompts[0], SECONDS, seed=8)
     corrected = session.generate(prompts[0], SECONDS, seed=8, dcw=DCW("double", 0.05, 0.02))
     assert torch.isfinite(corrected).all() and not torch.equal(plain, corrected)
+
+
+def test_compiled_backend_matches_eager(session, prompts):
+    from flowjam.engine.backends import decoder_forward
+
+    a, _, null = prompts
+    outputs = {}
+    for backend in ("eager", "compile"):
+        pipeline = StreamPipeline(session.models.acestep.decoder, depth=2, backend=backend)
+        pipeline.submit(session.make_request(a, SECONDS, seed=1, steps=4))
+        pipeline.tick()
+        pipeline.submit(session.make_request(a, SECONDS, seed=2, steps=4, cfg_mode="full", negative=null, guidance=2.0))
+        outputs[backend] = [f.latent for f in pipeline.drain()]
+    for eager, compiled in zip(outputs["eager"], outputs["compile"]):
+        torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
+    assert decoder_forward(session.models.acestep.decoder, "compile") is decoder_forward(session.models.acestep.decoder, "compile")
+    with pytest.raises(ValueError, match="unknown backend"):
+        StreamPipeline(session.models.acestep.decoder, backend="tensorrt-please")
