@@ -167,6 +167,7 @@ class TickStats:
     active_slots: int = 0
     last_tick_ms: float = 0.0
     finished: int = 0
+    gpu_events: tuple[Any, Any] | None = None
     history_ms: list[float] = field(default_factory=list)
 
 
@@ -308,6 +309,7 @@ class StreamPipeline:
     def tick(self) -> list[Finished]:
         """Admit a queued request, advance every active slot one step in one batched forward, deliver finished ones."""
         started = time.perf_counter()
+        events = self._gpu_events()
         self._admit()
         active = [slot for slot in self._slots if slot is not None]
         if not active:
@@ -322,8 +324,20 @@ class StreamPipeline:
                 self._slots[next(i for i, s in enumerate(self._slots) if s is slot)] = None
                 finished.append(Finished(slot.x, slot.request, slot.steps))
         self._trim()
+        if events is not None:
+            events[1].record()
+            self._stats.gpu_events = events
         self._record(started, rows, active, finished)
         return finished
+
+    def _gpu_events(self) -> tuple[Any, Any] | None:
+        """A (start, end) CUDA event pair with the start recorded now; None on the CPU."""
+        device = self._device_dtype()[0]
+        if device.type != "cuda":
+            return None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start, end
 
     def _admit(self) -> None:
         if self._queued is None:
@@ -526,9 +540,14 @@ class StreamPipeline:
         del stats.history_ms[:-256]
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the last tick (wall time of the host side; GPU timing lives in the benchmark)."""
+        """Counters of the last tick: host-side ms, and on a GPU the device ms of the last tick whose CUDA events
+        have completed (read without waiting; None until one has)."""
         s = self._stats
+        gpu_ms = None
+        if s.gpu_events is not None and s.gpu_events[1].query():
+            gpu_ms = s.gpu_events[0].elapsed_time(s.gpu_events[1])
         return {
+            "gpu_tick_ms": gpu_ms,
             "ticks": s.ticks,
             "depth": self.depth,
             "active_slots": s.active_slots,

@@ -273,3 +273,10 @@ def test_compiled_backend_matches_eager(session, prompts):
     assert decoder_forward(session.models.acestep.decoder, "compile") is decoder_forward(session.models.acestep.decoder, "compile")
     with pytest.raises(ValueError, match="unknown backend"):
         StreamPipeline(session.models.acestep.decoder, backend="tensorrt-please")
+
+
+def test_decode_margin_must_cover_the_vae_receptive_field(session, prompts):
+    latent = session.generate(prompts[0], SECONDS, seed=4)
+    full = session.decode(latent)[:, 100 * 1920 : 110 * 1920]
+    error = {m: (session.decode(latent, t_start=4.0, window_s=0.4, margin_frames=m) - full).abs().max().item() for m in (2, 9)}
+    assert error[9] < 1e-5 < 1e-3 < error[2], error

@@ -36,8 +36,11 @@ def test_tick_makes_no_host_device_sync():
     try:
         for _ in range(8):
             pipeline.tick()
+            pipeline.stats()  # reads CUDA events without waiting
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert pipeline.stats()["gpu_tick_ms"] > 0
 
 
 @cuda
