@@ -58,6 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--device", default="cpu")
     tick.add_argument("--dtype", default="float32", choices=DTYPES)
 
+    latency = targets.add_parser("latency", help="knob -> first changed tick and knob -> ear, shared vs per-request knob")
+    latency.add_argument("--trials", type=int, default=12)
+    latency.add_argument("--depth", type=int, default=4)
+    latency.add_argument("--song-seconds", type=float, default=10.0)
+    add_model_arguments(latency)
+    soak = targets.add_parser("soak", help="play for N minutes under a knob storm and prompt swaps")
+    soak.add_argument("--minutes", type=float, default=2.0)
+    soak.add_argument("--depth", type=int, default=4)
+    soak.add_argument("--song-seconds", type=float, default=10.0)
+    add_model_arguments(soak)
+
     demo = commands.add_parser("demo", help="stream N seconds on the tiny preset with a scripted knob sweep -> WAV")
     demo.add_argument("--seconds", type=float, default=12.0)
     demo.add_argument("--out", type=Path, default=Path("flowjam-demo-stream.wav"))
@@ -65,6 +76,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=42)
     demo.add_argument("--quiet", action="store_true", help="no per-tick lines")
     add_model_arguments(demo)
+
+    live = commands.add_parser("live", help="play the stream: audio out, OSC and MIDI control, live status line")
+    live.add_argument("--prompt", default="ambient pads, slow evolving synth", help="caption (prompt A)")
+    live.add_argument("--prompt-b", help="second caption; the prompt_blend knob morphs A -> B")
+    live.add_argument("--source", type=Path, help="source WAV to cover in a loop (sets the loop length)")
+    live.add_argument("--song-seconds", type=float, default=30.0, help="loop length for text-only sessions")
+    live.add_argument("--seconds", type=float, help="stop cleanly after this many seconds (default: run until Ctrl-C)")
+    live.add_argument("--depth", type=int, help="in-flight generations (1..8; default 4)")
+    live.add_argument("--steps", type=int, help="denoising steps per generation (default 8)")
+    live.add_argument("--backend", default="eager", choices=("eager", "compile"))
+    live.add_argument("--audio-device", help="output device name or index (see --list-devices)")
+    live.add_argument("--list-devices", action="store_true", help="print audio output devices and exit")
+    live.add_argument("--no-audio", action="store_true", help="no sound card: advance in real time and only record")
+    live.add_argument("--playback", default="process", choices=("process", "thread"), help="where the audio callback runs")
+    live.add_argument("--record", type=Path, help="write exactly what was played to this WAV")
+    live.add_argument("--session", default="default", help="OSC session name in /flowjam/<session>/...")
+    live.add_argument("--osc-port", type=int, default=9000, help="UDP port for OSC control (0: none)")
+    live.add_argument("--osc-host", default="127.0.0.1", help="address to bind; anything but loopback is explicit")
+    live.add_argument("--osc-feedback", help="HOST:PORT that receives applied values (TouchOSC faders follow)")
+    live.add_argument("--osc-allow", help="comma-separated hosts allowed to send OSC when binding beyond loopback")
+    live.add_argument("--midi-port", help="MIDI input port name (pip install 'flowjam[midi]')")
+    live.add_argument("--midi-map", type=Path, help="JSON CC mapping file (from MIDI learn)")
+    add_model_arguments(live)
 
     info = commands.add_parser("info", help="parameter counts of a preset's networks (no weights needed)")
     info.add_argument("--preset", default="turbo-2b")
@@ -111,7 +145,29 @@ def load_session(args: argparse.Namespace):
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    return {"dit": bench_dit, "tick": bench_tick}[args.target](args)
+    return {"dit": bench_dit, "tick": bench_tick, "latency": bench_latency, "soak": bench_soak}[args.target](args)
+
+
+def bench_latency(args: argparse.Namespace) -> int:
+    from .engine.live.bench import measure_latency
+
+    session = load_session(args)
+    print(f"knob latency: preset {args.preset}, depth {args.depth}, 8 steps, {args.song_seconds:g} s loop, {args.trials} trials per knob, no audio device (real-time clock)")
+    print(f"{'knob':>16} {'kind':>8} {'knob->tick ms (median / p95)':>30} {'knob->ear ms (median / p95)':>30}")
+    for s in measure_latency(session, args.trials, args.song_seconds, args.depth):
+        print(f"{s.knob:>16} {s.kind:>8} {s.tick_ms_median:17.1f} / {s.tick_ms_p95:8.1f} {s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f}")
+    return 0
+
+
+def bench_soak(args: argparse.Namespace) -> int:
+    from .engine.live.bench import soak
+
+    r = soak(load_session(args), args.minutes, args.song_seconds, args.depth)
+    print(f"soak {r.minutes:g} min: {r.ticks} ticks, {r.knob_sets} knob sets, {r.prompt_swaps} prompt swaps, {r.errors} runner errors")
+    print(f"  RSS {r.rss_start_mb:.1f} -> {r.rss_end_mb:.1f} MB ({r.rss_end_mb - r.rss_start_mb:+.1f} MB)")
+    print(f"  tick ms median: first {r.tick_ms_first:.2f}, last {r.tick_ms_last:.2f} (drift {r.tick_ms_last - r.tick_ms_first:+.2f})")
+    print(f"  underruns {r.underruns}")
+    return 0 if r.errors == 0 else 1
 
 
 def bench_tick(args: argparse.Namespace) -> int:
@@ -166,7 +222,57 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"render": run_render, "bench": run_bench, "info": run_info, "demo": run_demo}
+def run_live(args: argparse.Namespace) -> int:
+    if args.list_devices:
+        from .engine.live.playback import list_devices
+
+        print(list_devices())
+        return 0
+    from .engine.live.app import LiveApp, LiveConfig, parse_host_port
+    from .engine.live.knobs import KnobRegistry
+    from .engine.live.runner import RunnerConfig
+
+    if args.seconds is not None and args.seconds <= 0:
+        raise ValueError(f"--seconds must be > 0, got {args.seconds}")
+    registry = KnobRegistry()
+    for name in ("depth", "steps"):
+        if getattr(args, name) is not None:
+            registry.set(name, getattr(args, name), origin="cli")
+    config = LiveConfig(
+        prompt=args.prompt, prompt_b=args.prompt_b, source=args.source, song_seconds=args.song_seconds,
+        session_name=args.session, audio_device=args.audio_device, playback_mode="null" if args.no_audio else args.playback,
+        record=args.record, osc_host=args.osc_host, osc_port=args.osc_port or None,
+        osc_feedback=parse_host_port(args.osc_feedback) if args.osc_feedback else None,
+        osc_allow=tuple(h.strip() for h in args.osc_allow.split(",")) if args.osc_allow else None,
+        midi_port=args.midi_port, midi_map=args.midi_map,
+        runner=RunnerConfig(depth=int(registry.get("depth")), backend=args.backend),
+    )
+    app = LiveApp(load_session(args), config, registry)
+    app.start()
+    started = time.monotonic()
+    interactive = sys.stderr.isatty()
+    try:
+        beats = 0
+        while args.seconds is None or time.monotonic() - started < args.seconds:
+            time.sleep(0.25)
+            beats += 1
+            if interactive:
+                sys.stderr.write(f"\r{app.status_line()}")
+            elif beats % 4 == 0:
+                sys.stderr.write(f"{app.status_line()}\n")
+            sys.stderr.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        app.stop()
+    if interactive:
+        sys.stderr.write("\n")
+    if args.record:
+        print(f"recorded {args.record}")
+    return 0
+
+
+COMMANDS = {"render": run_render, "bench": run_bench, "info": run_info, "demo": run_demo, "live": run_live}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,135 @@
+"""A live performance: session + knob registry + loop buffer + playback + runner + OSC (+ MIDI), started and
+stopped as one. `python -m flowjam live` is a thin shell around `LiveApp`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..audio_io import read_wav
+from ..models.presets import LATENT_RATE_HZ
+from ..session import Session, seconds_to_frames
+from .knobs import KnobRegistry
+from .loop_buffer import LoopBuffer
+from .osc import OscBridge, OscConfig
+from .playback import Playback
+from .runner import LiveRunner, RunnerConfig
+
+log = logging.getLogger("flowjam.live")
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    prompt: str
+    prompt_b: str | None = None
+    source: Path | None = None
+    song_seconds: float = 30.0
+    session_name: str = "default"
+    audio_device: str | int | None = None
+    playback_mode: str = "process"  # process | thread | null (no audio device)
+    record: Path | None = None
+    osc_host: str = "127.0.0.1"
+    osc_port: int | None = 9000  # None: no OSC
+    osc_feedback: tuple[str, int] | None = None
+    osc_allow: tuple[str, ...] | None = None
+    midi_port: str | None = None
+    midi_map: Path | None = None
+    runner: RunnerConfig = RunnerConfig()
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """"127.0.0.1:9111" -> ("127.0.0.1", 9111), with an error naming the expected form."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT such as 127.0.0.1:9111, got {text!r}")
+    return host, int(port)
+
+
+class LiveApp:
+    def __init__(self, session: Session, config: LiveConfig, registry: KnobRegistry | None = None):
+        self.session, self.config = session, config
+        self.registry = registry or KnobRegistry()
+        source = None
+        seconds = config.song_seconds
+        initial = None
+        if config.source is not None:
+            audio, rate = read_wav(config.source)
+            source = session.prepare_source(audio, rate)
+            seconds = source.frames / LATENT_RATE_HZ
+            initial = session.decode(source.latents)
+        frames = seconds_to_frames(seconds)
+        hop = session.models.vae.hop_samples
+        self.buffer = LoopBuffer(frames * hop, channels=2, sample_rate=session.sample_rate)
+        if initial is not None:
+            self.buffer.fill(initial[:, : frames * hop])
+        self.playback = Playback(
+            self.buffer, device=config.audio_device, mode=config.playback_mode,
+            record_path=None if config.record is None else str(config.record),
+        )
+        self.runner = LiveRunner(session, self.registry, self.buffer, config.prompt, config.prompt_b, source, config.runner)
+        self.osc: OscBridge | None = None
+        if config.osc_port is not None:
+            self.osc = OscBridge(
+                self.registry,
+                OscConfig(session=config.session_name, host=config.osc_host, port=config.osc_port, feedback=config.osc_feedback, allow_hosts=config.osc_allow),
+                on_prompt=self.runner.set_prompt,
+                on_transport=self._transport,
+                status=self.status,
+            )
+        self.midi = None
+        if config.midi_port is not None or config.midi_map is not None:
+            from .midi import MidiInput, MidiMapper
+
+            mapper = MidiMapper.load(config.midi_map, self.registry) if config.midi_map else MidiMapper(self.registry)
+            self.midi = MidiInput(mapper, port_name=config.midi_port)
+
+    def _transport(self, command: str) -> None:
+        if command == "reset":
+            self.registry.reset()
+        elif command not in ("play", "stop"):
+            raise ValueError(f"unknown transport command {command!r}: play, stop or reset")
+
+    def start(self) -> None:
+        """Start playback (falling back to a silent real-time clock when no audio device can be opened and none
+        was asked for by name), then the runner, OSC and MIDI."""
+        try:
+            self.playback.start()
+        except Exception as error:
+            if self.config.audio_device is not None or self.config.playback_mode == "null":
+                raise
+            log.warning("no audio output (%s); running without sound%s", error, ", recording only" if self.config.record else "")
+            self.playback = Playback(self.buffer, mode="null", record_path=None if self.config.record is None else str(self.config.record))
+            self.playback.start()
+        self.runner.start()
+        if self.osc is not None:
+            self.osc.start()
+        if self.midi is not None:
+            self.midi.start()
+
+    def stop(self) -> None:
+        """Stop everything in reverse order; the recording is written by the playback's stop."""
+        for part in (self.midi, self.osc):
+            if part is not None:
+                part.stop()
+        self.runner.stop()
+        self.playback.stop()
+        self.buffer.unlink()
+
+    def status(self) -> dict[str, Any]:
+        status = self.runner.status()
+        playback = self.playback.stats()
+        status.update(underruns=playback.get("underruns"), playing=self.playback.running)
+        if self.osc is not None:
+            status["last_osc"] = self.osc.stats().get("last_message")
+        status["knobs"] = self.registry.values()
+        return status
+
+    def status_line(self) -> str:
+        s = self.status()
+        return (
+            f"tick {s['tick_ms']:6.1f} ms  decode {s['decode_ms']:5.1f} ms  lead {s['lead_s']:.2f} s  "
+            f"playhead {s['playhead_s']:6.2f} s  underruns {s['underruns']}  latents {s['latents']}  "
+            f"osc {s.get('last_osc') or '-'}"
+        )

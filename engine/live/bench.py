@@ -1,0 +1,148 @@
+"""Live benchmarks: knob-to-tick / knob-to-ear latency and a soak run (knob storm + prompt swaps)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..session import Session
+from .app import LiveApp, LiveConfig
+from .knobs import KnobRegistry
+from .runner import RunnerConfig
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def _wait(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    knob: str
+    kind: str
+    trials: int
+    tick_ms_median: float
+    tick_ms_p95: float
+    ear_ms_median: float
+    ear_ms_p95: float
+
+
+def _summarize(knob: str, kind: str, records) -> LatencySummary:
+    ticks = sorted(r.knob_to_tick_ms for r in records)
+    ears = sorted(r.knob_to_ear_ms for r in records)
+
+    def p95(values):
+        return values[min(len(values) - 1, int(0.95 * len(values)))]
+
+    return LatencySummary(knob, kind, len(records), statistics.median(ticks), p95(ticks), statistics.median(ears), p95(ears))
+
+
+def measure_latency(session: Session, trials: int = 12, song_seconds: float = 10.0, depth: int = 4, playback_mode: str = "null") -> list[LatencySummary]:
+    """Turn a shared-curve knob (velocity_scale) and a per-request knob (denoise) `trials` times each; follow every
+    change to the first tick that used it and to the moment the playhead reaches audio made with it."""
+    registry = KnobRegistry()
+    registry.set("depth", depth, origin="bench")
+    app = LiveApp(session, LiveConfig(prompt="latency probe", song_seconds=song_seconds, playback_mode=playback_mode, osc_port=None,
+                                      runner=RunnerConfig(depth=depth)), registry)
+    app.start()
+    try:
+        if not _wait(lambda: app.runner.stats.latents > 0, 120):
+            raise RuntimeError("the stream produced nothing within 120 s")
+        summaries = []
+        for knob, values in (("velocity_scale", (1.3, 0.7)), ("denoise", (0.5, 0.8))):
+            records = []
+            for trial in range(trials):
+                change = registry.set(knob, values[trial % 2], origin="bench")
+                if not _wait(lambda: any(r.change.seq == change.seq for r in app.runner.stats.latencies), 60):
+                    raise RuntimeError(f"a {knob} change never reached the ear")
+                records.append(next(r for r in app.runner.stats.latencies if r.change.seq == change.seq))
+                time.sleep(0.05)
+            summaries.append(_summarize(knob, registry.specs[knob].kind.value, records))
+        return summaries
+    finally:
+        app.stop()
+
+
+@dataclass(frozen=True)
+class SoakReport:
+    minutes: float
+    ticks: int
+    knob_sets: int
+    prompt_swaps: int
+    rss_start_mb: float
+    rss_end_mb: float
+    underruns: int
+    tick_ms_first: float
+    tick_ms_last: float
+    errors: int
+
+
+def soak(session: Session, minutes: float, song_seconds: float = 10.0, depth: int = 4, playback_mode: str = "null", seed: int = 0) -> SoakReport:
+    """Play for `minutes` under a knob storm (~200 sets/s over every knob) with a prompt swap every 5 s."""
+    rng = random.Random(seed)
+    registry = KnobRegistry()
+    app = LiveApp(session, LiveConfig(prompt="soak a", prompt_b="soak b", song_seconds=song_seconds, playback_mode=playback_mode,
+                                      osc_port=None, runner=RunnerConfig(depth=depth)), registry)
+    stop = threading.Event()
+    counts = {"knobs": 0, "prompts": 0}
+    names = [name for name, spec in registry.specs.items() if name not in ("steps", "depth")]
+
+    def storm() -> None:
+        last_prompt = time.monotonic()
+        while not stop.is_set():
+            name = rng.choice(names)
+            registry.set_normalized(name, rng.random(), origin="soak")
+            counts["knobs"] += 1
+            if time.monotonic() - last_prompt > 5:
+                app.runner.set_prompt(rng.choice("ab"), f"soak prompt {counts['prompts']}")
+                counts["prompts"] += 1
+                last_prompt = time.monotonic()
+            time.sleep(0.005)
+
+    app.start()
+    worker = threading.Thread(target=storm, daemon=True)
+    tick_samples: list[tuple[float, float]] = []
+    try:
+        _wait(lambda: app.runner.stats.latents > 0, 120)
+        rss_start = _rss_mb()
+        started = time.monotonic()
+        worker.start()
+        while time.monotonic() - started < minutes * 60:
+            time.sleep(0.5)
+            tick_samples.append((time.monotonic() - started, app.runner.stats.tick_ms))
+        rss_end = _rss_mb()
+    finally:
+        stop.set()
+        worker.join(timeout=5)
+        underruns = app.playback.stats().get("underruns", 0)
+        app.stop()
+    span = minutes * 60
+    first = [ms for t, ms in tick_samples if t <= max(10.0, span * 0.2)]
+    last = [ms for t, ms in tick_samples if t >= span - max(10.0, span * 0.2)]
+    return SoakReport(
+        minutes=minutes,
+        ticks=app.runner.stats.ticks,
+        knob_sets=counts["knobs"],
+        prompt_swaps=counts["prompts"],
+        rss_start_mb=rss_start,
+        rss_end_mb=rss_end,
+        underruns=int(underruns or 0),
+        tick_ms_first=statistics.median(first) if first else float("nan"),
+        tick_ms_last=statistics.median(last) if last else float("nan"),
+        errors=app.runner.stats.errors,
+    )

@@ -1,0 +1,518 @@
+"""OSC bridge: controllers play the knob registry over UDP, and see its values come back.
+
+Address space under `/flowjam/<session>/`:
+    knob/<name> <number>    set a knob in its own units (clamped to its range); no argument = ask its value
+    norm/<name> <0..1>      set a knob from a controller's 0..1 fader; no argument = ask its 0..1 value
+    prompt <text>           prompt A (`prompt/a` too); `prompt/b <text>` sets prompt B
+    transport <command>     play | stop | reset
+    status                  reply `status <json>` to the sender and the feedback port (arguments are ignored,
+                            so a push button that sends 1 works)
+
+Three threads, so the receive loop never waits: it reads one plain UDP socket (a large SO_RCVBUF, because a burst
+of thousands of fader messages overflows the default buffer and leaves the knob at a stale value) in arrival order
+and applies each message at once; a scheduler thread applies bundles whose timetag lies in the future at their
+time; a sender thread sends replies and feedback from the same socket, so controllers see replies come from the
+port they send to.
+
+Feedback: every knob change, whatever its origin, is sent as `knob/<name> <value>` and `norm/<name> <0..1>` to the
+configured feedback address and to the last OSC sender. Changes are coalesced per knob (latest wins) and sent at
+most every FEEDBACK_INTERVAL_S, so a flood cannot queue up. A value is not echoed to an address that moved that
+knob within the last ECHO_HOLD_S (a motorised fader would fight the hand); once it rests, that address gets the
+knob's final value once, so a clamped or rounded value still shows. The hold matches addresses exactly (host and
+port): a controller that sends from the port it listens on (TouchOSC, Open Stage Control, liblo apps) is covered
+on its feedback port too; one that sends from a throwaway port still gets echoes on its feedback port.
+
+Bad input never stops the bridge: each rejected message is counted by reason in stats(), and each reason is logged
+once (logger "flowjam.osc").
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import logging
+import math
+import socket
+import sys
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Callable
+
+from pythonosc.osc_bundle import OscBundle
+from pythonosc.osc_message import OscMessage
+from pythonosc.osc_message_builder import OscMessageBuilder
+
+from .knobs import KnobChange, KnobError, KnobRegistry
+
+log = logging.getLogger("flowjam.osc")
+
+ECHO_HOLD_S = 0.150  # no echo to an address that moved the knob this recently
+FEEDBACK_INTERVAL_S = 0.010  # at most 100 feedback batches a second
+MAX_AHEAD_S = 60.0  # bundles timetagged further ahead are rejected: the sender's clock is off
+MAX_SCHEDULED = 10_000
+MAX_REPLIES = 1024
+RECEIVE_POLL_S = 0.05  # how often the receive loop looks at the stop flag
+TRANSPORT_COMMANDS = ("play", "stop", "reset")
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform.startswith("linux") else None)
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class OscConfig:
+    session: str = "default"
+    host: str = "127.0.0.1"  # listening beyond loopback ("0.0.0.0") must be asked for
+    port: int = 9000  # 0 = any free port (see OscBridge.address)
+    feedback: tuple[str, int] | None = None  # where a controller listens for values
+    allow_hosts: tuple[str, ...] | None = None  # names or addresses; datagrams from others are dropped
+    receive_buffer_bytes: int = 4 << 20
+
+    def __post_init__(self):
+        if not self.session or any(c in self.session for c in " #*,/?[]{}"):
+            raise ValueError(f"OSC session {self.session!r} must be a non-empty word without / or OSC pattern "
+                             "characters (' #*,?[]{}'), e.g. 'default'")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"OSC port {self.port} must be in 0..65535 (0 = any free port)")
+
+
+class OscBridge:
+    """Serves one session's addresses; start() binds and runs the threads, stop() ends them.
+
+    Knob changes from OSC carry origin "osc" and sent_at = when the datagram was read (a timetagged bundle's
+    content: its due time), perf_counter domain, so `change.received_at - change.sent_at` is the bridge's delay."""
+
+    def __init__(
+        self,
+        registry: KnobRegistry,
+        config: OscConfig,
+        on_prompt: Callable[[str, str], None] | None = None,
+        on_transport: Callable[[str], None] | None = None,
+        status: Callable[[], dict] | None = None,
+    ):
+        self.registry = registry
+        self.config = config
+        self._on_prompt = on_prompt
+        self._on_transport = on_transport
+        self._status = status
+        self._prefix = f"/flowjam/{config.session}/"
+        self._lifecycle = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._address: Address | None = None
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._unsubscribe: Callable[[], None] | None = None
+        self._allowed: frozenset[str] | None = None
+        self._feedback_address: Address | None = None
+        self._last_sender: Address | None = None
+        self._moved_at: dict[tuple[str, Address], float] = {}  # (knob, address) -> perf_counter of its last move
+        # scheduler: future bundle contents
+        self._schedule_ready = threading.Condition()
+        self._scheduled: list[tuple[float, int, OscMessage, Address]] = []
+        self._schedule_order = itertools.count()
+        # sender: replies in order, feedback coalesced per knob, held-back echoes (sender thread only)
+        self._send_ready = threading.Condition()
+        self._replies: deque[tuple[bytes, Address]] = deque()
+        self._pending: dict[str, KnobChange] = {}
+        self._held: dict[tuple[str, Address], float] = {}  # (knob, address) -> when to send its final value
+        # stats
+        self._stats_lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()
+        self._logged_reasons: set[str] = set()
+        self._last_message = ""
+        self._last_error = ""
+        self._receive_buffer_bytes = 0
+
+    # lifecycle
+
+    def start(self) -> None:
+        with self._lifecycle:
+            if self._socket is not None:
+                raise RuntimeError("OSC bridge already started; stop() it first")
+            candidates = _lookup(self.config.host, self.config.port)
+            family, _, _, _, bind_address = min(candidates, key=lambda info: info[0] != socket.AF_INET)
+            sock = socket.socket(family, socket.SOCK_DGRAM)
+            try:
+                self._receive_buffer_bytes = _set_receive_buffer(sock, self.config.receive_buffer_bytes)
+                sock.bind(bind_address)
+                self._allowed = _resolve_hosts(self.config.allow_hosts)
+                self._feedback_address = _resolve(self.config.feedback, family) if self.config.feedback else None
+            except BaseException:
+                sock.close()
+                raise
+            sock.settimeout(RECEIVE_POLL_S)
+            self._socket = sock
+            self._address = sock.getsockname()[:2]
+            if not _is_loopback(self._address[0]):
+                log.warning("OSC bridge listens on %s:%d, reachable from other machines%s", *self._address,
+                            "" if self._allowed else "; set allow_hosts to choose who may play")
+            self._stopping = threading.Event()
+            self._unsubscribe = self.registry.subscribe(self._on_change)
+            loops = {"receive": self._receive_loop, "schedule": self._schedule_loop, "send": self._send_loop}
+            self._threads = [threading.Thread(target=loop, name=f"flowjam-osc-{name}", daemon=True)
+                             for name, loop in loops.items()]
+            for thread in self._threads:
+                thread.start()
+
+    def stop(self) -> None:
+        """Stop the threads and close the socket (its port is free again). Safe to call twice."""
+        with self._lifecycle:
+            if self._socket is None:
+                return
+            self._unsubscribe()
+            self._stopping.set()
+            for condition in (self._schedule_ready, self._send_ready):
+                with condition:
+                    condition.notify_all()
+            for thread in self._threads:
+                if thread is not threading.current_thread():  # stop() from a handler: that loop ends by itself
+                    thread.join()
+            self._socket.close()
+            self._socket = None
+            self._threads = []
+            self._scheduled.clear()
+            self._replies.clear()
+            self._pending.clear()
+            self._held.clear()
+
+    def __enter__(self) -> OscBridge:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @property
+    def address(self) -> Address:
+        """The bound (host, port); the real port when the config asked for port 0."""
+        if self._address is None:
+            raise RuntimeError("OSC bridge not started yet: call start() first")
+        return self._address
+
+    def stats(self) -> dict:
+        with self._stats_lock:
+            return {
+                "received": self._counts["received"],  # datagrams read, dropped ones included
+                "applied": self._counts["applied"],  # messages acted on (sets, queries, prompts, ...)
+                "rejected": dict(self._rejected),  # reason -> messages
+                "clamped": self._counts["clamped"],  # applied, but outside the knob's range
+                "dropped_hosts": self._counts["dropped_hosts"],
+                "scheduled": self._counts["scheduled"],  # bundle messages held for a future timetag
+                "feedback_sent": self._counts["feedback_sent"],
+                "replies_dropped": self._counts["replies_dropped"],
+                "receive_buffer_bytes": self._receive_buffer_bytes,
+                "last_message": self._last_message,
+                "last_error": self._last_error,
+            }
+
+    # receive thread
+
+    def _receive_loop(self) -> None:
+        sock = self._socket
+        while not self._stopping.is_set():
+            try:
+                datagram, sender = sock.recvfrom(65536)
+            except socket.timeout:
+                continue
+            except OSError as error:
+                if not self._stopping.is_set():
+                    self._reject("socket_error", f"OSC receive failed: {error}")
+                    time.sleep(RECEIVE_POLL_S)
+                continue
+            self._on_datagram(datagram, sender[:2], time.perf_counter())
+
+    def _on_datagram(self, datagram: bytes, sender: Address, received_at: float) -> None:
+        self._count("received")
+        if self._allowed is not None and sender[0] not in self._allowed:
+            self._count("dropped_hosts")
+            self._log_once("dropped_hosts", f"OSC from {sender[0]} dropped: not in allow_hosts "
+                                            f"{self.config.allow_hosts}")
+            return
+        try:
+            packet = _parse(datagram)
+        except Exception as error:
+            self._reject("malformed", f"OSC datagram from {_show(sender)} is not valid OSC ({len(datagram)} bytes): "
+                                      f"{error}")
+            return
+        self._last_sender = sender
+        if isinstance(packet, OscBundle):
+            self._on_bundle(packet, sender, received_at, time.time())
+        else:
+            self._on_message(packet, sender, received_at)
+
+    def _on_bundle(self, bundle: OscBundle, sender: Address, received_at: float, now_epoch: float) -> None:
+        """Contents timetagged now or earlier (or "immediately") apply at once, later ones at their time."""
+        ahead_s = bundle.timestamp - now_epoch if bundle.timestamp else 0.0
+        for content in bundle:
+            if isinstance(content, OscBundle):
+                self._on_bundle(content, sender, received_at, now_epoch)
+            elif ahead_s <= 0:
+                self._on_message(content, sender, received_at)
+            elif ahead_s > MAX_AHEAD_S:
+                self._reject("timetag_too_far", f"OSC bundle from {_show(sender)} is timetagged {ahead_s:.0f} s "
+                                                f"ahead (limit {MAX_AHEAD_S:.0f} s): is the sender's clock set?")
+            else:
+                self._schedule(received_at + ahead_s, content, sender)
+
+    def _schedule(self, due: float, message: OscMessage, sender: Address) -> None:
+        with self._schedule_ready:
+            full = len(self._scheduled) >= MAX_SCHEDULED
+            if not full:
+                heapq.heappush(self._scheduled, (due, next(self._schedule_order), message, sender))
+                self._schedule_ready.notify()
+        if full:
+            self._reject("schedule_full", f"{MAX_SCHEDULED} timetagged OSC messages already wait; dropped {message}")
+        else:
+            self._count("scheduled")
+
+    def _on_message(self, message: OscMessage, sender: Address, received_at: float) -> None:
+        """Apply one message; never raises (the receive and scheduler threads must keep going)."""
+        try:
+            self._dispatch(message.address, message.params, sender, received_at)
+        except Exception as error:
+            self._reject("internal_error", f"OSC message {message} failed: {error!r}", exc_info=True)
+
+    def _dispatch(self, address: str, args: list, sender: Address, received_at: float) -> None:
+        with self._stats_lock:
+            self._last_message = " ".join([address, *map(repr, args), "from", _show(sender)])
+        path = address[len(self._prefix):] if address.startswith(self._prefix) else None
+        kind, _, name = (path or "").partition("/")
+        if kind in ("knob", "norm") and name:
+            self._on_knob(kind, name, args, sender, received_at)
+        elif path in ("prompt", "prompt/a", "prompt/b"):
+            if self._one_string(address, args):
+                self._call("prompt", self._on_prompt, "b" if path == "prompt/b" else "a", args[0])
+        elif path == "transport":
+            if self._one_string(address, args):
+                if args[0] in TRANSPORT_COMMANDS:
+                    self._call("transport", self._on_transport, args[0])
+                else:
+                    self._reject("unknown_transport", f"OSC {address} {args[0]!r}: commands are "
+                                                      f"{', '.join(TRANSPORT_COMMANDS)}")
+        elif path == "status":
+            self._on_status(sender)
+        else:
+            self._reject("unknown_address", f"unknown OSC address {address!r}: this bridge answers {self._prefix}"
+                                            "knob/<name>, norm/<name>, prompt, prompt/b, transport, status")
+
+    def _on_knob(self, kind: str, name: str, args: list, sender: Address, received_at: float) -> None:
+        if len(args) > 1:
+            self._reject("wrong_arguments", f"OSC {self._prefix}{kind}/{name} takes one number, got {args!r}")
+            return
+        try:
+            if not args:  # a query: reply to the sender only
+                value = self.registry.get(name) if kind == "knob" else self.registry.normalized(name)
+                self._reply(_message(f"{self._prefix}{kind}/{name}", float(value)), sender)
+            else:
+                self._mark_moving(name, sender, received_at)
+                setter = self.registry.set if kind == "knob" else self.registry.set_normalized
+                change = setter(name, args[0], origin="osc", sent_at=received_at)
+                if change.clamped:
+                    self._count("clamped")
+                    spec = self.registry.specs[name]
+                    self._log_once("clamped", f"OSC {kind}/{name} {args[0]!r} is outside the range and was clamped "
+                                              f"to {change.value:g} (knob range [{spec.minimum:g}, {spec.maximum:g}], "
+                                              "norm range [0, 1])")
+        except KnobError as error:
+            self._reject(error.reason, f"OSC {self._prefix}{kind}/{name}: {error}")
+            return
+        self._count("applied")
+
+    def _on_status(self, sender: Address) -> None:
+        try:
+            if self._status is not None:
+                payload = self._status()
+            else:
+                payload = {"session": self.config.session, "knobs": self.registry.values()}
+            reply = _message(self._prefix + "status", json.dumps(payload, default=str))
+        except Exception as error:
+            self._reject("handler_error", f"status() failed: {error!r}", exc_info=True)
+            return
+        for target in self._targets(sender):
+            self._reply(reply, target)
+        self._count("applied")
+
+    def _mark_moving(self, name: str, sender: Address, received_at: float) -> None:
+        """Remember who moves which knob (for the echo hold); only this thread writes the table."""
+        if len(self._moved_at) > 256:  # senders on throwaway ports (oscsend) would grow it forever
+            self._moved_at = {key: at for key, at in self._moved_at.items() if received_at - at < ECHO_HOLD_S}
+        self._moved_at[(name, sender)] = received_at
+
+    def _one_string(self, address: str, args: list) -> bool:
+        if len(args) == 1 and isinstance(args[0], str):
+            return True
+        self._reject("wrong_arguments", f"OSC {address} takes one string, got {args!r}")
+        return False
+
+    def _call(self, what: str, handler: Callable | None, *args) -> None:
+        if handler is None:
+            self._reject("no_handler", f"OSC {what} messages are ignored: this bridge was started without on_{what}")
+            return
+        try:
+            handler(*args)
+        except Exception as error:
+            self._reject("handler_error", f"on_{what}{args!r} raised {error!r}", exc_info=True)
+            return
+        self._count("applied")
+
+    # scheduler thread
+
+    def _schedule_loop(self) -> None:
+        while True:
+            with self._schedule_ready:
+                while not self._stopping.is_set():
+                    wait_s = self._scheduled[0][0] - time.perf_counter() if self._scheduled else None
+                    if wait_s is not None and wait_s <= 0:
+                        break
+                    self._schedule_ready.wait(wait_s)
+                if self._stopping.is_set():
+                    return
+                due, _, message, sender = heapq.heappop(self._scheduled)
+            self._on_message(message, sender, due)
+
+    # sender thread
+
+    def _on_change(self, change: KnobChange) -> None:
+        """Registry subscriber (runs on the setter's thread): keep the newest change per knob for the sender."""
+        with self._send_ready:
+            was_idle = not self._pending
+            older = self._pending.get(change.name)
+            if older is None or older.seq < change.seq:
+                self._pending[change.name] = change
+            if was_idle:
+                self._send_ready.notify()
+
+    def _reply(self, datagram: bytes, target: Address) -> None:
+        with self._send_ready:
+            if len(self._replies) >= MAX_REPLIES:
+                self._replies.popleft()
+                self._count("replies_dropped")
+            self._replies.append((datagram, target))
+            self._send_ready.notify()
+
+    def _send_loop(self) -> None:
+        next_feedback = 0.0
+        while True:
+            with self._send_ready:
+                while True:
+                    if self._stopping.is_set():
+                        return
+                    now = time.perf_counter()
+                    wake = min(self._held.values(), default=math.inf)
+                    if self._pending:
+                        wake = min(wake, next_feedback)
+                    if self._replies or wake <= now:
+                        break
+                    self._send_ready.wait(None if wake == math.inf else wake - now)
+                replies = list(self._replies)
+                self._replies.clear()
+                changes: list[KnobChange] = []
+                if self._pending and now >= next_feedback:
+                    changes = list(self._pending.values())
+                    self._pending.clear()
+                    next_feedback = now + FEEDBACK_INTERVAL_S
+            for datagram, target in replies:
+                self._send(datagram, target)
+            for change in changes:
+                for target in self._targets(self._last_sender):
+                    self._feedback(change.name, change.value, target, time.perf_counter())
+            for (name, target), due in list(self._held.items()):
+                if due <= time.perf_counter():
+                    del self._held[(name, target)]
+                    self._feedback(name, self.registry.get(name), target, time.perf_counter())
+
+    def _feedback(self, name: str, value: float, target: Address, now: float) -> None:
+        moved_at = self._moved_at.get((name, target))
+        if moved_at is not None and now - moved_at < ECHO_HOLD_S:  # being moved from there: send once it rests
+            self._held[(name, target)] = moved_at + ECHO_HOLD_S
+            return
+        self._send(_message(f"{self._prefix}knob/{name}", float(value)), target)
+        self._send(_message(f"{self._prefix}norm/{name}", self.registry.specs[name].to_normalized(value)), target)
+        self._count("feedback_sent")
+
+    def _targets(self, sender: Address | None) -> list[Address]:
+        return list(dict.fromkeys(a for a in (self._feedback_address, sender) if a is not None))
+
+    def _send(self, datagram: bytes, target: Address) -> None:
+        try:
+            self._socket.sendto(datagram, target)
+        except OSError as error:
+            self._reject("send_failed", f"OSC send to {_show(target)} failed: {error}")
+
+    # bookkeeping
+
+    def _count(self, what: str) -> None:
+        with self._stats_lock:
+            self._counts[what] += 1
+
+    def _reject(self, reason: str, message: str, exc_info: bool = False) -> None:
+        with self._stats_lock:
+            self._rejected[reason] += 1
+            self._last_error = message
+        self._log_once(reason, message, exc_info)
+
+    def _log_once(self, reason: str, message: str, exc_info: bool = False) -> None:
+        with self._stats_lock:
+            first = reason not in self._logged_reasons
+            self._logged_reasons.add(reason)
+        if first:
+            log.warning("%s [%s: logged once, counted in stats()]", message, reason, exc_info=exc_info)
+
+
+def _parse(datagram: bytes) -> OscMessage | OscBundle:
+    if OscBundle.dgram_is_bundle(datagram):
+        return OscBundle(datagram)
+    if OscMessage.dgram_is_message(datagram):
+        return OscMessage(datagram)
+    raise ValueError("neither a message (starts with '/') nor a bundle (starts with '#bundle')")
+
+
+def _message(address: str, value: float | str) -> bytes:
+    builder = OscMessageBuilder(address)
+    is_text = isinstance(value, str)
+    builder.add_arg(value, OscMessageBuilder.ARG_TYPE_STRING if is_text else OscMessageBuilder.ARG_TYPE_FLOAT)
+    return builder.build().dgram
+
+
+def _set_receive_buffer(sock: socket.socket, size_bytes: int) -> int:
+    """Ask for the buffer; root may exceed net.core.rmem_max. Returns what the kernel granted."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size_bytes)
+    granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # Linux reports double the asked size
+    if granted < size_bytes and _SO_RCVBUFFORCE is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, size_bytes)
+            granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        except OSError:
+            pass
+    if granted < size_bytes:
+        log.warning("OSC receive buffer is %d bytes, not the %d asked for: bursts may lose messages "
+                    "(raise net.core.rmem_max)", granted, size_bytes)
+    return granted
+
+
+def _resolve(address: tuple[str, int], family: int) -> Address:
+    return _lookup(*address, family=family)[0][4][:2]
+
+
+def _resolve_hosts(hosts: tuple[str, ...] | None) -> frozenset[str] | None:
+    if hosts is None:
+        return None
+    return frozenset(info[4][0] for host in hosts for info in _lookup(host, None))
+
+
+def _lookup(host: str, port: int | None, family: int = 0) -> list:
+    try:
+        return socket.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM)
+    except socket.gaierror as error:
+        raise ValueError(f"OSC host {host!r} does not resolve ({error}); use an address such as 127.0.0.1") from None
+
+
+def _is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host == "::1"
+
+
+def _show(address: Address) -> str:
+    return f"{address[0]}:{address[1]}"

@@ -1,0 +1,61 @@
+"""Shared fixtures: a JACK dummy server (real audio and MIDI routing on a machine without a sound card)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+JACK_RATE = 48_000
+JACK_PERIOD = 1024
+
+
+def _jack_server_running(env) -> bool:
+    result = subprocess.run(["jack_wait", "-c"], env=env, capture_output=True, text=True)
+    return result.stdout.strip() == "running"
+
+
+@pytest.fixture(scope="session")
+def jack_server():
+    """Start `jackd -d dummy -r 48000 -p 1024` under a private server name (JACK_DEFAULT_SERVER); yields that name.
+
+    PortAudio only lists the JACK host API if jackd already runs when it initialises, so sounddevice is
+    re-initialised here; at the end PortAudio is terminated BEFORE jackd stops (else it aborts at exit)."""
+    if shutil.which("jackd") is None:
+        print("\nSKIPPED: jackd not installed (Debian package jackd2); .ci/run installs it", file=sys.stderr)
+        pytest.skip("jackd (Debian jackd2) is not installed")
+    name = f"flowjam-test-{os.getpid()}"  # private: concurrent test runs never share (or stop) a server
+    os.environ["JACK_DEFAULT_SERVER"] = name
+    os.environ["JACK_NO_AUDIO_RESERVATION"] = "1"
+    env = dict(os.environ)
+    process = subprocess.Popen(
+        ["jackd", "--no-realtime", "-n", name, "-d", "dummy", "-r", str(JACK_RATE), "-p", str(JACK_PERIOD)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while not _jack_server_running(env):
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            pytest.fail("jackd did not start within 10 s")
+        time.sleep(0.1)
+    import sounddevice
+
+    deadline = time.monotonic() + 10
+    while True:  # the server answers jack_wait a moment before it accepts PortAudio's client
+        sounddevice._terminate()
+        sounddevice._initialize()
+        if any(api["name"].startswith("JACK") for api in sounddevice.query_hostapis()):
+            break
+        if time.monotonic() > deadline:
+            pytest.fail("PortAudio does not see the JACK server (is Debian's libportaudio2 installed?)")
+        time.sleep(0.2)
+    yield name
+    sounddevice._terminate()
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    os.environ.pop("JACK_DEFAULT_SERVER", None)

@@ -1,0 +1,357 @@
+"""MIDI control: the mapper's rules on mido messages built in the test, then the same rules over real JACK MIDI
+(a virtual output port sends, `MidiInput` receives on a virtual input, a JACK client patches the two)."""
+
+import json
+import subprocess
+import sys
+import time
+
+import mido
+import pytest
+
+from flowjam.engine.live.knobs import KnobError, KnobRegistry
+from flowjam.engine.live.midi import JACK_BACKEND, CCMapping, MidiInput, MidiMapper, MidiStats, list_ports
+
+
+def cc(control, value, channel=0):
+    return mido.Message("control_change", channel=channel, control=control, value=value)
+
+
+def send_all(mapper, *messages):
+    return [mapper.handle(message) for message in messages]
+
+
+def test_learn_maps_the_next_cc_and_its_first_move_waits_for_pickup():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry)
+    mapper.learn("velocity_scale")
+    assert mapper.learning == "velocity_scale"
+    assert mapper.handle(cc(21, 100, channel=3)) is None, "the learning move must not jump the knob from 1.0"
+    assert mapper.learning is None
+    assert mapper.mappings() == [CCMapping("velocity_scale", 3, 21)]
+    assert registry.get("velocity_scale") == 1.0
+    change = mapper.handle(cc(21, 50, channel=3))  # 100 -> 50 crosses the current 0.5 (1.0 of 0..2)
+    assert change is not None and change.origin == "midi"
+    assert registry.get("velocity_scale") == pytest.approx(2 * 50 / 127)
+    mapper.handle(cc(21, 10, channel=3))
+    assert registry.get("velocity_scale") == pytest.approx(2 * 10 / 127)
+
+
+def test_learning_move_within_the_window_applies_at_once():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry)
+    mapper.learn("volume")  # default 0.8
+    change = mapper.handle(cc(7, 102))  # 0.803
+    assert change is not None and registry.get("volume") == pytest.approx(102 / 127)
+
+
+def test_learn_replaces_earlier_mappings_of_the_knob_and_of_the_cc():
+    mapper = MidiMapper(KnobRegistry(), [CCMapping("volume", 0, 7), CCMapping("denoise", 0, 21)])
+    mapper.learn("volume")
+    mapper.handle(cc(21, 0))
+    assert mapper.mappings() == [CCMapping("volume", 0, 21)], "denoise lost CC 21 and volume lost CC 7"
+    mapper.learn("denoise", high_resolution=True)
+    mapper.handle(cc(53, 0))  # an LSB (21 + 32) learns its pair, taking CC 21 from volume
+    assert mapper.mappings() == [CCMapping("denoise", 0, 21, high_resolution=True)]
+
+
+def test_learn_skips_channel_mode_messages_and_non_pair_ccs_in_high_resolution():
+    mapper = MidiMapper(KnobRegistry())
+    mapper.learn("volume")
+    mapper.handle(cc(123, 0))  # all notes off: a panic button, not a control
+    assert mapper.learning == "volume" and mapper.mappings() == []
+    mapper.learn("denoise", high_resolution=True)
+    mapper.handle(cc(70, 5))  # cannot be half of a 14-bit pair
+    assert mapper.learning == "denoise" and mapper.mappings() == []
+    mapper.handle(cc(1, 5))
+    assert mapper.mappings() == [CCMapping("denoise", 0, 1, high_resolution=True)]
+
+
+def test_learn_of_an_unknown_knob_raises_and_cancel_disarms():
+    mapper = MidiMapper(KnobRegistry())
+    with pytest.raises(KnobError, match="velocity_scale"):
+        mapper.learn("velocity_scal")
+    mapper.learn("volume")
+    mapper.cancel_learn()
+    mapper.handle(cc(7, 100))
+    assert mapper.learning is None and mapper.mappings() == []
+
+
+def test_integer_knob_stays_engaged_although_the_registry_rounds():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("depth", 0, 40)])  # 1..8, default 4 (3/7 = 0.4286)
+    mapper.handle(cc(40, 54))  # 0.425: within the window, rounds to 4
+    assert registry.get("depth") == 4
+    mapper.handle(cc(40, 13))  # 0.102 moves away from the rounded value
+    assert registry.get("depth") == 2, "a rounded value read back must not look like a change from elsewhere"
+    mapper.handle(cc(40, 8))
+    assert registry.get("depth") == 1
+
+
+def test_fourteen_bit_pairs_reassemble():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("guidance", 0, 1, high_resolution=True)])  # 1..10, default 1
+    send_all(mapper, cc(1, 0), cc(33, 0))
+    for msb, lsb in [(0, 1), (100, 55), (64, 0), (127, 127), (3, 99)]:
+        send_all(mapper, cc(1, msb), cc(33, lsb))
+        assert registry.get("guidance") == pytest.approx(1 + 9 * ((msb << 7) | lsb) / 16383, abs=1e-9), (msb, lsb)
+
+
+def test_msb_only_controller_spans_the_whole_range():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("denoise", 0, 1, high_resolution=True)], takeover_window=1.0)
+    mapper.handle(cc(1, 127))
+    assert registry.get("denoise") == 1.0
+    mapper.handle(cc(1, 0))
+    assert registry.get("denoise") == 0.0
+
+
+def test_once_an_lsb_was_seen_a_new_msb_resets_the_lsb():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("denoise", 0, 1, high_resolution=True)], takeover_window=1.0)
+    send_all(mapper, cc(1, 10), cc(33, 127))
+    mapper.handle(cc(1, 11))
+    assert registry.get("denoise") == pytest.approx((11 << 7) / 16383)
+    mapper.handle(cc(33, 5))  # LSB-only refinement keeps the latest MSB
+    assert registry.get("denoise") == pytest.approx(((11 << 7) | 5) / 16383)
+
+
+def test_lsb_before_any_msb_is_ignored():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("denoise", 0, 1, high_resolution=True)], takeover_window=1.0)
+    assert mapper.handle(cc(33, 100)) is None
+    assert registry.get("denoise") == 0.7 and mapper.stats() == MidiStats(received=1)
+
+
+def test_soft_takeover_waits_for_the_control_to_cross_the_value():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("prompt_blend", 0, 22)])
+    send_all(mapper, cc(22, 0), cc(22, 25))
+    assert registry.get("prompt_blend") == pytest.approx(25 / 127), "an engaged control follows"
+    registry.set("prompt_blend", 0.8, origin="osc")
+    assert send_all(mapper, cc(22, 40), cc(22, 64), cc(22, 95)) == [None] * 3
+    assert registry.get("prompt_blend") == 0.8, "a control below the value must not drag it down"
+    mapper.handle(cc(22, 110))  # 0.748 -> 0.866 crosses 0.8
+    assert registry.get("prompt_blend") == pytest.approx(110 / 127)
+    mapper.handle(cc(22, 90))
+    assert registry.get("prompt_blend") == pytest.approx(90 / 127)
+    assert mapper.stats() == MidiStats(received=7, applied=4, ignored_takeover=3)
+
+
+def test_soft_takeover_picks_up_from_above_and_within_the_window():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("volume", 0, 7)], takeover_window=0.03)
+    registry.set("volume", 0.5, origin="osc")
+    assert send_all(mapper, cc(7, 120), cc(7, 70)) == [None, None]  # 0.945, 0.551: still above 0.5 + 0.03
+    mapper.handle(cc(7, 67))  # 0.528: within the window
+    assert registry.get("volume") == pytest.approx(67 / 127)
+    registry.reset("volume")  # back to 0.8 from elsewhere: pickup again
+    assert mapper.handle(cc(7, 60)) is None and registry.get("volume") == 0.8
+
+
+def test_other_messages_and_unmapped_ccs_change_nothing():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("volume", 0, 7)])
+    assert mapper.handle(mido.Message("note_on", note=60)) is None
+    assert send_all(mapper, cc(7, 100, channel=1), cc(8, 100)) == [None, None]
+    assert registry.values() == KnobRegistry().values()
+    assert mapper.stats() == MidiStats(received=2, unmapped=2)
+
+
+def test_unmap_forgets_the_control():
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("volume", 0, 7)], takeover_window=1.0)
+    assert mapper.unmap("volume") and not mapper.unmap("volume")
+    mapper.handle(cc(7, 0))
+    assert registry.get("volume") == 0.8 and mapper.mappings() == []
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(channel=16, cc=1), "channel must be an integer 0..15"),
+    (dict(channel=0, cc=128), "cc must be an integer 0..127"),
+    (dict(channel=0, cc=40, high_resolution=True), "MSB on CC 0..31"),
+])
+def test_bad_mappings_are_rejected(fields, message):
+    with pytest.raises(ValueError, match=message):
+        CCMapping("volume", **fields)
+
+
+def test_conflicting_and_unknown_mappings_are_rejected():
+    registry = KnobRegistry()
+    with pytest.raises(ValueError, match="CC 1 is also used"):
+        MidiMapper(registry, [CCMapping("volume", 0, 33), CCMapping("denoise", 0, 1, high_resolution=True)])
+    with pytest.raises(ValueError, match="'volume' is mapped twice"):
+        MidiMapper(registry, [CCMapping("volume", 0, 7), CCMapping("volume", 0, 8)])
+    with pytest.raises(KnobError):
+        MidiMapper(registry, [CCMapping("volumes", 0, 7)])
+
+
+def test_save_and_load_round_trip(tmp_path):
+    registry = KnobRegistry()
+    mappings = [CCMapping("volume", 2, 7), CCMapping("denoise", 0, 1, high_resolution=True)]
+    path = MidiMapper(registry, mappings).save(tmp_path / "maps" / "nano.json")
+    assert json.loads(path.read_text())["version"] == 1
+    assert MidiMapper.load(path, registry).mappings() == mappings
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"version": 1, "mappings": [', "is not valid JSON"),
+    ('{"mappings": []}', '"version": 1'),
+    ('{"version": 1, "mappings": [{"knob": "volume", "channel": 0}]}', "mapping 0: .*cc"),
+    ('{"version": 1, "mappings": [{"knob": "volume", "channel": 0, "cc": 300}]}', "mapping 0: .*0..127"),
+    ('{"version": 1, "mappings": [{"knob": "loudness", "channel": 0, "cc": 7}]}', "unknown knob 'loudness'"),
+])
+def test_load_errors_name_the_file_and_the_problem(tmp_path, text, message):
+    path = tmp_path / "broken.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as caught:
+        MidiMapper.load(path, KnobRegistry())
+    assert str(path) in str(caught.value)
+
+
+def test_module_imports_without_mido_and_start_names_the_install_command():
+    code = ("import sys; sys.modules['mido'] = None\n"
+            "from flowjam.engine.live.knobs import KnobRegistry\n"
+            "from flowjam.engine.live.midi import MidiInput, MidiMapper\n"
+            "try:\n    MidiInput(MidiMapper(KnobRegistry())).start()\n"
+            "except ImportError as error:\n    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'flowjam[midi]'" in result.stdout
+
+
+def test_an_unusable_midi_system_error_names_the_jack_backend():
+    with pytest.raises(RuntimeError, match="UNIX_JACK"):
+        list_ports("mido.backends.rtmidi/NO_SUCH_API")
+
+
+def test_a_failing_message_is_counted_not_raised_on_the_midi_thread():
+    class BrokenMapper:
+        def handle(self, message):
+            raise RuntimeError("boom")
+
+    midi_input = MidiInput(BrokenMapper())
+    midi_input._on_message(cc(7, 1))
+    midi_input._on_message(cc(7, 2))
+    assert midi_input.errors == 2
+
+
+# Real JACK MIDI
+
+
+def wait_for(condition, what, timeout_s=3.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.002)
+
+
+@pytest.fixture(scope="module")
+def jack_midi(jack_server):
+    """(sending port, JACK client that patches ports); the sender is a virtual output of client fj-sender."""
+    import jack
+
+    sender = mido.Backend(JACK_BACKEND).open_output("out", virtual=True, client_name="fj-sender")
+    patchbay = jack.Client("fj-patchbay", no_start_server=True, servername=jack_server)
+    yield sender, patchbay
+    patchbay.close()
+    sender.close()
+
+
+@pytest.fixture
+def connected(jack_midi, request):
+    """Start a MidiInput on a new virtual port and patch the sender into it; returns (mapper, send)."""
+    sender, patchbay = jack_midi
+    inputs = []
+
+    def connect(mapper):
+        client_name = f"fj-{request.node.name[:20]}-{len(inputs)}"
+        midi_input = MidiInput(mapper, "in", backend=JACK_BACKEND, virtual=True, client_name=client_name).start()
+        inputs.append(midi_input)
+        source = patchbay.get_ports("fj-sender:", is_midi=True, is_output=True)
+        target = patchbay.get_ports(f"{client_name}:", is_midi=True, is_input=True)
+        assert len(source) == 1 and len(target) == 1, (source, target)
+        patchbay.connect(source[0], target[0])
+        return sender.send
+
+    yield connect
+    for midi_input in inputs:
+        midi_input.stop()
+        midi_input.stop()
+
+
+def test_jack_learn_then_follow(connected):
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry)
+    send = connected(mapper)
+    mapper.learn("velocity_scale")
+    send(cc(21, 100))
+    wait_for(lambda: mapper.mappings(), "the learned mapping")
+    assert mapper.mappings() == [CCMapping("velocity_scale", 0, 21)]
+    assert registry.get("velocity_scale") == 1.0, "the learning move must wait for pickup"
+    for value in (50, 10):
+        send(cc(21, value))
+    wait_for(lambda: mapper.stats().received == 3, "3 CCs")
+    assert registry.get("velocity_scale") == pytest.approx(2 * 10 / 127)
+    assert mapper.stats().applied == 2
+
+
+def test_jack_fourteen_bit_pairs(connected):
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("denoise", 0, 1, high_resolution=True)])
+    send = connected(mapper)
+    pairs = [(89, 77), (0, 0), (100, 55), (127, 127), (64, 1)]  # 89/77 is within the window of 0.7
+    for index, (msb, lsb) in enumerate(pairs):
+        send(cc(1, msb))
+        send(cc(33, lsb))
+        wait_for(lambda: mapper.stats().received == 2 * (index + 1), f"pair {index}")
+        assert registry.get("denoise") == pytest.approx(((msb << 7) | lsb) / 16383, abs=1e-4), (msb, lsb)
+
+
+def test_jack_soft_takeover(connected):
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("prompt_blend", 0, 22)])
+    send = connected(mapper)
+    for value in (0, 25):  # the control sits at 0.2 and owns the knob
+        send(cc(22, value))
+    wait_for(lambda: mapper.stats().applied == 2, "the control to engage")
+    registry.set("prompt_blend", 0.8, origin="osc")
+    for value in (35, 50, 64):  # 0.28 .. 0.50
+        send(cc(22, value))
+    wait_for(lambda: mapper.stats().received == 5, "5 CCs")
+    assert registry.get("prompt_blend") == 0.8 and mapper.stats().ignored_takeover == 3
+    send(cc(22, 110))  # 0.504 -> 0.866 crosses 0.8 (and lands outside the window)
+    send(cc(22, 115))
+    wait_for(lambda: mapper.stats().received == 7, "7 CCs")
+    assert registry.get("prompt_blend") == pytest.approx(115 / 127)
+    assert mapper.stats() == MidiStats(received=7, applied=4, ignored_takeover=3)
+
+
+def test_jack_200_ccs_all_arrive_in_order(connected):
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("volume", 0, 7)])
+    send = connected(mapper)
+    values = [(102 + index) % 128 for index in range(200)]  # starts at 0.803, within the window of 0.8
+    for value in values:
+        send(cc(7, value))
+    wait_for(lambda: mapper.stats().received == 200, "200 CCs")
+    assert mapper.stats() == MidiStats(received=200, applied=200)
+    assert registry.get("volume") == pytest.approx(values[-1] / 127)
+
+
+def test_jack_open_an_existing_port_by_part_of_its_name(jack_midi):
+    sender, _ = jack_midi
+    assert "fj-sender:out" in list_ports(JACK_BACKEND)
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry, [CCMapping("volume", 0, 7)])
+    with MidiInput(mapper, "fj-sender", backend=JACK_BACKEND) as midi_input:
+        assert midi_input.name == "fj-sender:out"
+        sender.send(cc(7, 100))
+        wait_for(lambda: mapper.stats().received == 1, "a CC through the named port")
+    assert midi_input.name is None
+
+
+def test_jack_unknown_port_lists_the_available_ones(jack_midi):
+    with pytest.raises(ValueError, match="available ports: .*fj-sender:out"):
+        MidiInput(MidiMapper(KnobRegistry()), "nanoKONTROL", backend=JACK_BACKEND).start()

@@ -1,0 +1,333 @@
+"""OSC bridge against real peers: liblo's oscsend/oscdump and python-osc clients over loopback UDP."""
+
+import json
+import logging
+import math
+import queue
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from pythonosc.osc_bundle_builder import IMMEDIATELY, OscBundleBuilder
+from pythonosc.osc_message import OscMessage
+from pythonosc.osc_message_builder import OscMessageBuilder
+from pythonosc.udp_client import SimpleUDPClient
+
+from flowjam.engine.live.knobs import KnobRegistry
+from flowjam.engine.live.osc import ECHO_HOLD_S, OscBridge, OscConfig
+
+KNOB = "/flowjam/default/knob/"
+NORM = "/flowjam/default/norm/"
+
+
+def wait_until(predicate, timeout_s=3.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def float32(value: float) -> float:
+    return struct.unpack(">f", struct.pack(">f", value))[0]
+
+
+def require(tool: str) -> None:
+    if shutil.which(tool) is None:
+        print(f"\nSKIPPED: {tool} not installed (Debian liblo-tools); .ci/run installs it", file=sys.stderr)
+        pytest.skip(f"{tool} (Debian liblo-tools) is not installed")
+
+
+def received(client_or_socket, quiet_s=0.3) -> list[tuple[float, str, list]]:
+    """(arrival perf_counter, address, args) of every datagram until the socket has been quiet for quiet_s."""
+    sock = getattr(client_or_socket, "_sock", client_or_socket)
+    sock.settimeout(quiet_s)
+    messages = []
+    while True:
+        try:
+            message = OscMessage(sock.recv(65536))
+        except socket.timeout:
+            return messages
+        messages.append((time.perf_counter(), message.address, message.params))
+
+
+def read_lines(stream, lines: queue.Queue):
+    for line in stream:
+        lines.put(line)
+
+
+def drain_oscdump(lines: queue.Queue, printed: list[list[str]], wait_s=0.2):
+    """Append oscdump's lines as tokens, without its leading timetag: ['/address', 'f', '1.500000']."""
+    try:
+        while True:
+            tokens = lines.get(timeout=wait_s).split()
+            printed.append(tokens[1:] if tokens and not tokens[0].startswith("/") else tokens)
+    except queue.Empty:
+        pass
+
+
+def args_printed(printed, address):
+    return [tokens[1:] for tokens in printed if tokens and tokens[0] == address]
+
+
+@pytest.fixture
+def registry():
+    return KnobRegistry()
+
+
+@pytest.fixture
+def make_bridge(registry):
+    bridges = []
+
+    def make(**config):
+        hooks = {key: config.pop(key) for key in ("on_prompt", "on_transport", "status") if key in config}
+        bridge = OscBridge(registry, OscConfig(port=0, **config), **hooks)
+        bridge.start()
+        bridges.append(bridge)
+        return bridge
+
+    yield make
+    for bridge in bridges:
+        bridge.stop()
+
+
+@pytest.fixture
+def controller():
+    """A python-osc client for a bridge. listening=True binds it first, like a controller that listens on the port
+    it sends from; otherwise it sends from a throwaway port, like oscsend."""
+    clients = []
+
+    def make(bridge, listening=True) -> SimpleUDPClient:
+        client = SimpleUDPClient(*bridge.address, timeout=2.0)
+        clients.append(client)
+        if listening:
+            client._sock.bind(("127.0.0.1", 0))
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def test_liblo_oscsend_sets_a_knob(registry, make_bridge):
+    require("oscsend")
+    bridge = make_bridge()
+    subprocess.run(["oscsend", "localhost", str(bridge.address[1]), KNOB + "velocity_scale", "f", "1.5"],
+                   check=True, timeout=5)
+    wait_until(lambda: registry.get("velocity_scale") == 1.5, what="oscsend's velocity_scale 1.5 to apply")
+    change = registry.changes_since(0)[-1]
+    assert change.origin == "osc" and change.sent_at is not None and change.sent_at <= change.received_at
+
+
+def test_python_client_plays_knobs_prompts_transport_and_reads_status(registry, make_bridge, controller):
+    prompts, transport = [], []
+    bridge = make_bridge(on_prompt=lambda slot, text: prompts.append((slot, text)), on_transport=transport.append,
+                         status=lambda: {"playing": bool(transport), "prompts": prompts})
+    client = controller(bridge)
+    client.send_message(KNOB + "velocity_scale", 1.5)
+    client.send_message(NORM + "guidance", 0.5)
+    client.send_message(KNOB + "steps", 12)
+    client.send_message("/flowjam/default/prompt", "dub techno")
+    client.send_message("/flowjam/default/prompt/b", "ambient choir")
+    client.send_message("/flowjam/default/transport", "play")
+    client.send_message(KNOB + "steps", None)  # no argument: a query
+    client.send_message(NORM + "guidance", None)
+    client.send_message("/flowjam/default/status", None)
+    replies = {address: args for _, address, args in received(client)}
+    assert registry.get("velocity_scale") == 1.5 and registry.get("guidance") == 5.5 and registry.get("steps") == 12
+    assert prompts == [("a", "dub techno"), ("b", "ambient choir")] and transport == ["play"]
+    assert replies.get(KNOB + "steps") == [12.0], f"query reply missing or wrong: {replies}"
+    assert replies.get(NORM + "guidance") == [0.5], f"norm query reply missing or wrong: {replies}"
+    status = json.loads(replies["/flowjam/default/status"][0])
+    assert status == {"playing": True, "prompts": [["a", "dub techno"], ["b", "ambient choir"]]}
+    stats = bridge.stats()
+    assert stats["applied"] == 9 and stats["rejected"] == {}, stats
+
+
+def test_status_without_a_status_callback_reports_the_knobs(registry, make_bridge, controller):
+    client = controller(make_bridge())
+    registry.set("depth", 6)
+    client.send_message("/flowjam/default/status", 1.0)  # a push button's press: arguments are ignored
+    replies = [args for _, address, args in received(client) if address == "/flowjam/default/status"]
+    assert len(replies) == 1, f"expected one status reply, got {replies}"
+    status = json.loads(replies[0][0])
+    assert status["session"] == "default" and status["knobs"] == registry.values()
+
+
+def test_feedback_reaches_a_liblo_oscdump_listener(registry, make_bridge, controller):
+    require("oscdump")
+    port = free_udp_port()
+    lines, printed = queue.Queue(), []
+    with subprocess.Popen(["oscdump", "-L", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as dump:
+        reader = threading.Thread(target=read_lines, args=(dump.stdout, lines), daemon=True)
+        reader.start()
+        try:
+            bridge = make_bridge(feedback=("localhost", port))
+            deadline = time.monotonic() + 5
+            while not args_printed(printed, KNOB + "velocity_scale"):  # oscdump needs a moment to bind its port
+                assert time.monotonic() < deadline, f"oscdump printed no velocity_scale feedback, only {printed}"
+                registry.set("velocity_scale", 1.5)
+                drain_oscdump(lines, printed)
+            controller(bridge, listening=False).send_message(NORM + "volume", 0.25)  # an OSC change, another port
+            deadline = time.monotonic() + 3
+            while not args_printed(printed, NORM + "volume"):
+                assert time.monotonic() < deadline, f"oscdump printed no volume feedback, only {printed}"
+                drain_oscdump(lines, printed)
+        finally:
+            dump.terminate()
+            dump.wait(timeout=5)
+            reader.join(timeout=5)
+    assert args_printed(printed, KNOB + "velocity_scale")[0] == ["f", "1.500000"], printed
+    assert args_printed(printed, NORM + "velocity_scale")[0] == ["f", "0.750000"], printed
+    assert args_printed(printed, KNOB + "volume")[0] == ["f", "0.250000"], printed
+
+
+def test_no_echo_to_the_address_moving_a_knob_until_it_rests(registry, make_bridge, controller):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as feedback:
+        feedback.bind(("127.0.0.1", 0))
+        bridge = make_bridge(feedback=feedback.getsockname())
+        client = controller(bridge)
+        for step in range(10):  # a hand on a fader for ~200 ms
+            client.send_message(NORM + "guidance", step / 10)
+            time.sleep(0.02)
+        client.send_message(NORM + "guidance", 3.0)  # past the end: clamped to 1.0
+        last_sent = time.perf_counter()
+        to_mover = [(at, args) for at, address, args in received(client, 0.5) if address == NORM + "guidance"]
+        to_display = [args for _, address, args in received(feedback, 0.1) if address == KNOB + "guidance"]
+        assert len(to_mover) == 1, f"the moving controller must get exactly one value once it rests, got {to_mover}"
+        at, args = to_mover[0]
+        assert args == [1.0] and at - last_sent >= ECHO_HOLD_S * 0.9, f"echo after {at - last_sent:.3f} s: {args}"
+        assert len(to_display) >= 2 and to_display[-1] == [10.0], f"the feedback port must follow: {to_display}"
+        registry.set("volume", 0.3, origin="midi")  # someone else's change reaches the resting controller at once
+        echoed = {address: args for _, address, args in received(client)}
+        assert echoed.get(KNOB + "volume") == [float32(0.3)] and echoed.get(NORM + "volume") == [float32(0.3)], echoed
+
+
+def test_bundles_apply_now_or_at_their_timetag_without_blocking_the_receiver(registry, make_bridge, controller):
+    bridge = make_bridge()
+    client = controller(bridge)
+    now_bundle = OscBundleBuilder(IMMEDIATELY)
+    for name, value in (("volume", 0.5), ("guidance", 3.0)):
+        message = OscMessageBuilder(KNOB + name)
+        message.add_arg(value)
+        now_bundle.add_content(message.build())
+    client.send(now_bundle.build())
+    wait_until(lambda: registry.get("volume") == 0.5 and registry.get("guidance") == 3.0, what="immediate bundle")
+
+    applied_at = {}
+    registry.subscribe(lambda change: applied_at.setdefault(change.name, change.received_at))
+    later = OscBundleBuilder(time.time() + 0.2)
+    message = OscMessageBuilder(KNOB + "shift")
+    message.add_arg(5.0)
+    later.add_content(message.build())
+    sent_at = time.perf_counter()
+    client.send(later.build())
+    client.send_message(KNOB + "denoise", 0.25)  # must not wait behind the timetagged bundle
+    wait_until(lambda: "shift" in applied_at, what="the bundle timetagged 200 ms ahead")
+    delay_s = applied_at["shift"] - sent_at
+    assert applied_at["denoise"] - sent_at < 0.1, "a plain message waited behind a future bundle"
+    assert 0.19 <= delay_s < 0.5, f"bundle timetagged 200 ms ahead applied after {delay_s * 1000:.0f} ms"
+    assert registry.get("shift") == 5.0 and bridge.stats()["scheduled"] == 1
+
+
+def test_bad_input_is_counted_logged_once_and_a_flood_keeps_the_last_value(registry, make_bridge, controller, caplog):
+    bridge = make_bridge()
+    client = controller(bridge)
+    far = OscBundleBuilder(time.time() + 3600)
+    far.add_content(OscMessageBuilder(KNOB + "volume").build())  # a sender whose clock is an hour off
+    bad = [
+        (KNOB + "velocity_scale", "loud"),  # string for a knob
+        (KNOB + "velocity", 1.0),  # unknown knob
+        (KNOB + "guidance", math.nan),
+        (KNOB + "guidance", [1.0, 2.0]),  # two arguments
+        ("/flowjam/default/volume", 1.0),  # unknown address
+        ("/flowjam/other/knob/volume", 1.0),  # another session
+        ("/flowjam/default/transport", "dance"),
+        ("/flowjam/default/prompt", 3.0),
+    ]
+    garbage = [b"\x00\x01garbage", b"/flowjam/default/knob/volume", b"#bundle\x00\x01", far.build().dgram]
+    with caplog.at_level(logging.WARNING, logger="flowjam.osc"):
+        for _ in range(2):
+            for address, value in bad:
+                client.send_message(address, value)
+            for datagram in garbage:
+                client._sock.sendto(datagram, bridge.address)
+            client.send_message(KNOB + "guidance", 1e9)  # out of range: clamped, applied, counted
+        flood = [(i % 1000) / 1000 for i in range(9_999)] + [0.4321]
+        for value in flood:
+            client.send_message(KNOB + "volume", value)
+        sent = 2 * (len(bad) + len(garbage) + 1) + len(flood)
+        counts = []
+        while not counts or counts[-1] < sent and counts[-20:] != counts[-1:] * 20:  # all in, or 0.5 s without more
+            time.sleep(0.025)
+            counts.append(bridge.stats()["received"])
+    stats = bridge.stats()
+    assert stats["received"] == sent, (f"{sent - stats['received']} of {sent} datagrams not received: lost "
+                                       f"(receive buffer {stats['receive_buffer_bytes']} bytes) or the receiver died")
+    assert registry.get("volume") == float32(0.4321), "the flood must leave the last value sent"
+    assert registry.get("guidance") == 10.0 and stats["clamped"] == 2
+    assert stats["rejected"] == {
+        "not_a_number": 2, "unknown_knob": 2, "not_finite": 2, "wrong_arguments": 4, "unknown_address": 4,
+        "unknown_transport": 2, "malformed": 6, "timetag_too_far": 2,
+    }, stats["rejected"]
+    logged = [record.getMessage() for record in caplog.records if "logged once" in record.getMessage()]
+    reasons = [message.rsplit("[", 1)[1].split(":")[0] for message in logged]
+    assert sorted(reasons) == sorted(set(stats["rejected"]) | {"clamped"}), f"each reason once: {reasons}"
+    assert caplog.text.count("valid knobs: velocity_scale, ode_noise") == 1, "the unknown-knob log must list them"
+    client.send_message(KNOB + "volume", 0.5)
+    wait_until(lambda: registry.get("volume") == 0.5, what="the bridge to keep serving after bad input")
+
+
+def test_a_raising_handler_is_counted_and_the_bridge_keeps_serving(registry, make_bridge, controller):
+    def broken(command):
+        raise RuntimeError("engine not loaded")
+
+    bridge = make_bridge(on_transport=broken)
+    client = controller(bridge)
+    client.send_message("/flowjam/default/transport", "play")
+    client.send_message(KNOB + "volume", 0.1)
+    wait_until(lambda: registry.get("volume") == float32(0.1), what="a knob after a failing handler")
+    assert bridge.stats()["rejected"] == {"handler_error": 1}
+    assert "engine not loaded" in bridge.stats()["last_error"]
+
+
+def test_allow_hosts_drops_other_senders(registry, make_bridge, controller):
+    closed = make_bridge(allow_hosts=("192.0.2.1",))  # TEST-NET: never us
+    opened = make_bridge(allow_hosts=("localhost",))
+    for bridge in (closed, opened):
+        controller(bridge, listening=False).send_message(KNOB + "ode_noise", 0.5)
+    wait_until(lambda: registry.get("ode_noise") == 0.5, what="the allowed sender")
+    wait_until(lambda: closed.stats()["received"] == 1, what="the dropped datagram to arrive")
+    assert closed.stats()["dropped_hosts"] == 1 and closed.stats()["applied"] == 0, closed.stats()
+    assert opened.stats()["dropped_hosts"] == 0 and opened.stats()["applied"] == 1, opened.stats()
+
+
+def test_stop_is_idempotent_and_frees_the_port(registry, controller):
+    bridge = OscBridge(registry, OscConfig(port=0))
+    bridge.stop()  # before start: nothing to do
+    bridge.start()
+    port = bridge.address[1]
+    bridge.stop()
+    bridge.stop()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("flowjam-osc")], "threads left running"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rebind:
+        rebind.bind(("127.0.0.1", port))
+    again = OscBridge(registry, OscConfig(port=port))
+    again.start()
+    try:
+        controller(again, listening=False).send_message(KNOB + "volume", 0.6)
+        wait_until(lambda: registry.get("volume") == float32(0.6), what="a bridge re-bound to the freed port")
+    finally:
+        again.stop()
