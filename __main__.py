@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--osc-feedback", help="HOST:PORT that receives applied values (TouchOSC faders follow)")
     live.add_argument("--osc-allow", help="comma-separated hosts allowed to send OSC when binding beyond loopback")
     live.add_argument("--midi-port", help="MIDI input port name (pip install 'flowjam[midi]')")
-    live.add_argument("--midi-map", type=Path, help="JSON CC mapping file (from MIDI learn)")
+    live.add_argument("--midi-map", type=Path, help="JSON CC mapping file: loaded if it exists, saved on exit")
+    live.add_argument("--midi-learn", help="comma-separated knobs to MIDI-learn in order: move one control for each")
     add_model_arguments(live)
 
     info = commands.add_parser("info", help="parameter counts of a preset's networks (no weights needed)")
@@ -245,6 +246,7 @@ def run_live(args: argparse.Namespace) -> int:
         osc_feedback=parse_host_port(args.osc_feedback) if args.osc_feedback else None,
         osc_allow=tuple(h.strip() for h in args.osc_allow.split(",")) if args.osc_allow else None,
         midi_port=args.midi_port, midi_map=args.midi_map,
+        midi_learn=tuple(k.strip() for k in args.midi_learn.split(",")) if args.midi_learn else (),
         runner=RunnerConfig(depth=int(registry.get("depth")), backend=args.backend),
     )
     app = LiveApp(load_session(args), config, registry)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,7 +86,7 @@ def test_stream_is_heard_through_jack_and_recorded_exactly(session, jack_server,
             app.runner.stop()  # freeze the loop: from now on playback repeats what the runner last wrote
             frozen = app.buffer.snapshot()
             mark = recorder.written
-            time.sleep(SONG_SECONDS + 0.5)
+            time.sleep(SONG_SECONDS + 1.5)
             captured = recorder.data[mark : recorder.written].T
         stats = app.playback.stats()
     finally:
@@ -142,6 +143,8 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
 
 def test_bad_osc_input_and_a_flood_never_stop_the_music(session):
     app = LiveApp(session, LiveConfig(prompt="flood", song_seconds=SONG_SECONDS, playback_mode="null", osc_port=0))
+    shared_memory_file = Path("/dev/shm") / app.buffer.name.lstrip("/")
+    assert shared_memory_file.exists()
     app.start()
     try:
         wait_for(lambda: app.runner.stats.latents >= 1, what="first latent")
@@ -165,6 +168,7 @@ def test_bad_osc_input_and_a_flood_never_stop_the_music(session):
     finally:
         app.stop()
     assert not app.runner.alive and not app.playback.running
+    assert not shared_memory_file.exists(), "the loop buffer's shared memory leaked"
 
 
 def test_latency_benchmark_orders_shared_before_per_request(session):

@@ -36,6 +36,7 @@ class LiveConfig:
     osc_allow: tuple[str, ...] | None = None
     midi_port: str | None = None
     midi_map: Path | None = None
+    midi_learn: tuple[str, ...] = ()  # knobs to learn in order (move one control per knob); saved to midi_map
     runner: RunnerConfig = RunnerConfig()
 
 
@@ -79,11 +80,21 @@ class LiveApp:
                 status=self.status,
             )
         self.midi = None
-        if config.midi_port is not None or config.midi_map is not None:
+        self._learn_queue = list(config.midi_learn)
+        if config.midi_port is not None or config.midi_map is not None or config.midi_learn:
             from .midi import MidiInput, MidiMapper
 
-            mapper = MidiMapper.load(config.midi_map, self.registry) if config.midi_map else MidiMapper(self.registry)
-            self.midi = MidiInput(mapper, port_name=config.midi_port)
+            existing = config.midi_map is not None and config.midi_map.is_file()
+            self.mapper = MidiMapper.load(config.midi_map, self.registry) if existing else MidiMapper(self.registry)
+            self.midi = MidiInput(self.mapper, port_name=config.midi_port)
+            self._arm_next_learn()
+
+    def _arm_next_learn(self) -> None:
+        """MIDI learn from the command line: arm the next knob once the previous one got its control."""
+        if self._learn_queue and self.mapper.learning is None:
+            knob = self._learn_queue.pop(0)
+            self.mapper.learn(knob)
+            log.warning("MIDI learn: move the control for %r", knob)
 
     def _transport(self, command: str) -> None:
         if command == "reset":
@@ -113,11 +124,15 @@ class LiveApp:
         for part in (self.midi, self.osc):
             if part is not None:
                 part.stop()
+        if self.midi is not None and self.config.midi_map is not None:
+            self.mapper.save(self.config.midi_map)
         self.runner.stop()
         self.playback.stop()
         self.buffer.unlink()
 
     def status(self) -> dict[str, Any]:
+        if self.midi is not None:
+            self._arm_next_learn()
         status = self.runner.status()
         playback = self.playback.stats()
         status.update(underruns=playback.get("underruns"), playing=self.playback.running)

@@ -183,6 +183,7 @@ class LiveRunner:
                 self._blends.clear()
             elif kind == "source":
                 self._source = payload
+                self._latest = None  # the next generation starts from the new source, not the old loop
 
     def _apply_knobs(self) -> None:
         for change in self.registry.changes_since(self._seq_applied):
