@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..audio_io import read_wav
 from ..models.presets import LATENT_RATE_HZ
 from ..session import Session, seconds_to_frames
@@ -129,6 +131,18 @@ class LiveApp:
         self.runner.stop()
         self.playback.stop()
         self.buffer.unlink()
+
+    def capture(self, seconds: float):
+        """The last `seconds` of what was played, float32 [2, N]: the loop region just behind the playhead (writes
+        only ever land ahead of it), capped below the loop length minus the write window."""
+        rate = self.buffer.sample_rate
+        limit = self.buffer.frames - int((self.runner.stats.lead_s + self.runner.stats.window_s) * rate)
+        frames = min(int(seconds * rate), max(0, limit), self.playback.playhead_frames)
+        if frames <= 0:
+            return np.zeros((self.buffer.channels, 0), np.float32)
+        end = self.buffer.position
+        loop = self.buffer.snapshot()
+        return np.roll(loop, -end, axis=1)[:, -frames:] * self.buffer.gain
 
     def status(self) -> dict[str, Any]:
         if self.midi is not None:

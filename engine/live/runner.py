@@ -113,6 +113,12 @@ class LiveRunner:
             raise ValueError(f"prompt slot must be 'a' or 'b', got {which!r}")
         self._messages.put(("prompt", (which, text)))
 
+    def set_conditioning(self, which: str, conditioning: Conditioning) -> None:
+        """Use an already encoded condition as prompt A or B (from a ComfyUI graph, say)."""
+        if which not in ("a", "b"):
+            raise ValueError(f"prompt slot must be 'a' or 'b', got {which!r}")
+        self._messages.put(("conditioning", (which, conditioning)))
+
     def swap_source(self, source: Source | None) -> None:
         """Replace the source (None: text-only). Its length must match the loop buffer."""
         if source is not None and source.frames != self.frames:
@@ -180,6 +186,10 @@ class LiveRunner:
             if kind == "prompt":
                 which, text = payload
                 self._prompts[which] = self.session.encode_text(text)
+                self._blends.clear()
+            elif kind == "conditioning":
+                which, conditioning = payload
+                self._prompts[which] = conditioning
                 self._blends.clear()
             elif kind == "source":
                 self._source = payload
