@@ -42,8 +42,9 @@ def seconds_to_frames(seconds: float) -> int:
 
 
 class Session:
-    def __init__(self, models: ModelBundle):
+    def __init__(self, models: ModelBundle, backend: str = "eager"):
         self.models = models
+        self.backend = backend  # how this session's streams run the DiT (engine.backends)
 
     @classmethod
     def load(
@@ -208,9 +209,9 @@ class Session:
                 return finished[0].latent
         raise RuntimeError("generation did not finish within its schedule")
 
-    def stream(self, depth: int = 4, backend: str = "eager") -> "StreamHandle":
+    def stream(self, depth: int = 4, backend: str | None = None) -> "StreamHandle":
         """A live pipeline on this session's decoder; feed it requests from `make_request`."""
-        return StreamHandle(self, StreamPipeline(self.models.acestep.decoder, depth=depth, backend=backend))
+        return StreamHandle(self, StreamPipeline(self.models.acestep.decoder, depth=depth, backend=backend or self.backend))
 
     # ---- decoding --------------------------------------------------------------------------------------------
 

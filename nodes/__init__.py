@@ -1,0 +1,10 @@
+"""flowjam's ComfyUI nodes: declarations in `spec.py` form, exposed through ComfyUI's V3 schema (`comfy_v3.py`)
+when the running ComfyUI offers it, else as classic node classes (`comfy_v1.py`)."""
+
+from __future__ import annotations
+
+from .model_nodes import NODES as MODEL_NODES
+from .spec import NodeSpec
+from .stream_nodes import NODES as STREAM_NODES
+
+NODE_SPECS: tuple[NodeSpec, ...] = MODEL_NODES + STREAM_NODES

@@ -18,9 +18,9 @@ TINY_XL = with_overrides(
 
 
 def test_import_is_light_and_help_works():
-    code = "import sys, flowjam; print('torch' in sys.modules, sorted(flowjam.NODE_CLASS_MAPPINGS))"
+    code = "import sys, flowjam; print('torch' in sys.modules, len(flowjam.NODE_CLASS_MAPPINGS) > 10)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.stdout.strip() == "False []", result.stderr
+    assert result.stdout.strip() == "False True", result.stderr
     help_text = subprocess.run([sys.executable, "-m", "flowjam", "--help"], capture_output=True, text=True, timeout=60)
     assert help_text.returncode == 0 and "render" in help_text.stdout
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..audio_io import read_wav
 from ..models.presets import LATENT_RATE_HZ
-from ..session import Session, seconds_to_frames
+from ..conditioning import Conditioning
+from ..session import Session, Source, seconds_to_frames
 from .knobs import KnobRegistry
 from .loop_buffer import LoopBuffer
 from .osc import OscBridge, OscConfig
@@ -51,15 +52,23 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 
 class LiveApp:
-    def __init__(self, session: Session, config: LiveConfig, registry: KnobRegistry | None = None):
+    def __init__(
+        self,
+        session: Session,
+        config: LiveConfig,
+        registry: KnobRegistry | None = None,
+        initial_conditionings: tuple[Conditioning, Conditioning] | None = None,
+        source: Source | None = None,
+    ):
+        """`initial_conditionings` (A, B) replace the prompt texts; `source` replaces `config.source`."""
         self.session, self.config = session, config
         self.registry = registry or KnobRegistry()
-        source = None
         seconds = config.song_seconds
         initial = None
-        if config.source is not None:
+        if source is None and config.source is not None:
             audio, rate = read_wav(config.source)
             source = session.prepare_source(audio, rate)
+        if source is not None:
             seconds = source.frames / LATENT_RATE_HZ
             initial = session.decode(source.latents)
         frames = seconds_to_frames(seconds)
@@ -71,29 +80,52 @@ class LiveApp:
             self.buffer, device=config.audio_device, mode=config.playback_mode,
             record_path=None if config.record is None else str(config.record),
         )
-        self.runner = LiveRunner(session, self.registry, self.buffer, config.prompt, config.prompt_b, source, config.runner)
+        prompts = initial_conditionings or (config.prompt, config.prompt_b)
+        self.runner = LiveRunner(session, self.registry, self.buffer, prompts[0], prompts[1], source, config.runner)
         self.osc: OscBridge | None = None
-        if config.osc_port is not None:
-            self.osc = OscBridge(
-                self.registry,
-                OscConfig(session=config.session_name, host=config.osc_host, port=config.osc_port, feedback=config.osc_feedback, allow_hosts=config.osc_allow),
-                on_prompt=self.runner.set_prompt,
-                on_transport=self._transport,
-                status=self.status,
-            )
         self.midi = None
-        self._learn_queue = list(config.midi_learn)
+        self.mapper = None
+        self._midi_map: Path | None = None
+        self._learn_queue: list[str] = []
+        self._started = False
+        if config.osc_port is not None:
+            self.enable_osc(config.osc_port, config.osc_host, config.osc_feedback, config.osc_allow)
         if config.midi_port is not None or config.midi_map is not None or config.midi_learn:
-            from .midi import MidiInput, MidiMapper
+            self.enable_midi(config.midi_port, config.midi_map, config.midi_learn)
 
-            existing = config.midi_map is not None and config.midi_map.is_file()
-            self.mapper = MidiMapper.load(config.midi_map, self.registry) if existing else MidiMapper(self.registry)
-            self.midi = MidiInput(self.mapper, port_name=config.midi_port)
-            self._arm_next_learn()
+    def enable_osc(self, port: int, host: str = "127.0.0.1", feedback: tuple[str, int] | None = None, allow: tuple[str, ...] | None = None) -> OscBridge:
+        """Add (or replace) the OSC bridge; started at once if the app already runs."""
+        if self.osc is not None:
+            self.osc.stop()
+        self.osc = OscBridge(
+            self.registry,
+            OscConfig(session=self.config.session_name, host=host, port=port, feedback=feedback, allow_hosts=allow),
+            on_prompt=self.runner.set_prompt,
+            on_transport=self._transport,
+            status=self.status,
+        )
+        if self._started:
+            self.osc.start()
+        return self.osc
+
+    def enable_midi(self, port: str | None = None, map_path: Path | None = None, learn: tuple[str, ...] = ()) -> None:
+        """Add (or replace) the MIDI input, loading `map_path` if it exists and arming `learn` knobs in order."""
+        from .midi import MidiInput, MidiMapper
+
+        if self.midi is not None:
+            self.midi.stop()
+        existing = map_path is not None and Path(map_path).is_file()
+        self.mapper = MidiMapper.load(map_path, self.registry) if existing else MidiMapper(self.registry)
+        self._midi_map = map_path
+        self._learn_queue = list(learn)
+        self.midi = MidiInput(self.mapper, port_name=port)
+        self._arm_next_learn()
+        if self._started:
+            self.midi.start()
 
     def _arm_next_learn(self) -> None:
         """MIDI learn from the command line: arm the next knob once the previous one got its control."""
-        if self._learn_queue and self.mapper.learning is None:
+        if self._learn_queue and self.mapper is not None and self.mapper.learning is None:
             knob = self._learn_queue.pop(0)
             self.mapper.learn(knob)
             log.warning("MIDI learn: move the control for %r", knob)
@@ -116,6 +148,7 @@ class LiveApp:
             self.playback = Playback(self.buffer, mode="null", record_path=None if self.config.record is None else str(self.config.record))
             self.playback.start()
         self.runner.start()
+        self._started = True
         if self.osc is not None:
             self.osc.start()
         if self.midi is not None:
@@ -126,8 +159,8 @@ class LiveApp:
         for part in (self.midi, self.osc):
             if part is not None:
                 part.stop()
-        if self.midi is not None and self.config.midi_map is not None:
-            self.mapper.save(self.config.midi_map)
+        if self.midi is not None and self._midi_map is not None:
+            self.mapper.save(self._midi_map)
         self.runner.stop()
         self.playback.stop()
         self.buffer.unlink()

@@ -35,7 +35,7 @@ EMA_WEIGHT = 0.2
 @dataclass(frozen=True)
 class RunnerConfig:
     depth: int = 4
-    backend: str = "eager"
+    backend: str | None = None  # None: the session's own backend
     window_s: float = 0.4  # audio kept per write
     min_lead_s: float = 0.05
     max_lead_s: float = 2.0
@@ -82,8 +82,8 @@ class LiveRunner:
         session: Session,
         registry: KnobRegistry,
         buffer: LoopBuffer,
-        prompt: str,
-        prompt_b: str | None = None,
+        prompt: str | Conditioning,
+        prompt_b: str | Conditioning | None = None,
         source: Source | None = None,
         config: RunnerConfig = RunnerConfig(),
     ):
@@ -97,7 +97,8 @@ class LiveRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seq_applied = 0
-        self._prompts = {"a": session.encode_text(prompt), "b": session.encode_text(prompt_b or prompt)}
+        encode = lambda p: p if isinstance(p, Conditioning) else session.encode_text(p)  # noqa: E731
+        self._prompts = {"a": encode(prompt), "b": encode(prompt_b if prompt_b is not None else prompt)}
         self._blends: OrderedDict[float, Conditioning] = OrderedDict()
         self._source = source
         self._latest: torch.Tensor | None = None
@@ -119,6 +120,10 @@ class LiveRunner:
             raise ValueError(f"prompt slot must be 'a' or 'b', got {which!r}")
         self._messages.put(("conditioning", (which, conditioning)))
 
+    def set_curve(self, name: str, curve: torch.Tensor | None) -> None:
+        """A per-frame shared curve (or None to fall back to the knob's scalar) for every in-flight slot."""
+        self._messages.put(("curve", (name, curve)))
+
     def swap_source(self, source: Source | None) -> None:
         """Replace the source (None: text-only). Its length must match the loop buffer."""
         if source is not None and source.frames != self.frames:
@@ -133,6 +138,10 @@ class LiveRunner:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    @property
+    def current_source(self) -> Source | None:
+        return self._source
 
     @property
     def alive(self) -> bool:
@@ -191,6 +200,9 @@ class LiveRunner:
                 which, conditioning = payload
                 self._prompts[which] = conditioning
                 self._blends.clear()
+            elif kind == "curve":
+                name, curve = payload
+                self.stream.set_shared_curve(name, curve if curve is not None else self.registry.get(name))
             elif kind == "source":
                 self._source = payload
                 self._latest = None  # the next generation starts from the new source, not the old loop

@@ -1,0 +1,85 @@
+"""ComfyUI's AUDIO / LATENT dictionaries and model folders, converted at the node edge (imports torch lazily)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .spec import NodeInputError
+
+LATENT_CHANNELS = 64
+
+
+def model_folder_files() -> tuple[str, ...]:
+    """Checkpoint choices from ComfyUI's model folders ("diffusion_models/x.safetensors", ...); empty without ComfyUI."""
+    try:
+        import folder_paths
+    except ImportError:
+        return ()
+    files = []
+    for folder in ("diffusion_models", "checkpoints"):
+        try:
+            files += [f"{folder}/{name}" for name in folder_paths.get_filename_list(folder) if "ace" in name.lower()]
+        except Exception:  # an unknown folder kind in an older ComfyUI
+            continue
+    return tuple(files)
+
+
+def resolve_checkpoint(choice: str) -> Path | None:
+    """"none" -> None; "folder/name" -> the full path from ComfyUI's registry; else a local path as given."""
+    if choice in ("", "none"):
+        return None
+    folder, _, name = choice.partition("/")
+    try:
+        import folder_paths
+
+        full = folder_paths.get_full_path(folder, name)
+        if full:
+            return Path(full)
+    except ImportError:
+        pass
+    path = Path(choice).expanduser()
+    if not path.exists():
+        raise NodeInputError(f"Load model: input 'checkpoint' {choice!r} was not found; put ACE-Step 1.5 files in ComfyUI/models/diffusion_models")
+    return path
+
+
+def audio_from_comfy(node: str, audio: Any):
+    """ComfyUI AUDIO {"waveform": [B, C, N], "sample_rate": int} -> ([C, N] float tensor, rate); first batch item."""
+    import torch
+
+    if not isinstance(audio, dict) or "waveform" not in audio or "sample_rate" not in audio:
+        raise NodeInputError(f"{node}: input 'audio' must be ComfyUI AUDIO (a dict with waveform and sample_rate)")
+    waveform, rate = audio["waveform"], audio["sample_rate"]
+    if not isinstance(waveform, torch.Tensor) or waveform.dim() != 3:
+        raise NodeInputError(f"{node}: input 'audio' waveform must be [batch, channels, samples], got {getattr(waveform, 'shape', type(waveform))}")
+    if waveform.shape[1] not in (1, 2):
+        raise NodeInputError(f"{node}: input 'audio' has {waveform.shape[1]} channels; give mono or stereo audio")
+    if not isinstance(rate, int) or not 8_000 <= rate <= 384_000:
+        raise NodeInputError(f"{node}: input 'audio' sample_rate {rate!r} is not a usable rate (8000..384000 Hz)")
+    if not torch.isfinite(waveform).all():
+        raise NodeInputError(f"{node}: input 'audio' contains NaN or infinite samples")
+    return waveform[0].float(), rate
+
+
+def audio_to_comfy(audio, rate: int) -> dict:
+    """[C, N] tensor or array -> ComfyUI AUDIO."""
+    import torch
+
+    tensor = torch.as_tensor(audio, dtype=torch.float32).detach().cpu()
+    return {"waveform": tensor.unsqueeze(0), "sample_rate": int(rate)}
+
+
+def latent_to_comfy(latent) -> dict:
+    """Our [1, T, 64] latent -> ComfyUI's audio LATENT {"samples": [1, 64, T], "type": "audio"}."""
+    return {"samples": latent.detach().float().cpu().transpose(1, 2).contiguous(), "type": "audio"}
+
+
+def latent_from_comfy(node: str, latent: Any):
+    """ComfyUI audio LATENT -> our [1, T, 64] (first batch item)."""
+    import torch
+
+    samples = latent.get("samples") if isinstance(latent, dict) else None
+    if not isinstance(samples, torch.Tensor) or samples.dim() != 3 or samples.shape[1] != LATENT_CHANNELS:
+        raise NodeInputError(f"{node}: input 'latent' must be an ACE-Step 1.5 audio LATENT with samples [B, 64, T]")
+    return samples[:1].transpose(1, 2).float()

@@ -1,0 +1,56 @@
+"""Classic ComfyUI node classes (INPUT_TYPES / RETURN_TYPES / FUNCTION) built from the declarations.
+
+Used when the running ComfyUI has no V3 schema API, and by the tests (these classes import without ComfyUI)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import NODE_SPECS
+from .spec import NodeSpec, Param
+
+
+def widget(param: Param) -> tuple:
+    """A Param as a classic INPUT_TYPES entry."""
+    options: dict[str, Any] = {"tooltip": param.tooltip}
+    if param.type == "COMBO":
+        choices = list(param.choices())
+        return choices, {**options, "default": param.default if param.default in choices else choices[0]}
+    if param.default is not None:
+        options["default"] = param.default
+    for key, value in (("min", param.minimum), ("max", param.maximum), ("step", param.step)):
+        if value is not None:
+            options[key] = value
+    if param.type == "STRING":
+        options["multiline"] = param.multiline
+    return param.type, options
+
+
+def node_class(spec: NodeSpec) -> type:
+    def input_types(cls) -> dict:
+        required = {p.name: widget(p) for p in spec.inputs if not p.optional}
+        optional = {p.name: widget(p) for p in spec.inputs if p.optional}
+        return {"required": required, "optional": optional}
+
+    def run(self, **values: Any) -> tuple:
+        return spec.call(**values)
+
+    attributes: dict[str, Any] = {
+        "INPUT_TYPES": classmethod(input_types),
+        "RETURN_TYPES": tuple(o.type for o in spec.outputs),
+        "RETURN_NAMES": tuple(o.name for o in spec.outputs),
+        "OUTPUT_TOOLTIPS": tuple(o.tooltip for o in spec.outputs),
+        "FUNCTION": "run",
+        "CATEGORY": spec.category,
+        "DESCRIPTION": spec.description,
+        "OUTPUT_NODE": spec.output_node,
+        "run": run,
+        "SPEC": spec,
+    }
+    if spec.always_run:
+        attributes["IS_CHANGED"] = classmethod(lambda cls, **_: float("nan"))
+    return type(spec.node_id, (), attributes)
+
+
+NODE_CLASS_MAPPINGS = {spec.node_id: node_class(spec) for spec in NODE_SPECS}
+NODE_DISPLAY_NAME_MAPPINGS = {spec.node_id: spec.display_name for spec in NODE_SPECS}
