@@ -15,12 +15,14 @@ server is up (and never in processes that make no sound).
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import sys
 import threading
 import time
 from multiprocessing import shared_memory
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +30,7 @@ from .loop_buffer import APPLIED_GAIN, CALLBACKS, GAIN, LATENCY_S, PLAYED, RECOR
 
 MODES = ("process", "thread", "null")
 LIST_HINT = "run with --list-devices to see the outputs, or --audio null to run without sound"
+log = logging.getLogger("flowjam.playback")
 _START_TIMEOUT_S = 30.0
 
 
@@ -212,6 +215,9 @@ class Playback:
         if self._started:
             raise RuntimeError("this Playback was already started; make a new one")
         self._started = True
+        if self.mode == "process" and not _importable_by_name():
+            log.warning("this package was loaded from a file path (as ComfyUI does): the audio callback runs in a thread")
+            self.mode = "thread"
         counters = self.buffer.counters
         counters[[STOP, RECORDED, UNDERRUNS, CALLBACKS, RUNNING]] = 0
         self.buffer.reals[LATENCY_S] = 0.0
@@ -250,6 +256,7 @@ class Playback:
             self._record = np.zeros(shape, np.float32)
 
     def _start_process(self) -> None:
+        _make_package_importable()
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=False)
         record_name = self._record_shm.name if self._record_shm else None
@@ -396,3 +403,17 @@ class Playback:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _importable_by_name() -> bool:
+    """Whether a spawned process can import this module by its name (not so when a host named it by file path)."""
+    return all(part.isidentifier() for part in __name__.split("."))
+
+
+def _make_package_importable() -> None:
+    """The spawned output process imports this module by its package name, with the parent's sys.path. Hosts that
+    load the package from a file path (ComfyUI's custom_nodes) do not put its folder's parent on sys.path: add it."""
+    package = __name__.split(".")[0]
+    root = str(Path(sys.modules[package].__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.append(root)

@@ -1,0 +1,449 @@
+"""The ComfyUI nodes without ComfyUI: declarations, classic adapters, AUDIO/LATENT interop with ComfyUI's own nodes,
+live-stream re-queue semantics, capture, and bad inputs (a NodeInputError naming the input; a running stream plays
+on). Tiny preset on the CPU; streams play into a silent clock (audio_device "none")."""
+
+import inspect
+import math
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from flowjam.engine.live import sessions
+from flowjam.nodes import NODE_SPECS
+from flowjam.nodes.comfy_v1 import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+from flowjam.nodes.spec import CATEGORY, SOCKET_TYPES, WIDGET_TYPES, NodeInputError
+
+RATE = 48_000
+HOP = 1920  # audio samples per latent frame (25 frames per second)
+NUMERIC = ("INT", "FLOAT")
+
+
+def node(node_id: str):
+    return NODE_CLASS_MAPPINGS[node_id]()
+
+
+@pytest.fixture(scope="module")
+def model():
+    (session,) = node("FlowjamLoadModel").run(preset="tiny", checkpoint="none", device="cpu", dtype="float32", backend="eager")
+    return session
+
+
+def text(model, tags: str, **values):
+    defaults = dict(lyrics="", bpm=0, key="", time_signature="", duration=0.0, task="text2music", language="")
+    return node("FlowjamTextConditioning").run(model=model, tags=tags, **{**defaults, **values})[0]
+
+
+@pytest.fixture(scope="module")
+def prompt_a(model):
+    return text(model, "slow ambient pads, warm analog synth")
+
+
+@pytest.fixture(scope="module")
+def prompt_b(model):
+    return text(model, "breakbeat drums, fast, distorted guitar", lyrics="[Verse]\n" + "la la la hey " * 40)
+
+
+STREAM_DEFAULTS = dict(song_seconds=2.0, depth=2, steps=4, denoise=0.7, seed=42, shift=3.0, prompt_blend=0.0, structure=1.0,
+                       audio_device="none")
+
+
+def stream(model, conditioning, session_id: str, **values) -> str:
+    (name,) = node("FlowjamStream").run(model=model, conditioning=conditioning, session_id=session_id, **{**STREAM_DEFAULTS, **values})
+    return name
+
+
+def generate(model, conditioning, **values):
+    defaults = dict(seconds=2.0, seed=42, steps=4, shift=3.0, denoise=1.0)
+    return node("FlowjamGenerate").run(model=model, conditioning=conditioning, **{**defaults, **values})
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def wait_played(app, seconds: float, timeout: float = 20.0) -> None:
+    """Until `seconds` more have played (the playback clock runs in real time)."""
+    target = app.buffer.playhead_frames + int(seconds * RATE)
+    wait_for(lambda: app.buffer.playhead_frames >= target, timeout, f"{seconds} s of playback")
+
+
+def wait_ticks(app, count: int = 3) -> None:
+    start = app.runner.stats.ticks
+    wait_for(lambda: app.runner.stats.ticks >= start + count, 10, f"{count} runner ticks")
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def stop_streams():
+    yield
+    sessions.stop_all()
+
+
+# ---- declarations --------------------------------------------------------------------------------------------------
+
+
+def test_node_ids_are_unique_and_every_spec_is_exposed():
+    ids = [spec.node_id for spec in NODE_SPECS]
+    assert len(ids) == len(set(ids)) and len(ids) >= 15
+    assert list(NODE_CLASS_MAPPINGS) == ids and list(NODE_DISPLAY_NAME_MAPPINGS) == ids
+    assert len({spec.display_name for spec in NODE_SPECS}) == len(ids)
+
+
+@pytest.mark.parametrize("spec", NODE_SPECS, ids=lambda spec: spec.node_id)
+def test_declaration_is_complete_and_consistent(spec):
+    assert spec.node_id.startswith("Flowjam") and spec.display_name.startswith("flowjam ")
+    assert spec.category == CATEGORY or spec.category.startswith(CATEGORY + "/")
+    assert spec.description.strip()
+    names = [p.name for p in spec.inputs]
+    assert len(names) == len(set(names)) and all(n.isidentifier() for n in names)
+    assert list(inspect.signature(spec.function).parameters) == names, "spec.call passes exactly the declared inputs"
+    seen_optional = False
+    for param in spec.inputs:
+        where = f"{spec.node_id}.{param.name}"
+        assert param.tooltip.strip(), f"{where} needs a tooltip"
+        assert param.type in WIDGET_TYPES + SOCKET_TYPES, where
+        assert not (seen_optional and not param.optional), f"{where}: required inputs come first (the frontend's widget order)"
+        seen_optional |= param.optional
+        if param.type in SOCKET_TYPES:
+            assert param.default is None and param.minimum is None and param.maximum is None and not param.choices(), where
+            continue
+        assert not param.optional, f"{where}: widgets are required (workflows store every value)"
+        if param.type in NUMERIC:
+            assert param.minimum is not None and param.maximum is not None and param.minimum < param.maximum, where
+            assert param.minimum <= param.default <= param.maximum, f"{where}: default {param.default} outside its range"
+            assert param.step is not None and param.step > 0, where
+            if param.type == "INT":
+                assert all(isinstance(v, int) and not isinstance(v, bool) for v in (param.default, param.minimum, param.maximum, param.step)), where
+        elif param.type == "COMBO":
+            choices = param.choices()
+            assert choices and len(set(choices)) == len(choices) and all(isinstance(c, str) for c in choices), where
+            assert param.default in choices, f"{where}: default {param.default!r} is not an option"
+        elif param.type == "STRING":
+            assert isinstance(param.default, str), where
+        elif param.type == "BOOLEAN":
+            assert isinstance(param.default, bool), where
+    outputs = [o.name for o in spec.outputs]
+    assert outputs and len(outputs) == len(set(outputs)) and all(outputs)
+    assert all(o.type in SOCKET_TYPES + ("STRING",) for o in spec.outputs), [o.type for o in spec.outputs]
+
+
+@pytest.mark.parametrize("node_id", list(NODE_CLASS_MAPPINGS))
+def test_classic_class_is_well_formed(node_id):
+    cls = NODE_CLASS_MAPPINGS[node_id]
+    spec = cls.SPEC
+    types = cls.INPUT_TYPES()
+    assert set(types) == {"required", "optional"}
+    assert list(types["required"]) + list(types["optional"]) == [p.name for p in spec.inputs]
+    for param in spec.inputs:
+        section = types["optional" if param.optional else "required"]
+        kind, options = section[param.name]
+        assert options["tooltip"] == param.tooltip
+        if param.type == "COMBO":
+            assert isinstance(kind, list) and kind == list(param.choices()) and options["default"] == param.default
+        else:
+            assert kind == param.type
+        if param.type in NUMERIC:
+            assert (options["default"], options["min"], options["max"], options["step"]) == (param.default, param.minimum, param.maximum, param.step)
+        if param.type == "STRING":
+            assert options["default"] == param.default and options["multiline"] is param.multiline
+        if param.type in SOCKET_TYPES:
+            assert "default" not in options
+    assert cls.RETURN_TYPES == tuple(o.type for o in spec.outputs)
+    assert len(cls.RETURN_NAMES) == len(cls.RETURN_TYPES) == len(cls.OUTPUT_TOOLTIPS)
+    assert cls.FUNCTION == "run" and callable(getattr(cls(), "run"))
+    assert cls.CATEGORY == spec.category and cls.DESCRIPTION == spec.description and cls.OUTPUT_NODE is spec.output_node
+    assert NODE_DISPLAY_NAME_MAPPINGS[node_id] == spec.display_name
+    if spec.always_run:
+        changed = cls.IS_CHANGED()
+        assert changed != changed, "IS_CHANGED must return NaN so that every queue re-runs a live node"
+    else:
+        assert not hasattr(cls, "IS_CHANGED")
+
+
+def test_nodes_run_with_comfyui_absent():
+    """ComfyUI's modules made unimportable: the package falls back to the classic classes and the nodes still run."""
+    code = r"""
+import importlib.abc, sys
+class NoComfy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("comfy", "comfy_api", "comfy_extras", "folder_paths", "server", "comfy_execution"):
+            raise ImportError(f"{name} blocked: ComfyUI is absent")
+sys.meta_path.insert(0, NoComfy())
+import flowjam
+from flowjam.nodes import comfy_v1
+assert flowjam.NODE_CLASS_MAPPINGS is comfy_v1.NODE_CLASS_MAPPINGS
+try:
+    import flowjam.nodes.comfy_v3
+except ImportError:
+    pass
+else:
+    raise SystemExit("comfy_v3 imported without ComfyUI")
+M = flowjam.NODE_CLASS_MAPPINGS
+assert M["FlowjamLoadModel"].INPUT_TYPES()["required"]["checkpoint"][0] == ["none"]
+model, = M["FlowjamLoadModel"]().run(preset="tiny", checkpoint="none", device="cpu", dtype="float32", backend="eager")
+cond, = M["FlowjamTextConditioning"]().run(model=model, tags="no comfy", lyrics="", bpm=0, key="", time_signature="",
+                                           duration=0.0, task="text2music", language="")
+audio, latent = M["FlowjamGenerate"]().run(model=model, conditioning=cond, seconds=0.4, seed=1, steps=2, shift=3.0, denoise=1.0)
+curve, = M["FlowjamCurveRamp"]().run(start=0.0, end=1.0, seconds=0.4)
+print(tuple(audio["waveform"].shape), audio["sample_rate"], tuple(latent["samples"].shape), tuple(curve.shape))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "(1, 2, 19200) 48000 (1, 64, 10) (10,)"
+
+
+# ---- AUDIO / LATENT interop ----------------------------------------------------------------------------------------
+
+
+def test_generate_returns_comfyui_audio_and_audio_latent(model, prompt_a):
+    audio, latent = generate(model, prompt_a, seconds=2.0)
+    assert set(audio) == {"waveform", "sample_rate"} and audio["sample_rate"] == RATE and type(audio["sample_rate"]) is int
+    waveform = audio["waveform"]
+    assert waveform.shape == (1, 2, 2 * RATE) and waveform.dtype == torch.float32 and waveform.device.type == "cpu"
+    assert torch.isfinite(waveform).all() and waveform.abs().max() <= 1.0 and waveform.square().mean() > 1e-4
+    assert set(latent) == {"samples", "type"} and latent["type"] == "audio"
+    assert latent["samples"].shape == (1, 64, 50) and latent["samples"].dtype == torch.float32
+    decoded = model.decode(latent["samples"].transpose(1, 2))
+    decoded = decoded / max(1.0, decoded.abs().max().item())
+    torch.testing.assert_close(decoded[None], waveform, atol=1e-5, rtol=0)  # the AUDIO is the LATENT, decoded
+    again, _ = generate(model, prompt_a, seconds=2.0)
+    other, _ = generate(model, prompt_a, seconds=2.0, seed=43)
+    assert torch.equal(again["waveform"], waveform) and not torch.allclose(other["waveform"], waveform)
+
+
+def test_a_comfyui_latent_feeds_prepare_source_and_a_cover(model, prompt_a):
+    audio, latent = generate(model, prompt_a, seconds=1.2)
+    (from_latent,) = node("FlowjamPrepareSource").run(model=model, latent=latent)
+    assert from_latent.frames == 30 and from_latent.hints.shape == (1, 30, 64) and from_latent.codes.shape == (1, 6)
+    torch.testing.assert_close(from_latent.latents, latent["samples"].transpose(1, 2))
+    (from_audio,) = node("FlowjamPrepareSource").run(model=model, audio=audio)
+    assert from_audio.frames == 30
+    # what ComfyUI's own ACE-Step 1.5 nodes hand over: [batch, 64, T] latents, "type" audio; the first item is used
+    comfy_latent = {"samples": torch.cat([latent["samples"], torch.zeros_like(latent["samples"])]), "type": "audio"}
+    (first_item,) = node("FlowjamPrepareSource").run(model=model, latent=comfy_latent)
+    torch.testing.assert_close(first_item.latents, from_latent.latents)
+    cover, cover_latent = generate(model, prompt_a, seconds=30.0, denoise=0.5, source=from_latent)
+    assert cover["waveform"].shape == (1, 2, 30 * HOP) and cover_latent["samples"].shape == (1, 64, 30)
+    with pytest.raises(NodeInputError, match="'latent'"):
+        node("FlowjamPrepareSource").run(model=model, latent={"samples": torch.zeros(1, 8, 30), "type": "audio"})
+    for both_or_neither in ({"audio": audio, "latent": latent}, {}):
+        with pytest.raises(NodeInputError, match="'audio' or 'latent'"):
+            node("FlowjamPrepareSource").run(model=model, **both_or_neither)
+
+
+# ---- live streams --------------------------------------------------------------------------------------------------
+
+
+def test_requeued_stream_updates_the_running_session_in_place(model, prompt_a):
+    assert stream(model, prompt_a, "requeue") == "requeue"
+    app = sessions.get("requeue")
+    wait_ticks(app, 5)
+    ticks = app.runner.stats.ticks
+    assert stream(model, prompt_a, "requeue", denoise=0.4, seed=7, depth=3, steps=3, prompt_blend=0.25) == "requeue"
+    node("FlowjamSharedCurve").run(stream="requeue", knob="velocity_scale", value=1.3)
+    assert sessions.get("requeue") is app and app.runner.alive, "the same session, still running"
+    assert app.runner.stats.ticks >= ticks
+    wait_ticks(app, 5)
+    values = app.registry.values()
+    assert (values["denoise"], values["seed"], values["depth"], values["steps"], values["prompt_blend"]) == (0.4, 7, 3, 3, 0.25)
+    assert values["velocity_scale"] == 1.3
+    wait_for(lambda: app.runner.stream.pipeline.depth == 3, 5, "depth 3 to apply")
+    assert app.runner.stream.pipeline.shared_curves()["velocity_scale"].flatten().tolist() == [pytest.approx(1.3)]
+    assert app.runner.stats.errors == 0
+    assert node("FlowjamStreamStop").run(stream="requeue") == ("stopped requeue",)
+    assert sessions.get("requeue") is None and not app.runner.alive
+    assert node("FlowjamStreamStop").run(stream="requeue") == ("no stream named requeue",)
+
+
+def loop_audio(model, latent: dict) -> np.ndarray:
+    """What a stream loops for this latent: the cyclic decode (the seam sees the loop's other end)."""
+    frames = latent["samples"].transpose(1, 2)
+    tiled = model.decode(torch.cat([frames] * 3, dim=1))
+    return tiled[:, frames.shape[1] * HOP : 2 * frames.shape[1] * HOP].numpy()
+
+
+def distance(capture: np.ndarray, loop: np.ndarray, block: int = 32, candidates: int = 16) -> float:
+    """How far a capture is from some stretch of a loop (position unknown): the median relative residual of short
+    blocks after a per-block gain fit (volume and the runner's crossfades scale blocks), over blocks at the common
+    gain, at the best of the offsets that correlate best."""
+    mono, ref = capture.mean(0).astype(np.float64), loop.mean(0).astype(np.float64)
+    padded = np.zeros_like(ref)
+    padded[: mono.size] = mono
+    correlation = np.fft.irfft(np.fft.rfft(ref) * np.conj(np.fft.rfft(padded)), ref.size)
+    best = math.inf
+    n = capture.shape[1] // block * block
+    got = capture[:, :n].astype(np.float64).reshape(2, -1, block).transpose(1, 0, 2).reshape(-1, 2 * block)
+    for offset in np.argsort(correlation)[-candidates:]:
+        want = np.roll(loop, -int(offset), axis=1)[:, :n].astype(np.float64).reshape(2, -1, block).transpose(1, 0, 2).reshape(-1, 2 * block)
+        gain = (got * want).sum(1) / ((want * want).sum(1) + 1e-20)
+        steady = np.abs(gain / np.median(gain) - 1) < 1e-3
+        if steady.mean() < 0.3:
+            continue
+        residual = np.linalg.norm(got - gain[:, None] * want, axis=1) / (np.linalg.norm(got, axis=1) + 1e-20)
+        best = min(best, float(np.median(residual[steady])))
+    return best
+
+
+def test_a_changed_prompt_is_heard(model, prompt_a, prompt_b):
+    """denoise 1 and a fixed seed: the loop settles on one generation, so a capture is a stretch of that render."""
+    song = dict(song_seconds=2.0, depth=2, steps=4, denoise=1.0, seed=42)
+    loop_a = loop_audio(model, generate(model, prompt_a, seconds=2.0, seed=42, steps=4)[1])
+    loop_b = loop_audio(model, generate(model, prompt_b, seconds=2.0, seed=42, steps=4)[1])
+    assert distance(loop_a[:, :RATE], loop_b) > 1e-4, "the two prompts must render differently"
+    stream(model, prompt_a, "heard", **song)
+    app = sessions.get("heard")
+    wait_played(app, 1.8)
+    before = node("FlowjamStreamCapture").run(stream="heard", seconds=1.0)[0]["waveform"][0].numpy()
+    stream(model, prompt_b, "heard", **song)
+    wait_played(app, 1.8)
+    after = node("FlowjamStreamCapture").run(stream="heard", seconds=1.0)[0]["waveform"][0].numpy()
+    assert sessions.get("heard") is app
+    assert before.shape == after.shape == (2, RATE)
+    assert distance(before, loop_a) < 1e-5 < 1e-4 < distance(before, loop_b), "before: prompt A is playing"
+    assert distance(after, loop_b) < 1e-5 < 1e-4 < distance(after, loop_a), "after the re-queue: prompt B is playing"
+
+
+def test_stream_capture_returns_the_requested_length(model, prompt_a):
+    stream(model, prompt_a, "capture", song_seconds=4.0)
+    app = sessions.get("capture")
+    early = node("FlowjamStreamCapture").run(stream="capture", seconds=2.0)[0]
+    assert early["waveform"].shape[:2] == (1, 2) and early["waveform"].shape[2] < 2 * RATE, "only what has played"
+    wait_played(app, 2.3)
+    for seconds in (2.0, 0.5, 0.1):
+        (audio,) = node("FlowjamStreamCapture").run(stream="capture", seconds=seconds)
+        assert audio["sample_rate"] == RATE and audio["waveform"].shape == (1, 2, round(seconds * RATE))
+        assert audio["waveform"].dtype == torch.float32 and torch.isfinite(audio["waveform"]).all()
+        assert audio["waveform"].square().mean() > 1e-6, "the stream is playing sound"
+    wait_played(app, 2.0)
+    (capped,) = node("FlowjamStreamCapture").run(stream="capture", seconds=30.0)
+    assert 3.0 * RATE <= capped["waveform"].shape[2] < 4.0 * RATE, "capped at the loop minus the window being written"
+
+
+def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, prompt_a, prompt_b, tmp_path):
+    stream(model, prompt_a, "steady", seed=5, denoise=0.6)
+    app = sessions.get("steady")
+    wait_ticks(app, 3)
+    knobs, prompts, ticks = app.registry.values(), dict(app.runner._prompts), app.runner.stats.ticks
+    (curve,) = node("FlowjamCurveConstant").run(value=1.0, seconds=1.0)
+    good_stream = dict(STREAM_DEFAULTS, model=model, conditioning=prompt_b, seed=9, denoise=0.2)
+    cases = [
+        ("checkpoint", "FlowjamLoadModel", dict(preset="tiny", checkpoint=str(tmp_path / "missing" / "ace_step_1.5.safetensors"),
+                                                 device="cpu", dtype="float32", backend="eager")),
+        ("preset", "FlowjamLoadModel", dict(preset="huge", checkpoint="none", device="cpu", dtype="float32", backend="eager")),
+        ("audio", "FlowjamPrepareSource", dict(model=model, audio={"waveform": torch.randn(1, 2, 300), "sample_rate": 3})),
+        ("audio", "FlowjamPrepareSource", dict(model=model, audio={"waveform": torch.randn(1, 5, RATE), "sample_rate": RATE})),
+        ("audio", "FlowjamPrepareSource", dict(model=model, audio={"waveform": torch.randn(2, RATE), "sample_rate": RATE})),
+        ("audio", "FlowjamPrepareSource", dict(model=model, audio={"waveform": torch.full((1, 2, RATE), math.nan), "sample_rate": RATE})),
+        ("seconds", "FlowjamGenerate", dict(model=model, conditioning=prompt_a, seconds=-1.0, seed=1, steps=2, shift=3.0, denoise=1.0)),
+        ("denoise", "FlowjamGenerate", dict(model=model, conditioning=prompt_a, seconds=1.0, seed=1, steps=2, shift=3.0, denoise=0.5)),
+        ("seconds", "FlowjamStreamCapture", dict(stream="steady", seconds=-2.0)),
+        ("seconds", "FlowjamCurveWave", dict(kind="sine", cycles=1.0, low=0.0, high=1.0, seconds=-1.0)),
+        ("points", "FlowjamCurvePoints", dict(points="loud, quiet", seconds=1.0)),
+        ("tags", "FlowjamTextConditioning", dict(model=model, tags="  \n", lyrics="", bpm=0, key="", time_signature="", duration=0.0,
+                                                 task="text2music", language="")),
+        ("task", "FlowjamTextConditioning", dict(model=model, tags="pads", lyrics="", bpm=0, key="", time_signature="", duration=0.0,
+                                                 task="remix", language="")),
+        ("amount", "FlowjamConditioningBlend", dict(model=model, a=prompt_a, b=prompt_b, amount=1.5)),
+        ("knob", "FlowjamSharedCurve", dict(stream="steady", knob="velocity_scael", value=1.2, curve=curve)),
+        ("value", "FlowjamSharedCurve", dict(stream="steady", knob="velocity_scale", value=math.inf)),
+        ("session_id", "FlowjamStream", dict(good_stream, session_id="  ")),
+        ("song_seconds", "FlowjamStream", dict(good_stream, session_id="steady", song_seconds=-4.0)),
+        ("port", "FlowjamOscBridge", dict(stream="steady", port=0, feedback="", host="127.0.0.1")),
+        ("feedback", "FlowjamOscBridge", dict(stream="steady", port=free_udp_port(), feedback="localhost", host="127.0.0.1")),
+    ]
+    for name, node_id, values in cases:
+        with pytest.raises(NodeInputError, match=f"input '{name}'"):
+            node(node_id).run(**values)
+    with pytest.raises(NodeInputError, match="no running stream named 'stedy'"):
+        node("FlowjamStreamCapture").run(stream="stedy", seconds=1.0)
+    wait_ticks(app, 3)
+    assert sessions.get("steady") is app and app.runner.alive and app.runner.stats.ticks > ticks
+    assert app.registry.values() == knobs, "a rejected input changes no knob"
+    assert sessions.names() == ["steady"] and app.osc is None and app.runner.stats.errors == 0
+    assert app.runner._prompts == prompts, "a rejected input changes no prompt"
+
+
+# ---- known bugs (strict xfails: they fail once the bug is fixed; remove the marker then) ---------------------------
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug: nodes/stream_nodes.py shared_curve writes the scalar knob as well, and the "
+                   "runner applies knob changes after curve messages in the same tick, so the curve is overwritten")
+def test_a_connected_curve_steers_the_shared_curve(model, prompt_a):
+    stream(model, prompt_a, "curve")
+    app = sessions.get("curve")
+    (curve,) = node("FlowjamCurveRamp").run(start=0.5, end=1.5, seconds=2.0)
+    node("FlowjamSharedCurve").run(stream="curve", knob="velocity_scale", value=1.0, curve=curve)
+    wait_ticks(app, 5)
+    applied = app.runner.stream.pipeline.shared_curves()["velocity_scale"].flatten()
+    torch.testing.assert_close(applied, curve.flatten().to(applied.dtype))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug: nodes/stream_nodes.py stream_start sets the node's knob values only after "
+                   "sessions.start_or_get started the runner, so the first generation uses the registry defaults")
+def test_the_first_generation_uses_the_node_values(model, prompt_a, monkeypatch):
+    requests = []
+    make_request = model.make_request
+
+    def spy(*args, **kwargs):
+        request = make_request(*args, **kwargs)
+        requests.append((request.seed, request.steps))
+        return request
+
+    monkeypatch.setattr(model, "make_request", spy)
+    stream(model, prompt_a, "first", seed=7, steps=2)
+    wait_ticks(sessions.get("first"), 3)
+    assert requests[0] == (7, 2)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug: nodes/stream_nodes.py stream_start queues the new conditionings before "
+                   "swap_source rejects a source of another length, so a rejected re-queue still changes the prompts")
+def test_a_rejected_source_leaves_the_prompts_alone(model, prompt_a, prompt_b):
+    stream(model, prompt_a, "cover", song_seconds=2.0)
+    app = sessions.get("cover")
+    (short,) = node("FlowjamPrepareSource").run(model=model, audio={"waveform": 0.1 * torch.randn(1, 2, RATE), "sample_rate": RATE})
+    with pytest.raises(NodeInputError, match="input 'source'"):
+        stream(model, prompt_b, "cover", source=short)
+    wait_ticks(app, 3)
+    assert app.runner._prompts["a"] is prompt_a
+
+
+@pytest.mark.xfail(strict=True, raises=OSError, reason="bug: nodes/stream_nodes.py osc_bridge lets a busy port's OSError through after "
+                   "enable_osc stopped the old bridge; every later queue then fails with 'OSC bridge not started yet'")
+def test_a_busy_osc_port_is_a_node_input_error_and_the_bridge_recovers(model, prompt_a):
+    stream(model, prompt_a, "osc")
+    port = free_udp_port()
+    node("FlowjamOscBridge").run(stream="osc", port=port, feedback="", host="127.0.0.1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        with pytest.raises(NodeInputError, match="input 'port'"):
+            node("FlowjamOscBridge").run(stream="osc", port=busy.getsockname()[1], feedback="", host="127.0.0.1")
+    node("FlowjamOscBridge").run(stream="osc", port=port, feedback="", host="127.0.0.1")
+    assert sessions.get("osc").osc.address == ("127.0.0.1", port)
+
+
+@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="bug: nodes/stream_nodes.py osc_bridge only rebuilds the bridge when the port "
+                   "changes, so a re-queue with a new feedback address (or host) is ignored")
+def test_a_requeued_osc_feedback_address_applies(model, prompt_a):
+    stream(model, prompt_a, "feedback")
+    port = free_udp_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(2)
+        node("FlowjamOscBridge").run(stream="feedback", port=port, feedback="127.0.0.1:9", host="127.0.0.1")
+        node("FlowjamOscBridge").run(stream="feedback", port=port, feedback="127.0.0.1:%d" % listener.getsockname()[1], host="127.0.0.1")
+        sessions.get("feedback").registry.set("volume", 0.5)
+        assert b"/flowjam/feedback/knob/volume" in listener.recvfrom(4096)[0]

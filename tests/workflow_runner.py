@@ -1,0 +1,447 @@
+"""Validate and run ComfyUI UI-format workflows (the JSON the browser saves and loads by drag-and-drop) without
+ComfyUI, and convert them to the API prompt format that ComfyUI's POST /prompt takes.
+
+flowjam's nodes are the real classic node classes (`nodes.comfy_v1.NODE_CLASS_MAPPINGS`). ComfyUI's own LoadAudio,
+SaveAudio and PreviewAudio are small stand-ins with the same inputs, outputs and widgets as ComfyUI's definitions
+(comfy_extras/nodes_audio.py) that read and write WAV files through `engine.audio_io`; nothing else of ComfyUI is
+imitated.
+
+Widget serialisation follows the ComfyUI frontend pinned by this repository (comfyui_frontend_package 1.58):
+- `widgets_values` holds the node's widget inputs in declaration order, required before optional, sockets skipped.
+- An INT widget named "seed" or "noise_seed" (or one declaring `control_after_generate`) gets a frontend-only
+  combo right after it, `control_after_generate` = fixed | increment | decrement | randomize, which is saved in
+  `widgets_values` but never sent to the server. flowjam's workflows use "fixed" (a re-queued stream must keep its
+  seed); this runner requires the value and drops it when executing or converting.
+- LoadAudio (`audio_upload`) gets a frontend-only "upload" button saved as "" after the file name; the audio player
+  widget ("audioUI") of LoadAudio/SaveAudio/PreviewAudio is not saved.
+- `node["inputs"]` lists the socket inputs (a widget converted to an input also appears, with "widget": {"name"});
+  a link to a widget input overrides the widget's value.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowjam.nodes.comfy_v1 import NODE_CLASS_MAPPINGS as FLOWJAM_CLASSES
+
+WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
+CONTROL_AFTER_GENERATE = "control_after_generate"
+CONTROL_VALUES = ("fixed", "increment", "decrement", "randomize")
+SEED_NAMES = ("seed", "noise_seed")
+VIRTUAL_NODES = ("Note", "MarkdownNote")  # frontend-only: never executed, never sent to the server
+AUDIO_EXTENSIONS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm")
+
+
+class WorkflowError(ValueError):
+    """A workflow that ComfyUI would refuse to load or queue; the message lists every problem."""
+
+
+@dataclass(frozen=True)
+class Widget:
+    name: str
+    type: str  # INT, FLOAT, STRING, BOOLEAN, COMBO, or frontend-only: CONTROL, BUTTON
+    options: dict[str, Any]
+    choices: tuple[Any, ...] = ()
+    frontend_only: bool = False  # saved in widgets_values, not an input of the node's function
+
+
+@dataclass(frozen=True)
+class Socket:
+    name: str
+    type: str
+    optional: bool
+
+
+@dataclass(frozen=True)
+class NodeDef:
+    type: str
+    sockets: tuple[Socket, ...]
+    widgets: tuple[Widget, ...]  # in widgets_values order, frontend-only ones included
+    outputs: tuple[str, ...]
+    output_names: tuple[str, ...]
+    output_node: bool
+    cls: type
+
+    def socket(self, name: str) -> Socket | None:
+        return next((s for s in self.sockets if s.name == name), None)
+
+    def widget(self, name: str) -> Widget | None:
+        return next((w for w in self.widgets if w.name == name and not w.frontend_only), None)
+
+    def widget_index(self, name: str) -> int:
+        for index, widget in enumerate(self.widgets):
+            if widget.name == name and not widget.frontend_only:
+                return index
+        raise KeyError(f"{self.type} has no widget {name!r}")
+
+
+def definition_of(node_type: str, cls: type) -> NodeDef:
+    """A classic node class (INPUT_TYPES / RETURN_TYPES) as sockets and widgets, the way the frontend lays it out."""
+    spec = cls.INPUT_TYPES()
+    sockets: list[Socket] = []
+    widgets: list[Widget] = []
+    for section in ("required", "optional"):
+        for name, entry in (spec.get(section) or {}).items():
+            kind, options = entry[0], (entry[1] if len(entry) > 1 else {}) or {}
+            if isinstance(kind, (list, tuple)):
+                widgets.append(Widget(name, "COMBO", options, tuple(kind)))
+            elif kind in WIDGET_TYPES:
+                widgets.append(Widget(name, kind, options))
+            else:
+                sockets.append(Socket(name, kind, section == "optional"))
+                continue
+            if kind == "INT" and (options.get(CONTROL_AFTER_GENERATE) or name in SEED_NAMES):
+                widgets.append(Widget(CONTROL_AFTER_GENERATE, "CONTROL", {}, CONTROL_VALUES, frontend_only=True))
+            if isinstance(kind, (list, tuple)) and options.get("audio_upload"):
+                widgets.append(Widget("upload", "BUTTON", {}, frontend_only=True))
+    outputs = tuple(cls.RETURN_TYPES)
+    names = tuple(getattr(cls, "RETURN_NAMES", None) or outputs)
+    return NodeDef(node_type, tuple(sockets), tuple(widgets), outputs, names, bool(getattr(cls, "OUTPUT_NODE", False)), cls)
+
+
+# ---- stand-ins for ComfyUI's audio nodes ---------------------------------------------------------------------------
+
+
+def _check_audio(node: str, audio: Any) -> None:
+    """What ComfyUI's save_audio relies on: {"waveform": [B, C (1 or 2), N] float tensor, "sample_rate": int}."""
+    import torch
+
+    if not isinstance(audio, dict) or not {"waveform", "sample_rate"} <= set(audio):
+        raise TypeError(f"{node}: AUDIO must be a dict with waveform and sample_rate, got {type(audio).__name__}")
+    waveform, rate = audio["waveform"], audio["sample_rate"]
+    if not isinstance(waveform, torch.Tensor) or waveform.dim() != 3 or waveform.shape[1] not in (1, 2):
+        raise TypeError(f"{node}: AUDIO waveform must be a [batch, 1 or 2, samples] tensor, got {getattr(waveform, 'shape', waveform)!r}")
+    if not waveform.dtype.is_floating_point:
+        raise TypeError(f"{node}: AUDIO waveform must be float, got {waveform.dtype}")
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
+        raise TypeError(f"{node}: AUDIO sample_rate must be a positive int, got {rate!r}")
+
+
+def comfy_standins(input_dir: Path | None, output_dir: Path | None, temp_dir: Path | None) -> dict[str, type]:
+    """LoadAudio / SaveAudio / PreviewAudio with ComfyUI's interfaces, reading and writing WAV in the given folders."""
+
+    class LoadAudio:
+        RETURN_TYPES = ("AUDIO",)
+        FUNCTION = "load"
+        CATEGORY = "audio"
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            files = sorted(f for f in os.listdir(input_dir) if f.lower().endswith(AUDIO_EXTENSIONS)) if input_dir else []
+            return {"required": {"audio": (files, {"audio_upload": True})}}
+
+        def load(self, audio: str):
+            from flowjam.engine.audio_io import read_wav
+
+            waveform, rate = read_wav(Path(input_dir) / audio)
+            return ({"waveform": waveform.unsqueeze(0), "sample_rate": int(rate)},)
+
+    class SaveAudio:
+        RETURN_TYPES = ()
+        FUNCTION = "save_flac"
+        OUTPUT_NODE = True
+        CATEGORY = "audio"
+        folder, kind = output_dir, "output"
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"audio": ("AUDIO",), "filename_prefix": ("STRING", {"default": "audio/ComfyUI"})}}
+
+        def save_flac(self, audio, filename_prefix: str = "ComfyUI"):
+            return self.save(audio, filename_prefix)
+
+        def save(self, audio, filename_prefix: str):
+            from flowjam.engine.audio_io import write_wav
+
+            _check_audio(type(self).__name__, audio)
+            if self.folder is None:
+                raise RuntimeError(f"{type(self).__name__}: the runner was given no folder to write to")
+            subfolder, _, stem = filename_prefix.rpartition("/")
+            folder = Path(self.folder) / subfolder
+            results = []
+            for batch, waveform in enumerate(audio["waveform"]):
+                counter = 1 + len(list(folder.glob(f"{stem}_*_.wav"))) if folder.is_dir() else 1
+                write_wav(folder / f"{stem}_{counter:05}_.wav", waveform, audio["sample_rate"])
+                results.append({"filename": f"{stem}_{counter:05}_.wav", "subfolder": subfolder, "type": self.kind})
+            return {"ui": {"audio": results}}
+
+    class PreviewAudio(SaveAudio):
+        folder, kind = temp_dir, "temp"
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"audio": ("AUDIO",)}}
+
+        def save_flac(self, audio):
+            return self.save(audio, "ComfyUI_temp")
+
+    return {"LoadAudio": LoadAudio, "SaveAudio": SaveAudio, "PreviewAudio": PreviewAudio}
+
+
+# ---- the runner ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Execution:
+    outputs: dict[int, tuple] = field(default_factory=dict)  # node id -> the node's outputs
+    inputs: dict[int, dict[str, Any]] = field(default_factory=dict)  # node id -> the keyword arguments it was called with
+    ui: dict[int, dict] = field(default_factory=dict)  # output nodes' "ui" results (saved files)
+    order: list[int] = field(default_factory=list)  # node ids in execution order
+
+
+class WorkflowRunner:
+    def __init__(self, input_dir: Path | None = None, output_dir: Path | None = None, temp_dir: Path | None = None):
+        self.classes: dict[str, type] = {**FLOWJAM_CLASSES, **comfy_standins(input_dir, output_dir, temp_dir)}
+
+    def definition(self, node_type: str) -> NodeDef:
+        if node_type not in self.classes:
+            raise WorkflowError(f"unknown node type {node_type!r}")
+        return definition_of(node_type, self.classes[node_type])
+
+    # -- validation --
+
+    def problems(self, workflow: dict) -> list[str]:
+        """Everything wrong with a UI-format workflow (empty: it loads and queues)."""
+        problems: list[str] = []
+        for key in ("last_node_id", "last_link_id", "nodes", "links", "groups", "config", "extra", "version"):
+            if key not in workflow:
+                problems.append(f"workflow has no {key!r}")
+        if problems:
+            return problems
+        nodes = {}
+        for node in workflow["nodes"]:
+            if node["id"] in nodes:
+                problems.append(f"node id {node['id']} is used twice")
+            nodes[node["id"]] = node
+        links = {}
+        for link in workflow["links"]:
+            if len(link) != 6:
+                problems.append(f"link {link!r} must be [id, from_node, from_slot, to_node, to_slot, type]")
+                continue
+            if link[0] in links:
+                problems.append(f"link id {link[0]} is used twice")
+            links[link[0]] = link
+        if nodes and workflow["last_node_id"] < max(nodes):
+            problems.append(f"last_node_id {workflow['last_node_id']} is below node id {max(nodes)}")
+        if links and workflow["last_link_id"] < max(links):
+            problems.append(f"last_link_id {workflow['last_link_id']} is below link id {max(links)}")
+        definitions = {}
+        for node in workflow["nodes"]:
+            if node["type"] in VIRTUAL_NODES:
+                continue
+            try:
+                definitions[node["id"]] = self.definition(node["type"])
+            except WorkflowError as error:
+                problems.append(f"node {node['id']}: {error}")
+                continue
+            problems += [f"node {node['id']} ({node['type']}): {p}" for p in self._node_problems(node, definitions[node["id"]], links)]
+        for link_id, (_, source, source_slot, target, target_slot, link_type) in links.items():
+            where = f"link {link_id}"
+            if source not in definitions or target not in definitions:
+                problems.append(f"{where} connects a node that does not exist or cannot run ({source} -> {target})")
+                continue
+            produced = definitions[source].outputs
+            if not 0 <= source_slot < len(produced):
+                problems.append(f"{where}: node {source} has no output slot {source_slot}")
+                continue
+            target_inputs = nodes[target].get("inputs") or []
+            if not 0 <= target_slot < len(target_inputs):
+                problems.append(f"{where}: node {target} has no input slot {target_slot}")
+                continue
+            entry = target_inputs[target_slot]
+            if entry.get("link") != link_id:
+                problems.append(f"{where}: node {target} input {entry.get('name')!r} says link {entry.get('link')}")
+            outputs = nodes[source].get("outputs") or []
+            if source_slot >= len(outputs) or link_id not in (outputs[source_slot].get("links") or []):
+                problems.append(f"{where}: node {source} output {source_slot} does not list it")
+            definition = definitions[target]
+            socket = definition.socket(entry.get("name"))
+            widget = definition.widget(entry.get("name"))
+            consumed = socket.type if socket else (widget.type if widget else None)
+            if consumed is None:
+                problems.append(f"{where}: {definition.type} has no input {entry.get('name')!r}")
+            elif not link_type == produced[source_slot] == consumed:
+                problems.append(f"{where} is typed {link_type} from a {produced[source_slot]} output into a {consumed} input "
+                                f"({nodes[source]['type']} -> {definition.type}.{entry.get('name')})")
+        for node in workflow["nodes"]:
+            for entry in node.get("inputs") or []:
+                if entry.get("link") is not None and entry["link"] not in links:
+                    problems.append(f"node {node['id']} input {entry.get('name')!r} points at missing link {entry['link']}")
+            for slot, output in enumerate(node.get("outputs") or []):
+                for link_id in output.get("links") or []:
+                    if link_id not in links or links[link_id][1] != node["id"] or links[link_id][2] != slot:
+                        problems.append(f"node {node['id']} output {slot} lists link {link_id}, which does not start there")
+        if not problems:
+            try:
+                self.order(workflow)
+            except WorkflowError as error:
+                problems.append(str(error))
+        return problems
+
+    def _node_problems(self, node: dict, definition: NodeDef, links: dict) -> list[str]:
+        problems = []
+        if node.get("mode", 0) != 0:
+            problems.append(f"mode {node.get('mode')} (muted or bypassed) is not supported; use 0")
+        properties = node.get("properties") or {}
+        if properties.get("Node name for S&R") != node["type"]:
+            problems.append(f"properties['Node name for S&R'] is {properties.get('Node name for S&R')!r}")
+        entries = {}
+        for entry in node.get("inputs") or []:
+            name = entry.get("name")
+            if name in entries:
+                problems.append(f"input {name!r} is listed twice")
+            entries[name] = entry
+            socket, widget = definition.socket(name), definition.widget(name)
+            if socket is None and widget is None:
+                problems.append(f"input {name!r} is not an input of {definition.type}")
+            elif socket is not None and entry.get("type") != socket.type:
+                problems.append(f"input {name!r} is typed {entry.get('type')!r}, the node takes {socket.type}")
+            elif widget is not None and entry.get("widget", {}).get("name") != name:
+                problems.append(f"input {name!r} is a widget: it needs \"widget\": {{\"name\": {name!r}}}")
+        for socket in definition.sockets:
+            if not socket.optional and entries.get(socket.name, {}).get("link") is None:
+                problems.append(f"required input {socket.name!r} ({socket.type}) is not connected")
+        outputs = node.get("outputs") or []
+        if [o.get("type") for o in outputs] != list(definition.outputs):
+            problems.append(f"outputs are typed {[o.get('type') for o in outputs]}, the node returns {list(definition.outputs)}")
+        elif [o.get("name") for o in outputs] != list(definition.output_names):
+            problems.append(f"outputs are named {[o.get('name') for o in outputs]}, the node names them {list(definition.output_names)}")
+        values = node.get("widgets_values")
+        if not isinstance(values, list):
+            return problems + [f"widgets_values must be a list, got {type(values).__name__}"]
+        if len(values) != len(definition.widgets):
+            names = [w.name for w in definition.widgets]
+            return problems + [f"widgets_values has {len(values)} values for {len(names)} widgets {names}"]
+        for widget, value in zip(definition.widgets, values):
+            problem = widget_problem(widget, value)
+            if problem:
+                problems.append(f"widget {widget.name!r}: {problem}")
+        return problems
+
+    def check(self, workflow: dict) -> None:
+        problems = self.problems(workflow)
+        if problems:
+            raise WorkflowError("workflow does not load:\n  " + "\n  ".join(problems))
+
+    def order(self, workflow: dict) -> list[int]:
+        """Node ids in execution order (dependencies first; ties by id, as the graph is stored)."""
+        nodes = [n["id"] for n in workflow["nodes"] if n["type"] not in VIRTUAL_NODES]
+        needs = {n: set() for n in nodes}
+        for _, source, _, target, _, _ in workflow["links"]:
+            if target in needs:
+                needs[target].add(source)
+        order: list[int] = []
+        while len(order) < len(nodes):
+            ready = sorted(n for n in nodes if n not in order and needs[n] <= set(order))
+            if not ready:
+                raise WorkflowError(f"the graph has a cycle among nodes {sorted(set(nodes) - set(order))}")
+            order.append(ready[0])
+        return order
+
+    # -- execution --
+
+    def execute(self, workflow: dict) -> Execution:
+        """Validate, then run every node once in dependency order by calling its class's FUNCTION."""
+        self.check(workflow)
+        nodes = {n["id"]: n for n in workflow["nodes"]}
+        links = {link[0]: link for link in workflow["links"]}
+        run = Execution(order=self.order(workflow))
+        for node_id in run.order:
+            node = nodes[node_id]
+            definition = self.definition(node["type"])
+            kwargs = widget_kwargs(definition, node["widgets_values"])
+            for entry in node.get("inputs") or []:
+                if entry.get("link") is not None:
+                    _, source, slot, _, _, _ = links[entry["link"]]
+                    kwargs[entry["name"]] = run.outputs[source][slot]
+            instance = definition.cls()
+            result = getattr(instance, definition.cls.FUNCTION)(**kwargs)
+            if isinstance(result, dict):
+                run.ui[node_id] = result.get("ui", {})
+                result = tuple(result.get("result", ()))
+            if not isinstance(result, tuple) or len(result) != len(definition.outputs):
+                raise WorkflowError(f"node {node_id} ({node['type']}) returned {type(result).__name__} for {len(definition.outputs)} outputs")
+            run.inputs[node_id], run.outputs[node_id] = kwargs, result
+        return run
+
+
+def widget_problem(widget: Widget, value: Any) -> str | None:
+    """Why a saved widget value would not load or validate in ComfyUI (None: fine)."""
+    if widget.type == "CONTROL":
+        return None if value in CONTROL_VALUES else f"{value!r} is not one of {', '.join(CONTROL_VALUES)}"
+    if widget.type == "BUTTON":
+        return None if value in ("", None) else f"a button saves '' or null, got {value!r}"
+    if widget.type == "COMBO":
+        return None if value in widget.choices else f"{value!r} is not among the options {list(widget.choices)}"
+    if widget.type == "STRING":
+        return None if isinstance(value, str) else f"needs a string, got {value!r}"
+    if widget.type == "BOOLEAN":
+        return None if isinstance(value, bool) else f"needs true or false, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"needs a number, got {value!r}"
+    if widget.type == "INT" and value != int(value):
+        return f"needs an integer, got {value!r}"
+    low, high = widget.options.get("min"), widget.options.get("max")
+    if (low is not None and value < low) or (high is not None and value > high):
+        return f"{value} is outside {low} .. {high}"
+    return None
+
+
+def widget_kwargs(definition: NodeDef, values: list) -> dict[str, Any]:
+    """Saved widget values as the node function's keyword arguments (frontend-only widgets dropped)."""
+    return {w.name: v for w, v in zip(definition.widgets, values) if not w.frontend_only}
+
+
+# ---- helpers for tests and for posting to a real ComfyUI -----------------------------------------------------------
+
+
+def load_workflow(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def with_widget(workflow: dict, node_type: str, name: str, value: Any, runner: WorkflowRunner | None = None) -> dict:
+    """A copy of the workflow with widget `name` of every `node_type` node set to `value` (KeyError if none has it)."""
+    runner = runner or WorkflowRunner()
+    changed = copy.deepcopy(workflow)
+    index = runner.definition(node_type).widget_index(name)
+    targets = [n for n in changed["nodes"] if n["type"] == node_type]
+    if not targets:
+        raise KeyError(f"the workflow has no {node_type} node")
+    for node in targets:
+        node["widgets_values"][index] = value
+    return changed
+
+
+def to_api_format(workflow: dict, runner: WorkflowRunner | None = None) -> dict:
+    """UI workflow -> ComfyUI's API prompt: {"<id>": {"class_type", "inputs": {name: value or ["<from id>", slot]},
+    "_meta": {"title"}}}, with frontend-only widgets and virtual nodes (notes) left out, as the frontend does."""
+    runner = runner or WorkflowRunner()
+    links = {link[0]: link for link in workflow["links"]}
+    prompt: dict[str, dict] = {}
+    for node in sorted(workflow["nodes"], key=lambda n: n["id"]):
+        if node["type"] in VIRTUAL_NODES:
+            continue
+        if node.get("mode", 0) != 0:
+            raise WorkflowError(f"node {node['id']}: muted or bypassed nodes are not converted")
+        definition = runner.definition(node["type"])
+        inputs: dict[str, Any] = widget_kwargs(definition, node.get("widgets_values") or [])
+        for entry in node.get("inputs") or []:
+            if entry.get("link") is not None:
+                _, source, slot, _, _, _ = links[entry["link"]]
+                inputs[entry["name"]] = [str(source), slot]
+        title = node.get("title") or _display_name(node["type"])
+        prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs, "_meta": {"title": title}}
+    return prompt
+
+
+def _display_name(node_type: str) -> str:
+    from flowjam.nodes.comfy_v1 import NODE_DISPLAY_NAME_MAPPINGS
+
+    names = {"LoadAudio": "Load Audio", "SaveAudio": "Save Audio (FLAC)", "PreviewAudio": "Preview Audio"}
+    return NODE_DISPLAY_NAME_MAPPINGS.get(node_type) or names.get(node_type, node_type)
