@@ -28,6 +28,7 @@ def stream_start(model, conditioning, session_id: str, song_seconds: float, dept
     """Start the named stream, or update it in place: conditions, source and knob values apply on its next ticks."""
     from ..engine.live import sessions
     from ..engine.live.app import LiveApp, LiveConfig
+    from ..engine.live.knobs import KnobRegistry
     from ..engine.live.runner import RunnerConfig
 
     name = session_id.strip()
@@ -41,22 +42,27 @@ def stream_start(model, conditioning, session_id: str, song_seconds: float, dept
     mode = "null" if device == "none" else "process"
 
     def create() -> LiveApp:
+        registry = KnobRegistry()
+        for knob, value in values.items():  # before the runner starts: its first generation uses these
+            registry.set(knob, value, origin="comfyui")
         config = LiveConfig(prompt="", song_seconds=song_seconds if source is None else source.frames / 25, session_name=name,
                             audio_device=None if device in ("", "none", "default") else device, playback_mode=mode, osc_port=None,
                             runner=RunnerConfig(depth=depth))
-        return LiveApp(model, config, initial_conditionings=(conditioning, conditioning_b or conditioning), source=source)
+        return LiveApp(model, config, registry, initial_conditionings=(conditioning, conditioning_b or conditioning), source=source)
 
     app, created = sessions.start_or_get(name, create)
-    if not created:
-        if app.session is not model:
-            raise NodeInputError(f"Stream: stream {name!r} runs another model; stop it (Stream stop) before switching models")
-        app.runner.set_conditioning("a", conditioning)
-        app.runner.set_conditioning("b", conditioning_b or conditioning)
-        if source is not None and source is not app.runner.current_source:
-            try:
-                app.runner.swap_source(source)
-            except ValueError as error:
-                raise NodeInputError(f"Stream: input 'source': {error}; stop the stream to change its length") from None
+    if created:
+        return (name,)
+    if app.session is not model:
+        raise NodeInputError(f"Stream: stream {name!r} runs another model; stop it (Stream stop) before switching models")
+    swap = source is not None and source is not app.runner.current_source
+    if swap and source.frames != app.runner.frames:
+        raise NodeInputError(f"Stream: input 'source' has {source.frames} frames but stream {name!r} loops {app.runner.frames}; "
+                             "stop the stream to change its length")
+    app.runner.set_conditioning("a", conditioning)
+    app.runner.set_conditioning("b", conditioning_b or conditioning)
+    if swap:
+        app.runner.swap_source(source)
     for knob, value in values.items():
         app.registry.set(knob, value, origin="comfyui")
     return (name,)
@@ -67,14 +73,14 @@ def shared_curve(stream: str, knob: str, value: float, curve=None) -> tuple:
     if knob not in SHARED_KNOBS:
         raise NodeInputError(f"Shared curve: input 'knob' must be one of {', '.join(SHARED_KNOBS)}")
     app = _app("Shared curve", stream)
-    app.registry.set(knob, check_range("Shared curve", "value", value), origin="comfyui")
-    if curve is not None:
-        frames = app.runner.frames
-        from ..engine import curves
+    check_range("Shared curve", "value", value)
+    if curve is None:
+        app.registry.set(knob, value, origin="comfyui")
+        return (stream,)
+    from ..engine import curves
 
-        app.runner.set_curve(knob, curve if curve.numel() in (1, frames) else curves.resample(curve.flatten(), frames))
-    else:
-        app.runner.set_curve(knob, None)
+    frames = app.runner.frames
+    app.runner.set_curve(knob, curve if curve.numel() in (1, frames) else curves.resample(curve.flatten(), frames))
     return (stream,)
 
 
@@ -100,9 +106,13 @@ def osc_bridge(stream: str, port: int, feedback: str, host: str) -> tuple:
         target = parse_host_port(feedback) if feedback.strip() else None
     except ValueError as error:
         raise NodeInputError(f"OSC bridge: input 'feedback': {error}") from None
+    wanted = (int(port), host.strip() or "127.0.0.1", target)
     current = app.osc
-    if current is None or current.address[1] != port:
-        app.enable_osc(int(port), host.strip() or "127.0.0.1", target)
+    if current is None or (current.config.port, current.config.host, current.config.feedback) != wanted:
+        try:
+            app.enable_osc(*wanted)
+        except OSError as error:
+            raise NodeInputError(f"OSC bridge: input 'port' {port} cannot be opened ({error}); choose a free port") from None
     return (stream,)
 
 

@@ -306,10 +306,12 @@ def test_a_changed_prompt_is_heard(model, prompt_a, prompt_b):
     assert distance(loop_a[:, :RATE], loop_b) > 1e-4, "the two prompts must render differently"
     stream(model, prompt_a, "heard", **song)
     app = sessions.get("heard")
-    wait_played(app, 1.8)
+    wait_ticks(app, 12)  # generations of the new prompt are out (4 steps each) ...
+    wait_played(app, 1.3)  # ... and the last second played was written from them
     before = node("FlowjamStreamCapture").run(stream="heard", seconds=1.0)[0]["waveform"][0].numpy()
     stream(model, prompt_b, "heard", **song)
-    wait_played(app, 1.8)
+    wait_ticks(app, 12)
+    wait_played(app, 1.3)
     after = node("FlowjamStreamCapture").run(stream="heard", seconds=1.0)[0]["waveform"][0].numpy()
     assert sessions.get("heard") is app
     assert before.shape == after.shape == (2, RATE)
@@ -377,12 +379,11 @@ def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, promp
     assert app.runner._prompts == prompts, "a rejected input changes no prompt"
 
 
-# ---- known bugs (strict xfails: they fail once the bug is fixed; remove the marker then) ---------------------------
+# ---- regressions: bugs these tests found in nodes/stream_nodes.py and engine/live/app.py -----------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug: nodes/stream_nodes.py shared_curve writes the scalar knob as well, and the "
-                   "runner applies knob changes after curve messages in the same tick, so the curve is overwritten")
 def test_a_connected_curve_steers_the_shared_curve(model, prompt_a):
+    """Shared curve used to write the scalar knob too; the runner applied it after the curve in the same tick."""
     stream(model, prompt_a, "curve")
     app = sessions.get("curve")
     (curve,) = node("FlowjamCurveRamp").run(start=0.5, end=1.5, seconds=2.0)
@@ -392,9 +393,8 @@ def test_a_connected_curve_steers_the_shared_curve(model, prompt_a):
     torch.testing.assert_close(applied, curve.flatten().to(applied.dtype))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug: nodes/stream_nodes.py stream_start sets the node's knob values only after "
-                   "sessions.start_or_get started the runner, so the first generation uses the registry defaults")
 def test_the_first_generation_uses_the_node_values(model, prompt_a, monkeypatch):
+    """Stream used to set its knob values after starting the runner: the first generation had the defaults."""
     requests = []
     make_request = model.make_request
 
@@ -409,9 +409,8 @@ def test_the_first_generation_uses_the_node_values(model, prompt_a, monkeypatch)
     assert requests[0] == (7, 2)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug: nodes/stream_nodes.py stream_start queues the new conditionings before "
-                   "swap_source rejects a source of another length, so a rejected re-queue still changes the prompts")
 def test_a_rejected_source_leaves_the_prompts_alone(model, prompt_a, prompt_b):
+    """Stream used to queue the new prompts before a source of the wrong length was refused."""
     stream(model, prompt_a, "cover", song_seconds=2.0)
     app = sessions.get("cover")
     (short,) = node("FlowjamPrepareSource").run(model=model, audio={"waveform": 0.1 * torch.randn(1, 2, RATE), "sample_rate": RATE})
@@ -421,9 +420,8 @@ def test_a_rejected_source_leaves_the_prompts_alone(model, prompt_a, prompt_b):
     assert app.runner._prompts["a"] is prompt_a
 
 
-@pytest.mark.xfail(strict=True, raises=OSError, reason="bug: nodes/stream_nodes.py osc_bridge lets a busy port's OSError through after "
-                   "enable_osc stopped the old bridge; every later queue then fails with 'OSC bridge not started yet'")
 def test_a_busy_osc_port_is_a_node_input_error_and_the_bridge_recovers(model, prompt_a):
+    """A busy port used to raise OSError after the old bridge had been stopped; later queues then failed."""
     stream(model, prompt_a, "osc")
     port = free_udp_port()
     node("FlowjamOscBridge").run(stream="osc", port=port, feedback="", host="127.0.0.1")
@@ -435,9 +433,8 @@ def test_a_busy_osc_port_is_a_node_input_error_and_the_bridge_recovers(model, pr
     assert sessions.get("osc").osc.address == ("127.0.0.1", port)
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="bug: nodes/stream_nodes.py osc_bridge only rebuilds the bridge when the port "
-                   "changes, so a re-queue with a new feedback address (or host) is ignored")
 def test_a_requeued_osc_feedback_address_applies(model, prompt_a):
+    """OSC bridge used to rebuild the bridge only when the port changed: a new feedback address was ignored."""
     stream(model, prompt_a, "feedback")
     port = free_udp_port()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:

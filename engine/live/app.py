@@ -94,10 +94,13 @@ class LiveApp:
             self.enable_midi(config.midi_port, config.midi_map, config.midi_learn)
 
     def enable_osc(self, port: int, host: str = "127.0.0.1", feedback: tuple[str, int] | None = None, allow: tuple[str, ...] | None = None) -> OscBridge:
-        """Add (or replace) the OSC bridge; started at once if the app already runs."""
-        if self.osc is not None:
-            self.osc.stop()
-        self.osc = OscBridge(
+        """Add (or replace) the OSC bridge; started at once if the app already runs. If the new bridge cannot start
+        (a busy port), the old one keeps serving and the error is raised."""
+        old = self.osc
+        same_port = old is not None and old.config.port == port and port != 0
+        if same_port and self._started:
+            old.stop()  # free the port for its replacement
+        bridge = OscBridge(
             self.registry,
             OscConfig(session=self.config.session_name, host=host, port=port, feedback=feedback, allow_hosts=allow),
             on_prompt=self.runner.set_prompt,
@@ -105,8 +108,16 @@ class LiveApp:
             status=self.status,
         )
         if self._started:
-            self.osc.start()
-        return self.osc
+            try:
+                bridge.start()
+            except OSError:
+                if same_port:
+                    old.start()
+                raise
+        if old is not None and not same_port:
+            old.stop()
+        self.osc = bridge
+        return bridge
 
     def enable_midi(self, port: str | None = None, map_path: Path | None = None, learn: tuple[str, ...] = ()) -> None:
         """Add (or replace) the MIDI input, loading `map_path` if it exists and arming `learn` knobs in order."""
