@@ -29,7 +29,6 @@ def stream_start(model, conditioning, session_id: str, song_seconds: float, dept
     from ..engine.live import sessions
     from ..engine.live.app import LiveApp, LiveConfig
     from ..engine.live.knobs import KnobRegistry
-    from ..engine.live.runner import RunnerConfig
 
     name = session_id.strip()
     if not name:
@@ -46,8 +45,7 @@ def stream_start(model, conditioning, session_id: str, song_seconds: float, dept
         for knob, value in values.items():  # before the runner starts: its first generation uses these
             registry.set(knob, value, origin="comfyui")
         config = LiveConfig(prompt="", song_seconds=song_seconds if source is None else source.frames / 25, session_name=name,
-                            audio_device=None if device in ("", "none", "default") else device, playback_mode=mode, osc_port=None,
-                            runner=RunnerConfig(depth=depth))
+                            audio_device=None if device in ("", "none", "default") else device, playback_mode=mode, osc_port=None)
         return LiveApp(model, config, registry, initial_conditionings=(conditioning, conditioning_b or conditioning), source=source)
 
     app, created = sessions.start_or_get(name, create)

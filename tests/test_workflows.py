@@ -243,6 +243,24 @@ def test_runner_rejects_what_comfyui_would_reject(runner):
     assert "control_after_generate" in [w.name for w in runner.definition("FlowjamGenerate").widgets] and CONTROL_VALUES[0] == "fixed"
 
 
+@pytest.mark.parametrize("frontend", ["1.27", "1.58", "old"])
+def test_runner_accepts_the_layouts_real_frontends_save(frontend, runner):
+    """Re-saved from the browser, the cover graph gets a few frontend-only values; it still loads and converts the same."""
+    shipped = workflow("flowjam_cover_live.json")
+    resaved = json.loads(json.dumps(shipped))
+    load, stream, prepare = (nodes_of(resaved, kind)[0] for kind in ("LoadAudio", "FlowjamStream", "FlowjamPrepareSource"))
+    load["widgets_values"] = {"1.27": [EXAMPLE, None, ""], "1.58": [EXAMPLE, ""], "old": [EXAMPLE]}[frontend]
+    stream["widgets_values"].append("")  # web/flowjam.js's live panel
+    del prepare["widgets_values"]  # a node without widgets saves none
+    assert runner.problems(resaved) == []
+    assert to_api_format(resaved, runner) == to_api_format(shipped, runner)
+    assert widgets(runner, stream)["session_id"] == "cover"
+    changed = with_widget(resaved, "FlowjamStream", "audio_device", "none", runner)
+    assert to_api_format(changed, runner)[str(stream["id"])]["inputs"]["audio_device"] == "none"
+    load["widgets_values"] = [EXAMPLE, "playing", ""]
+    assert any("'audioUI'" in p for p in runner.problems(resaved))
+
+
 # ---- execution (tiny preset, CPU) --------------------------------------------------------------------------------
 
 

@@ -6,14 +6,19 @@ SaveAudio and PreviewAudio are small stand-ins with the same inputs, outputs and
 (comfy_extras/nodes_audio.py) that read and write WAV files through `engine.audio_io`; nothing else of ComfyUI is
 imitated.
 
-Widget serialisation follows the ComfyUI frontend pinned by this repository (comfyui_frontend_package 1.58):
-- `widgets_values` holds the node's widget inputs in declaration order, required before optional, sockets skipped.
+Widget serialisation, as the ComfyUI frontend does it (checked by loading the shipped workflows into frontends
+1.27.10 and 1.58.1 and comparing their graphToPrompt output with `to_api_format`):
+- `widgets_values` holds the node's widget inputs in declaration order, required before optional, sockets skipped
+  (a node without widgets may omit it).
 - An INT widget named "seed" or "noise_seed" (or one declaring `control_after_generate`) gets a frontend-only
   combo right after it, `control_after_generate` = fixed | increment | decrement | randomize, which is saved in
   `widgets_values` but never sent to the server. flowjam's workflows use "fixed" (a re-queued stream must keep its
   seed); this runner requires the value and drops it when executing or converting.
-- LoadAudio (`audio_upload`) gets a frontend-only "upload" button saved as "" after the file name; the audio player
-  widget ("audioUI") of LoadAudio/SaveAudio/PreviewAudio is not saved.
+- LoadAudio (`audio_upload`) gets a frontend-only "upload" button, saved as "" after the file name (1.58); 1.27
+  also saves the audio player widget ("audioUI") as null in between: [file, null, ""]. Both are accepted; the
+  shipped workflows use the 1.58 layout. SaveAudio/PreviewAudio's player widget is not saved.
+- flowjam's own frontend extension (web/flowjam.js) adds a live panel widget to FlowjamStream that frontends save
+  as a trailing "": accepted, never written by the shipped workflows.
 - `node["inputs"]` lists the socket inputs (a widget converted to an input also appears, with "widget": {"name"});
   a link to a widget input overrides the widget's value.
 """
@@ -45,10 +50,16 @@ class WorkflowError(ValueError):
 @dataclass(frozen=True)
 class Widget:
     name: str
-    type: str  # INT, FLOAT, STRING, BOOLEAN, COMBO, or frontend-only: CONTROL, BUTTON
+    type: str  # INT, FLOAT, STRING, BOOLEAN, COMBO, or frontend-only: CONTROL, BUTTON, DOM
     options: dict[str, Any]
     choices: tuple[Any, ...] = ()
     frontend_only: bool = False  # saved in widgets_values, not an input of the node's function
+
+
+FRONTEND_CONTROL = Widget(CONTROL_AFTER_GENERATE, "CONTROL", {}, CONTROL_VALUES, frontend_only=True)
+UPLOAD_BUTTON = Widget("upload", "BUTTON", {}, frontend_only=True)
+AUDIO_PLAYER = Widget("audioUI", "DOM", {}, frontend_only=True)
+EXTENSION_WIDGETS = {"FlowjamStream": (Widget("flowjam_live_panel", "DOM", {}, frontend_only=True),)}  # web/flowjam.js
 
 
 @dataclass(frozen=True)
@@ -62,11 +73,16 @@ class Socket:
 class NodeDef:
     type: str
     sockets: tuple[Socket, ...]
-    widgets: tuple[Widget, ...]  # in widgets_values order, frontend-only ones included
+    widgets: tuple[Widget, ...]  # in widgets_values order, frontend-only ones included: the layout written here
     outputs: tuple[str, ...]
     output_names: tuple[str, ...]
     output_node: bool
     cls: type
+    alternatives: tuple[tuple[Widget, ...], ...] = ()  # other layouts frontends save (distinct lengths)
+
+    def layout(self, values: list) -> tuple[Widget, ...] | None:
+        """The widget layout a saved `widgets_values` follows (None: no known layout has that many values)."""
+        return next((layout for layout in (self.widgets, *self.alternatives) if len(layout) == len(values)), None)
 
     def socket(self, name: str) -> Socket | None:
         return next((s for s in self.sockets if s.name == name), None)
@@ -74,11 +90,13 @@ class NodeDef:
     def widget(self, name: str) -> Widget | None:
         return next((w for w in self.widgets if w.name == name and not w.frontend_only), None)
 
-    def widget_index(self, name: str) -> int:
-        for index, widget in enumerate(self.widgets):
+    def widget_index(self, name: str, values: list | None = None) -> int:
+        """Where widget `name` sits in `values` (default: in the layout written here)."""
+        layout = self.widgets if values is None else self.layout(values)
+        for index, widget in enumerate(layout or ()):
             if widget.name == name and not widget.frontend_only:
                 return index
-        raise KeyError(f"{self.type} has no widget {name!r}")
+        raise KeyError(f"{self.type} has no widget {name!r} in a layout of {len(values or layout or ())} values")
 
 
 def definition_of(node_type: str, cls: type) -> NodeDef:
@@ -97,12 +115,19 @@ def definition_of(node_type: str, cls: type) -> NodeDef:
                 sockets.append(Socket(name, kind, section == "optional"))
                 continue
             if kind == "INT" and (options.get(CONTROL_AFTER_GENERATE) or name in SEED_NAMES):
-                widgets.append(Widget(CONTROL_AFTER_GENERATE, "CONTROL", {}, CONTROL_VALUES, frontend_only=True))
-            if isinstance(kind, (list, tuple)) and options.get("audio_upload"):
-                widgets.append(Widget("upload", "BUTTON", {}, frontend_only=True))
+                widgets.append(FRONTEND_CONTROL)
+    alternatives = []
+    uploads = [i for i, w in enumerate(widgets) if w.type == "COMBO" and w.options.get("audio_upload")]
+    if uploads:  # LoadAudio: 1.58 [file, ""], 1.27 [file, null, ""], old saves [file]
+        at = uploads[0] + 1
+        alternatives = [widgets[:at] + [AUDIO_PLAYER, UPLOAD_BUTTON] + widgets[at:], list(widgets)]
+        widgets = widgets[:at] + [UPLOAD_BUTTON] + widgets[at:]
+    if node_type in EXTENSION_WIDGETS:
+        alternatives.append(widgets + list(EXTENSION_WIDGETS[node_type]))
     outputs = tuple(cls.RETURN_TYPES)
     names = tuple(getattr(cls, "RETURN_NAMES", None) or outputs)
-    return NodeDef(node_type, tuple(sockets), tuple(widgets), outputs, names, bool(getattr(cls, "OUTPUT_NODE", False)), cls)
+    return NodeDef(node_type, tuple(sockets), tuple(widgets), outputs, names, bool(getattr(cls, "OUTPUT_NODE", False)), cls,
+                   tuple(tuple(layout) for layout in alternatives))
 
 
 # ---- stand-ins for ComfyUI's audio nodes ---------------------------------------------------------------------------
@@ -165,7 +190,7 @@ def comfy_standins(input_dir: Path | None, output_dir: Path | None, temp_dir: Pa
             subfolder, _, stem = filename_prefix.rpartition("/")
             folder = Path(self.folder) / subfolder
             results = []
-            for batch, waveform in enumerate(audio["waveform"]):
+            for waveform in audio["waveform"]:
                 counter = 1 + len(list(folder.glob(f"{stem}_*_.wav"))) if folder.is_dir() else 1
                 write_wav(folder / f"{stem}_{counter:05}_.wav", waveform, audio["sample_rate"])
                 results.append({"filename": f"{stem}_{counter:05}_.wav", "subfolder": subfolder, "type": self.kind})
@@ -312,13 +337,14 @@ class WorkflowRunner:
             problems.append(f"outputs are typed {[o.get('type') for o in outputs]}, the node returns {list(definition.outputs)}")
         elif [o.get("name") for o in outputs] != list(definition.output_names):
             problems.append(f"outputs are named {[o.get('name') for o in outputs]}, the node names them {list(definition.output_names)}")
-        values = node.get("widgets_values")
+        values = node.get("widgets_values", [])
         if not isinstance(values, list):
             return problems + [f"widgets_values must be a list, got {type(values).__name__}"]
-        if len(values) != len(definition.widgets):
+        layout = definition.layout(values)
+        if layout is None:
             names = [w.name for w in definition.widgets]
             return problems + [f"widgets_values has {len(values)} values for {len(names)} widgets {names}"]
-        for widget, value in zip(definition.widgets, values):
+        for widget, value in zip(layout, values):
             problem = widget_problem(widget, value)
             if problem:
                 problems.append(f"widget {widget.name!r}: {problem}")
@@ -355,7 +381,7 @@ class WorkflowRunner:
         for node_id in run.order:
             node = nodes[node_id]
             definition = self.definition(node["type"])
-            kwargs = widget_kwargs(definition, node["widgets_values"])
+            kwargs = widget_kwargs(definition, node.get("widgets_values", []))
             for entry in node.get("inputs") or []:
                 if entry.get("link") is not None:
                     _, source, slot, _, _, _ = links[entry["link"]]
@@ -375,8 +401,8 @@ def widget_problem(widget: Widget, value: Any) -> str | None:
     """Why a saved widget value would not load or validate in ComfyUI (None: fine)."""
     if widget.type == "CONTROL":
         return None if value in CONTROL_VALUES else f"{value!r} is not one of {', '.join(CONTROL_VALUES)}"
-    if widget.type == "BUTTON":
-        return None if value in ("", None) else f"a button saves '' or null, got {value!r}"
+    if widget.type in ("BUTTON", "DOM"):
+        return None if value in ("", None) else f"a frontend-only {widget.type.lower()} widget saves '' or null, got {value!r}"
     if widget.type == "COMBO":
         return None if value in widget.choices else f"{value!r} is not among the options {list(widget.choices)}"
     if widget.type == "STRING":
@@ -395,7 +421,10 @@ def widget_problem(widget: Widget, value: Any) -> str | None:
 
 def widget_kwargs(definition: NodeDef, values: list) -> dict[str, Any]:
     """Saved widget values as the node function's keyword arguments (frontend-only widgets dropped)."""
-    return {w.name: v for w, v in zip(definition.widgets, values) if not w.frontend_only}
+    layout = definition.layout(values)
+    if layout is None:
+        raise WorkflowError(f"{definition.type}: widgets_values has {len(values)} values, which no known layout has")
+    return {w.name: v for w, v in zip(layout, values) if not w.frontend_only}
 
 
 # ---- helpers for tests and for posting to a real ComfyUI -----------------------------------------------------------
@@ -409,12 +438,12 @@ def with_widget(workflow: dict, node_type: str, name: str, value: Any, runner: W
     """A copy of the workflow with widget `name` of every `node_type` node set to `value` (KeyError if none has it)."""
     runner = runner or WorkflowRunner()
     changed = copy.deepcopy(workflow)
-    index = runner.definition(node_type).widget_index(name)
+    definition = runner.definition(node_type)
     targets = [n for n in changed["nodes"] if n["type"] == node_type]
     if not targets:
         raise KeyError(f"the workflow has no {node_type} node")
     for node in targets:
-        node["widgets_values"][index] = value
+        node["widgets_values"][definition.widget_index(name, node["widgets_values"])] = value
     return changed
 
 

@@ -76,7 +76,7 @@ class LoopBuffer:
 
     def patch(self, start_frame: int, audio, fade_frames: int = 480) -> None:
         """Write [channels, N] audio at start_frame (taken modulo the loop, wrapping past its end), crossfaded in
-        with equal-power curves over fade_frames at both edges (shortened to N // 2 for short patches);
+        with equal-gain (sin²) curves, right for the correlated audio of successive generations, over fade_frames at both edges (shortened to N // 2 for short patches);
         between the fades the new audio replaces what was there. N must not exceed the loop length."""
         new = self._as_frames_major(audio)
         count = new.shape[0]
@@ -87,8 +87,8 @@ class LoopBuffer:
         fade = max(0, min(int(fade_frames), count // 2))
         start = int(start_frame) % self.frames
         if fade:
-            rise = np.sin(0.5 * np.pi * (np.arange(fade) + 0.5) / fade).astype(np.float32)[:, None]
-            fall = np.sqrt(np.maximum(0.0, 1.0 - rise * rise))
+            rise = (np.sin(0.5 * np.pi * (np.arange(fade) + 0.5) / fade) ** 2).astype(np.float32)[:, None]
+            fall = 1.0 - rise
             old_head = self.data[(start + np.arange(fade)) % self.frames]
             old_tail = self.data[(start + count - fade + np.arange(fade)) % self.frames]
             new = new.copy()

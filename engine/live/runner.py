@@ -27,7 +27,7 @@ from .loop_buffer import LoopBuffer
 
 log = logging.getLogger("flowjam.runner")
 
-FADE_FRAMES = 480  # 10 ms equal-power edges on every patch
+FADE_FRAMES = 480  # 10 ms equal-gain edges on every patch
 LEAD_MARGIN_S = 0.05
 EMA_WEIGHT = 0.2
 
