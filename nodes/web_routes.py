@@ -34,7 +34,12 @@ def register() -> None:
         app = sessions.get(request.match_info["name"])
         if app is None:
             return web.json_response({"error": "no such stream"}, status=404)
-        body = await request.json()
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return web.json_response({"error": 'send a JSON object {"name": <knob>, "value": <number>}'}, status=400)
         try:
             change = app.registry.set(str(body.get("name")), body.get("value"), origin="comfyui-panel")
         except KnobError as error:

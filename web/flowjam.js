@@ -5,6 +5,7 @@ import { api } from "../../scripts/api.js";
 
 const PANEL_KNOBS = ["velocity_scale", "denoise", "prompt_blend", "ode_noise", "guidance", "volume"];
 const POLL_MS = 250;
+const PANEL_HEIGHT = 200; // meters (two lines), playhead and six slider rows
 
 function sessionName(node) {
   const widget = node.widgets?.find((w) => w.name === "session_id");
@@ -14,7 +15,7 @@ function sessionName(node) {
 function buildPanel(node) {
   const root = document.createElement("div");
   root.className = "flowjam-panel";
-  root.style.cssText = "font: 11px monospace; color: #ddd; padding: 4px; display: grid; gap: 3px;";
+  root.style.cssText = "font: 11px monospace; color: #ddd; padding: 4px; display: grid; gap: 3px; align-content: start; overflow: hidden; box-sizing: border-box;";
   const meters = document.createElement("div");
   meters.textContent = "flowjam: waiting for the stream…";
   const playhead = document.createElement("progress");
@@ -71,6 +72,11 @@ async function refresh(node, panel) {
   }
 }
 
+function fitPanel(node) {
+  const [width, height] = node.computeSize();
+  if (node.size[0] < width || node.size[1] < height) node.setSize([Math.max(node.size[0], width), Math.max(node.size[1], height)]);
+}
+
 app.registerExtension({
   name: "flowjam.livePanel",
   async beforeRegisterNodeDef(nodeType, nodeData) {
@@ -79,13 +85,20 @@ app.registerExtension({
     nodeType.prototype.onNodeCreated = function () {
       const result = created?.apply(this, arguments);
       const panel = buildPanel(this);
-      this.addDOMWidget("flowjam_live_panel", "flowjam_panel", panel.root, { serialize: false });
+      this.addDOMWidget("flowjam_live_panel", "flowjam_panel", panel.root, { serialize: false, getMinHeight: () => PANEL_HEIGHT });
+      fitPanel(this);
       const timer = setInterval(() => refresh(this, panel).catch(() => {}), POLL_MS);
       const removed = this.onRemoved;
       this.onRemoved = function () {
         clearInterval(timer);
         return removed?.apply(this, arguments);
       };
+      return result;
+    };
+    const configure = nodeType.prototype.onConfigure;
+    nodeType.prototype.onConfigure = function () {
+      const result = configure?.apply(this, arguments);
+      fitPanel(this); // a saved graph restores its own (smaller) size: grow the node so the panel fits inside it
       return result;
     };
   },
