@@ -1,0 +1,199 @@
+"""The ACE-Step 1.5 5 Hz LM: Qwen3ForCausalLM with tied embeddings and a pre-allocated KV cache (gpt-fast style).
+
+Key names match the official checkpoints (`model.embed_tokens.weight`, `model.layers.{i}.*`, `model.norm.weight`;
+no `lm_head.weight`: the output head is the token embedding). Vocabulary layout (spec §5.2): Qwen BPE + specials,
+`<|im_end|>` = 151,645 ends generation, audio code k is token AUDIO_CODE_BASE + k for k < 64,000.
+
+Generation state is a KV cache of plain tensors, one (keys, values) pair per layer, each
+[batch, kv_heads, max_len, head_dim]. `prefill` fills positions start..start+L-1 for a whole prompt;
+`decode_step` appends one token per row at that row's own position (rows may be at different positions).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import RMSNorm, SwiGLU, Attention, apply_rope, rope_cos_sin
+from .presets import Qwen3Config
+
+LM_VOCAB = 217_204
+EOS_ID = 151_645  # <|im_end|>
+AUDIO_CODE_BASE = 151_669  # <|audio_code_0|>
+NUM_CODES = 64_000  # valid FSQ codes 8*8*8*5*5*5; slots 64,000..65,534 are unused
+
+LM_PRESETS: dict[str, Qwen3Config] = {
+    "tiny": Qwen3Config(
+        vocab_size=LM_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=40_960,
+    ),
+    "lm-0.6b": Qwen3Config(
+        vocab_size=LM_VOCAB, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
+    ),
+    "lm-1.7b": Qwen3Config(
+        vocab_size=LM_VOCAB, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
+    ),
+    "lm-4b": Qwen3Config(
+        vocab_size=LM_VOCAB, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
+    ),
+}
+
+
+def compact_token_ids(device: torch.device | str | None = None) -> torch.Tensor:
+    """Vocabulary ids of the compact head: index 0 = EOS, index 1 + k = audio code k (k < 64,000)."""
+    codes = torch.arange(AUDIO_CODE_BASE, AUDIO_CODE_BASE + NUM_CODES, device=device)
+    return torch.cat([torch.tensor([EOS_ID], device=device), codes])
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Qwen3 block whose attention reads and writes a KV cache."""
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__()
+        c = config
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
+
+    def forward(self, x, rope, write, cache, keys_end: int, mask, causal: bool) -> torch.Tensor:
+        """x [B, S, H]; `write(cache_tensor, new)` stores new k or v into the cache; attention reads cache[:keys_end]."""
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        cos, sin = rope
+        q = apply_rope(attn.query(h), cos, sin)
+        k, v = attn.key_value(h)
+        k = apply_rope(k, cos, sin)
+        k_cache, v_cache = cache
+        write(k_cache, k)
+        write(v_cache, v)
+        heads = attn.heads_attention(q, k_cache[:, :, :keys_end], v_cache[:, :, :keys_end], mask, causal)
+        x = x + attn.project_out(heads)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Body(nn.Module):
+    """The `model.` part of Qwen3ForCausalLM: embeddings, layers, final norm."""
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Qwen3LM(nn.Module):
+    def __init__(self, config: Qwen3Config):
+        super().__init__()
+        self.config = config
+        self.model = Body(config)
+        self.register_buffer("compact_ids", compact_token_ids(), persistent=False)
+        self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # ---- cache -------------------------------------------------------------------------------------------------
+
+    def setup_cache(self, batch: int, max_len: int) -> None:
+        """Allocate zeroed K and V tensors [batch, kv_heads, max_len, head_dim] per layer (parameter dtype/device)."""
+        c = self.config
+        weight = self.model.embed_tokens.weight
+        shape = (batch, c.num_key_value_heads, max_len, c.head_dim)
+        self.kv_cache = [
+            (torch.zeros(shape, dtype=weight.dtype, device=weight.device),
+             torch.zeros(shape, dtype=weight.dtype, device=weight.device))
+            for _ in range(c.num_hidden_layers)
+        ]
+
+    @property
+    def cache_len(self) -> int:
+        return self.kv_cache[0][0].shape[2] if self.kv_cache else 0
+
+    # ---- heads -------------------------------------------------------------------------------------------------
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits through the tied embedding: [..., H] -> [..., V]."""
+        return F.linear(hidden, self.model.embed_tokens.weight)
+
+    def compact_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits for EOS + the 64,000 valid code tokens only: [..., H] -> [..., 64,001] (index 0 = EOS, 1 + k = code k)."""
+        return F.linear(hidden, self.model.embed_tokens.weight.index_select(0, self.compact_ids))
+
+    # ---- passes ------------------------------------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Cache-free causal pass over [B, L] -> logits [B, L, V] (reference path; uses a temporary cache)."""
+        saved = self.kv_cache
+        self.setup_cache(input_ids.shape[0], input_ids.shape[1])
+        try:
+            return self.logits(self.prefill_hidden(input_ids, 0))
+        finally:
+            self.kv_cache = saved
+
+    def prefill_hidden(self, input_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Run a prompt [B, L] at positions start..start+L-1, filling the cache; -> final-norm hidden [B, L, H]."""
+        c = self.config
+        b, length = input_ids.shape
+        end = start + length
+        if end > self.cache_len or b > self.kv_cache[0][0].shape[0]:
+            raise ValueError(f"prompt [{b}, {start}:{end}] does not fit the cache; call setup_cache first")
+        x = self.model.embed_tokens(input_ids)
+        positions = torch.arange(start, end, device=input_ids.device)
+        rope = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
+        mask = None
+        if start > 0:  # queries at start+i see keys 0..start+i
+            mask = torch.arange(end, device=x.device)[None, :] <= positions[:, None]
+
+        def write(cache: torch.Tensor, new: torch.Tensor) -> None:
+            cache[:b, :, start:end] = new
+
+        for layer, (k_cache, v_cache) in zip(self.model.layers, self.kv_cache):
+            x = layer(x, rope, write, (k_cache[:b], v_cache[:b]), end, mask, causal=start == 0)
+        return self.model.norm(x)
+
+    def prefill(self, input_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Prefill the cache with a prompt [B, L]; -> full-vocabulary logits of the last position [B, V]."""
+        return self.logits(self.prefill_hidden(input_ids, start)[:, -1])
+
+    def decode_hidden(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token per row: tokens [B] at positions [B] (written into the cache there) -> hidden [B, H].
+
+        Each row attends causally to its cache entries 0..position (its own earlier tokens)."""
+        c = self.config
+        b = tokens.shape[0]
+        positions = torch.as_tensor(positions, device=tokens.device).expand(b)
+        x = self.model.embed_tokens(tokens)[:, None]  # [B, 1, H]
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
+        rope = (cos[:, None, None], sin[:, None, None])  # [B, 1, 1, D] broadcasts over heads
+        keys_end = self.cache_len
+        mask = (torch.arange(keys_end, device=x.device)[None, :] <= positions[:, None])[:, None, None]  # [B,1,1,T]
+        rows = torch.arange(b, device=x.device)
+
+        def write(cache: torch.Tensor, new: torch.Tensor) -> None:
+            cache[rows, :, positions] = new[:, :, 0]
+
+        for layer, (k_cache, v_cache) in zip(self.model.layers, self.kv_cache):
+            x = layer(x, rope, write, (k_cache[:b], v_cache[:b]), keys_end, mask, causal=False)
+        return self.model.norm(x)[:, 0]
+
+    def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token per row at the given positions -> full-vocabulary logits [B, V]."""
+        return self.logits(self.decode_hidden(tokens, positions))
+
+
+@torch.no_grad()
+def greedy(lm: Qwen3LM, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Full-vocabulary greedy decoding with the KV cache: prompt [B, L] (equal lengths) -> new tokens [B, max_new].
+
+    No early stop: every row produces exactly max_new_tokens (EOS handling belongs to the caller)."""
+    b, length = prompt_ids.shape
+    lm.setup_cache(b, length + max_new_tokens)
+    token = lm.prefill(prompt_ids).argmax(dim=-1)
+    out = [token]
+    for step in range(1, max_new_tokens):
+        position = torch.full((b,), length + step - 1, device=prompt_ids.device)
+        token = lm.decode_step(token, position).argmax(dim=-1)
+        out.append(token)
+    return torch.stack(out, dim=1)
