@@ -100,7 +100,8 @@ class LiveRunner:
         encode = lambda p: p if isinstance(p, Conditioning) else session.encode_text(p)  # noqa: E731
         self._prompts = {"a": encode(prompt), "b": encode(prompt_b if prompt_b is not None else prompt)}
         self._blends: OrderedDict[float, Conditioning] = OrderedDict()
-        self._source = source
+        self._silence_context = session.context_latents(self.frames, None)
+        self._set_source(source)
         self._latest: torch.Tensor | None = None
         self._pending: list[LatencyRecord] = []
         self._tick_starts: list[float] = []
@@ -204,7 +205,7 @@ class LiveRunner:
                 name, curve = payload
                 self.stream.set_shared_curve(name, curve if curve is not None else self.registry.get(name))
             elif kind == "source":
-                self._source = payload
+                self._set_source(payload)
                 self._latest = None  # the next generation starts from the new source, not the old loop
 
     def _apply_knobs(self) -> None:
@@ -225,6 +226,11 @@ class LiveRunner:
         with self._lock:
             self._pending.append(LatencyRecord(change, kind, self.stats.ticks + 1, waited))
 
+    def _set_source(self, source: Source | None) -> None:
+        """Switch source; its context latents are built here once, not on every tick."""
+        self._source = source
+        self._hints_context = None if source is None else self.session.context_latents(self.frames, source)
+
     def _condition(self) -> Conditioning:
         blend = round(self.registry.get("prompt_blend"), 2)
         cached = self._blends.get(blend)
@@ -239,10 +245,8 @@ class LiveRunner:
         knobs = self.registry
         seconds = self.frames / LATENT_RATE_HZ
         options: dict[str, Any] = dict(seed=int(knobs.get("seed")), steps=int(knobs.get("steps")), shift=knobs.get("shift"), tag=knobs.seq)
-        silence = self.session.context_latents(self.frames, None)
-        if self._source is not None:
-            hints = self.session.context_latents(self.frames, self._source)
-            options["context_latents"] = torch.lerp(silence, hints, knobs.get("structure"))
+        if self._hints_context is not None:
+            options["context_latents"] = torch.lerp(self._silence_context, self._hints_context, knobs.get("structure"))
         start = self._latest if self._latest is not None else (None if self._source is None else self._source.latents)
         if start is None:
             return self.session.make_request(self._condition(), seconds, **options)
