@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from transformers import Qwen3Config as HFQwen3Config
 from transformers import Qwen3ForCausalLM
 
 from flowjam.engine.models.lm import (
     AUDIO_CODE_BASE, EOS_ID, LM_PRESETS, NUM_CODES, Qwen3LM, compact_token_ids, greedy,
 )
+from qwen_reference import hf_qwen3_config, random_state
 
 TINY = LM_PRESETS["tiny"]
 
@@ -22,20 +22,7 @@ def one_thread():
 
 
 def reference_model(config) -> Qwen3ForCausalLM:
-    hf_config = HFQwen3Config(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, rope_theta=config.rope_theta,
-        rms_norm_eps=config.rms_norm_eps, max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=True, attn_implementation="sdpa",
-    )
-    return Qwen3ForCausalLM(hf_config).eval()
-
-
-def random_state(model: Qwen3LM, seed: int) -> dict:
-    """Seeded weights for every key (norm weights around 1, so q/k/input norms all matter)."""
-    g = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(v.shape, generator=g) * 0.3 + (1.0 if "norm" in k else 0.0) for k, v in model.state_dict().items()}
+    return Qwen3ForCausalLM(hf_qwen3_config(config, tie_word_embeddings=True)).eval()
 
 
 def pair(seed: int):

@@ -1,27 +1,15 @@
 """Our Qwen3 text encoder equals transformers' Qwen3Model with identical random weights."""
 
 import torch
-from transformers import Qwen3Config as HFQwen3Config
 from transformers import Qwen3Model
 
 from flowjam.engine.models.presets import QWEN3_EMBEDDING_06B, QWEN3_TINY
 from flowjam.engine.models.text_encoder import Qwen3TextEncoder
+from qwen_reference import hf_qwen3_config, random_state
 
 
 def reference_model(config) -> Qwen3Model:
-    hf_config = HFQwen3Config(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, rope_theta=config.rope_theta,
-        rms_norm_eps=config.rms_norm_eps, max_position_embeddings=config.max_position_embeddings,
-        attn_implementation="sdpa",
-    )
-    return Qwen3Model(hf_config).eval()
-
-
-def random_state(model, seed=0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(v.shape, generator=g) * 0.3 + (1.0 if "norm" in k else 0.0) for k, v in model.state_dict().items()}
+    return Qwen3Model(hf_qwen3_config(config)).eval()
 
 
 def test_caption_hidden_states_match_transformers_qwen3():
