@@ -132,13 +132,13 @@ class Qwen3LM(nn.Module):
         finally:
             self.kv_cache = saved
 
-    def prefill_hidden(self, input_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """Run a prompt [B, L] at positions start..start+L-1, filling the cache; -> final-norm hidden [B, L, H]."""
+    def prefill_hidden(self, input_ids: torch.Tensor, start: int = 0, row: int = 0) -> torch.Tensor:
+        """Run a prompt [B, L] at positions start..start+L-1 into cache rows row..row+B-1; -> final-norm hidden [B, L, H]."""
         c = self.config
         b, length = input_ids.shape
         end = start + length
-        if end > self.cache_len or b > self.kv_cache[0][0].shape[0]:
-            raise ValueError(f"prompt [{b}, {start}:{end}] does not fit the cache; call setup_cache first")
+        if end > self.cache_len or row + b > self.kv_cache[0][0].shape[0]:
+            raise ValueError(f"prompt rows {row}..{row + b - 1}, positions {start}:{end} do not fit the cache; call setup_cache first")
         x = self.model.embed_tokens(input_ids)
         positions = torch.arange(start, end, device=input_ids.device)
         rope = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
@@ -147,27 +147,28 @@ class Qwen3LM(nn.Module):
             mask = torch.arange(end, device=x.device)[None, :] <= positions[:, None]
 
         def write(cache: torch.Tensor, new: torch.Tensor) -> None:
-            cache[:b, :, start:end] = new
+            cache[:, :, start:end] = new
 
         for layer, (k_cache, v_cache) in zip(self.model.layers, self.kv_cache):
-            x = layer(x, rope, write, (k_cache[:b], v_cache[:b]), end, mask, causal=start == 0)
+            x = layer(x, rope, write, (k_cache[row : row + b], v_cache[row : row + b]), end, mask, causal=start == 0)
         return self.model.norm(x)
 
-    def prefill(self, input_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """Prefill the cache with a prompt [B, L]; -> full-vocabulary logits of the last position [B, V]."""
-        return self.logits(self.prefill_hidden(input_ids, start)[:, -1])
+    def prefill(self, input_ids: torch.Tensor, start: int = 0, row: int = 0) -> torch.Tensor:
+        """Prefill cache rows row..row+B-1 with a prompt [B, L]; -> full-vocabulary logits of the last position [B, V]."""
+        return self.logits(self.prefill_hidden(input_ids, start, row)[:, -1])
 
-    def decode_hidden(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One token per row: tokens [B] at positions [B] (written into the cache there) -> hidden [B, H].
+    def decode_hidden(self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None) -> torch.Tensor:
+        """One token per row: tokens [B] (cache rows 0..B-1) at positions [B] (written into the cache there) -> hidden [B, H].
 
-        Each row attends causally to its cache entries 0..position (its own earlier tokens)."""
+        Each row attends causally to its cache entries 0..position (its own earlier tokens). `keys_end` (default:
+        the whole cache) bounds the keys read; every position must be below it."""
         c = self.config
         b = tokens.shape[0]
         positions = torch.as_tensor(positions, device=tokens.device).expand(b)
         x = self.model.embed_tokens(tokens)[:, None]  # [B, 1, H]
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
         rope = (cos[:, None, None], sin[:, None, None])  # [B, 1, 1, D] broadcasts over heads
-        keys_end = self.cache_len
+        keys_end = self.cache_len if keys_end is None else keys_end
         mask = (torch.arange(keys_end, device=x.device)[None, :] <= positions[:, None])[:, None, None]  # [B,1,1,T]
         rows = torch.arange(b, device=x.device)
 
@@ -178,9 +179,9 @@ class Qwen3LM(nn.Module):
             x = layer(x, rope, write, (k_cache[:b], v_cache[:b]), keys_end, mask, causal=False)
         return self.model.norm(x)[:, 0]
 
-    def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None) -> torch.Tensor:
         """One token per row at the given positions -> full-vocabulary logits [B, V]."""
-        return self.logits(self.decode_hidden(tokens, positions))
+        return self.logits(self.decode_hidden(tokens, positions, keys_end))
 
 
 @torch.no_grad()
