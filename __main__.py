@@ -35,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--key", help="key scale, e.g. 'G major', 'F# minor'")
     render.add_argument("--time-signature", help="2, 3, 4 or 6 (or 4/4 style)")
     render.add_argument("--language", default="unknown", help="lyrics language code (en, zh, ja, ...)")
+    render.add_argument("--lm", action="store_true", help="let the 5 Hz LM write the song structure (audio codes) first")
+    render.add_argument("--lm-checkpoint", type=Path, help="LM weights: acestep-5Hz-lm-* folder, ComfyUI qwen_{1.7b,4b}_ace15 file or models/ folder")
+    render.add_argument("--lm-preset", default="tiny", help="LM preset when no --lm-checkpoint: tiny (default), lm-0.6b, lm-1.7b, lm-4b (random weights)")
+    render.add_argument("--lm-cfg", type=float, default=2.0, help="LM guidance (>= 1; 1 = off)")
+    render.add_argument("--lm-temperature", type=float, default=0.85, help="LM sampling temperature (0 = greedy)")
+    render.add_argument("--lm-top-p", type=float, default=0.9, help="LM nucleus sampling mass (1 = off)")
+    render.add_argument("--lm-top-k", type=int, default=0, help="LM top-k (0 = off)")
     add_model_arguments(render)
 
     bench = commands.add_parser("bench", help="benchmarks that print numbers")
@@ -68,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--depth", type=int, default=4)
     soak.add_argument("--song-seconds", type=float, default=10.0)
     add_model_arguments(soak)
+
+    lm = targets.add_parser("lm", help="5 Hz LM code generation: ms/step and codes/s vs transformers' generate")
+    lm.add_argument("--preset", default="lm-1.7b", help="tiny, lm-0.6b, lm-1.7b or lm-4b (random weights)")
+    lm.add_argument("--batch", type=int, default=8, help="sequences generated together")
+    lm.add_argument("--cfg", type=float, default=2.0, help="LM guidance (1 = no unconditional rows)")
+    lm.add_argument("--tokens", type=int, default=300, help="codes per sequence (300 = 60 s)")
+    lm.add_argument("--repeats", type=int, default=3)
+    lm.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
+    lm.add_argument("--device", default="cuda")
+    lm.add_argument("--dtype", default="bfloat16", choices=DTYPES)
 
     demo = commands.add_parser("demo", help="stream N seconds on the tiny preset with a scripted knob sweep -> WAV")
     demo.add_argument("--seconds", type=float, default=12.0)
@@ -122,13 +139,16 @@ class ProgressBar:
 
 
 def run_render(args: argparse.Namespace) -> int:
+    from .engine.lm.sampling import SamplingParams
     from .engine.render import RenderRequest, render
 
     lyrics = Path(args.lyrics[1:]).read_text(encoding="utf-8") if args.lyrics.startswith("@") else args.lyrics
     request = RenderRequest(
         prompt=args.prompt, seconds=args.seconds, out=args.out, lyrics=lyrics, cover=args.cover, seed=args.seed,
         steps=args.steps, shift=args.shift, denoise=args.denoise, bpm=args.bpm, key=args.key,
-        time_signature=args.time_signature, language=args.language,
+        time_signature=args.time_signature, language=args.language, lm=args.lm, lm_checkpoint=args.lm_checkpoint,
+        lm_preset=args.lm_preset,
+        lm_sampling=SamplingParams(temperature=args.lm_temperature, top_k=args.lm_top_k, top_p=args.lm_top_p, cfg=args.lm_cfg),
     )
     request.validate()
     session = load_session(args)
@@ -146,7 +166,16 @@ def load_session(args: argparse.Namespace):
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    return {"dit": bench_dit, "tick": bench_tick, "latency": bench_latency, "soak": bench_soak}[args.target](args)
+    return {"dit": bench_dit, "tick": bench_tick, "lm": bench_lm, "latency": bench_latency, "soak": bench_soak}[args.target](args)
+
+
+def bench_lm(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine.lm.bench import run_lm_bench
+
+    run_lm_bench(args.preset, args.batch, args.cfg, args.tokens, args.device, getattr(torch, args.dtype), args.repeats, not args.no_baseline)
+    return 0
 
 
 def bench_latency(args: argparse.Namespace) -> int:

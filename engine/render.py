@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 from .audio_io import read_wav, write_wav
+from .lm.sampling import SamplingParams
+from .prompts import DURATION_RANGE_S
 from .session import Session, peak_normalize, seconds_to_frames
 
 
@@ -27,6 +29,10 @@ class RenderRequest:
     key: str | None = None
     time_signature: str | None = None
     language: str = "unknown"
+    lm: bool = False  # the 5 Hz LM writes the song structure (audio codes) from the text first
+    lm_checkpoint: Path | None = None  # None: the seeded `lm_preset`
+    lm_preset: str = "tiny"
+    lm_sampling: SamplingParams = SamplingParams()
 
     def validate(self) -> None:
         seconds_to_frames(self.seconds)
@@ -34,6 +40,17 @@ class RenderRequest:
             raise ValueError("the prompt is empty: describe the music, e.g. --prompt 'ambient pads, slow'")
         if self.cover is None and self.denoise < 1.0:
             raise ValueError("--denoise below 1 needs --cover AUDIO.wav to start from")
+        if self.lm:
+            if self.cover is not None:
+                raise ValueError("--lm writes the structure from the text; a --cover brings its own: use one of them")
+            if self.seconds > DURATION_RANGE_S[1]:
+                raise ValueError(f"--lm generates at most {DURATION_RANGE_S[1]} s; use a shorter --seconds")
+            self.lm_sampling.validate()
+
+    @property
+    def lm_seconds(self) -> float:
+        """The LM writes at least its shortest song (10 s); the render keeps the first `seconds` of it."""
+        return min(max(self.seconds, DURATION_RANGE_S[0]), DURATION_RANGE_S[1])
 
 
 def render(session: Session, request: RenderRequest, on_step: Callable[[int, int], None] | None = None) -> Path:
@@ -43,15 +60,26 @@ def render(session: Session, request: RenderRequest, on_step: Callable[[int, int
     if request.cover is not None:
         audio, rate = read_wav(request.cover)
         source = session.prepare_source(audio, rate)
+    bpm, key, time_signature, language, options = request.bpm, request.key, request.time_signature, request.language, {}
+    if request.lm:
+        if session.song_writer is None:
+            session.attach_lm(request.lm_checkpoint, request.lm_preset, request.lm_sampling)
+        song = session.generate_codes(
+            request.prompt, request.lm_seconds, lyrics=request.lyrics, bpm=bpm, key=key, time_signature=time_signature,
+            language=language, seeds=(request.seed,),
+        )
+        meta = song.metadata  # the DiT hears the metas the LM chose for the open fields, as upstream does
+        bpm, key, time_signature, language = meta.bpm, meta.keyscale, meta.timesignature, meta.language or language
+        options["context_latents"] = session.codes_context(song.codes[0], seconds_to_frames(request.seconds))
     conditioning = session.encode_text(
         request.prompt,
         request.lyrics,
-        bpm=request.bpm,
-        key=request.key,
-        time_signature=request.time_signature,
+        bpm=bpm,
+        key=key,
+        time_signature=time_signature,
         duration_s=min(max(request.seconds, 10.0), 600.0),
         task="cover" if source is not None else "text2music",
-        language=request.language,
+        language=language,
     )
     latent = session.generate(
         conditioning,
@@ -62,6 +90,7 @@ def render(session: Session, request: RenderRequest, on_step: Callable[[int, int
         denoise=request.denoise,
         source=source,
         on_step=on_step,
+        **options,
     )
     audio = peak_normalize(session.decode(latent))
     samples = round(request.seconds * session.sample_rate)

@@ -14,6 +14,9 @@ from . import prompts
 from .audio_io import resample
 from .checkpoints import ModelBundle, load_models, silence_frames
 from .conditioning import Conditioning, blend_conditionings
+from .lm.checkpoint import load_lm
+from .lm.sampling import SamplingParams
+from .lm.song import SongCodes, SongWriter
 from .models.presets import LATENT_RATE_HZ
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
 
@@ -45,6 +48,7 @@ class Session:
     def __init__(self, models: ModelBundle, backend: str = "eager"):
         self.models = models
         self.backend = backend  # how this session's streams run the DiT (engine.backends)
+        self.song_writer: SongWriter | None = None  # the 5 Hz LM, once `attach_lm` has loaded it
 
     @classmethod
     def load(
@@ -69,6 +73,33 @@ class Session:
     @property
     def sample_rate(self) -> int:
         return self.models.vae.sample_rate
+
+    def attach_lm(
+        self, checkpoint: str | Path | None = None, preset: str = "tiny", sampling: SamplingParams | None = None, seed: int = 0
+    ) -> SongWriter:
+        """Load the 5 Hz LM (a local file or folder, else the seeded `preset`) on this session's device and dtype."""
+        lm = load_lm(checkpoint, preset=preset, device=self.device, dtype=self.dtype, seed=seed)
+        self.song_writer = SongWriter(lm, self.models.tokenizer, sampling)
+        return self.song_writer
+
+    # ---- structure from text (5 Hz LM) -----------------------------------------------------------------------
+
+    def generate_codes(self, caption: str, duration_s: float, **song: Any) -> SongCodes:
+        """Prompt -> 5 Hz audio codes (Phase 1 metadata if bpm/key/time signature are open, then Phase 2);
+        `song` takes lyrics, bpm, key, time_signature, language, seeds, negative (see `SongWriter.write`)."""
+        if self.song_writer is None:
+            raise RuntimeError("no 5 Hz LM loaded: call session.attach_lm(checkpoint or preset) first")
+        return self.song_writer.write(caption, duration_s, **song)
+
+    @torch.no_grad()
+    def codes_context(self, codes: torch.Tensor, frames: int) -> torch.Tensor:
+        """Codes [N] or [1, N] -> the DiT's context latents [1, frames, 128]: FSQ detokenizer hints || ones."""
+        codes = codes.reshape(1, -1).to(self.device)
+        needed = math.ceil(frames / self.models.config.pool_window_size)
+        if codes.shape[1] < needed:
+            raise ValueError(f"{codes.shape[1]} codes cover {codes.shape[1] / 5:g} s but {frames} frames need {needed}")
+        hints = self.models.acestep.codes_to_hints(codes, frames).to(self.dtype)
+        return torch.cat([hints, torch.ones_like(hints)], dim=-1)
 
     # ---- conditioning ----------------------------------------------------------------------------------------
 

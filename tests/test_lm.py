@@ -140,3 +140,22 @@ def test_presets_have_the_spec_parameter_counts(name, params):
     config = LM_PRESETS[name]
     assert config.vocab_size == 217_204 and config.max_position_embeddings == 40_960 and config.rope_theta == 1e6
     assert len(model.state_dict()) == 11 * config.num_hidden_layers + 2
+
+
+def test_fused_decode_weights_keep_the_checkpoint_tensors_and_follow_a_dtype_change():
+    ours, reference = pair(6)
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    ids = prompt(6, 2, 10)
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits
+        ours.setup_cache(2, 12)
+        ours.prefill(ids[:, :9])
+        torch.testing.assert_close(ours.decode_step(ids[:, 9], torch.tensor([9, 9])), expected[:, 9], atol=1e-5, rtol=1e-5)
+        after = ours.state_dict()
+        assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+        ours.to(torch.float64)  # replaces every parameter: the fused tensors must be rebuilt from the new ones
+        ours.setup_cache(2, 12)
+        ours.prefill(ids[:, :9])
+        step = ours.decode_step(ids[:, 9], torch.tensor([9, 9]))
+    assert step.dtype == torch.float64
+    torch.testing.assert_close(step.float(), expected[:, 9], atol=1e-5, rtol=1e-5)

@@ -72,15 +72,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, st
     scaled = logits.float() / params.temperature
     sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
     probs = torch.softmax(sorted_logits, dim=-1)
-    rank = torch.arange(probs.shape[-1], device=probs.device)
-    keep = torch.ones_like(probs, dtype=torch.bool)
-    if params.top_k > 0:
-        keep = keep & (rank < params.top_k)
-    if params.top_p < 1.0:
-        keep = keep & (probs.cumsum(dim=-1) - probs < params.top_p)
-    probs = torch.where(keep, probs, 0.0)
     cdf = probs.cumsum(dim=-1)
-    target = uniforms(seeds, steps)[:, None] * cdf[:, -1:]
-    kept = (probs > 0).sum(dim=-1, keepdim=True).clamp(min=1)
+    # Both filters keep a prefix of the sorted order, so the kept tokens' CDF is a prefix of `cdf`: count them.
+    kept = (probs > 0).sum(dim=-1, keepdim=True)
+    if params.top_k > 0:
+        kept = kept.clamp(max=params.top_k)
+    if params.top_p < 1.0:
+        kept = torch.minimum(kept, ((cdf - probs) < params.top_p).sum(dim=-1, keepdim=True))
+    kept = kept.clamp(min=1)
+    target = uniforms(seeds, steps)[:, None] * cdf.gather(-1, kept - 1)
     index = torch.searchsorted(cdf, target, right=True).clamp(max=kept - 1)
     return order.gather(-1, index)[:, 0]

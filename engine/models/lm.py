@@ -75,6 +75,58 @@ class DecoderLayer(nn.Module):
         x = x + attn.project_out(heads)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def decode(self, x, rope, write, cache, keys_end: int, mask) -> torch.Tensor:
+        """The one-token step of `forward` with fused q/k/v and gate/up GEMMs (fewer, larger weight reads)."""
+        attn, (qkv_weight, gate_up_weight) = self.self_attn, self.fused_weights()
+        b = x.shape[0]
+        qkv = F.linear(self.input_layernorm(x), qkv_weight).view(b, 1, -1, attn.head_dim).transpose(1, 2)
+        qk, v = qkv.split([attn.heads + attn.kv_heads, attn.kv_heads], dim=1)  # [B, heads + kv_heads, 1, D], [B, kv_heads, 1, D]
+        norm_weights = torch.cat([attn.q_norm.weight.expand(attn.heads, -1), attn.k_norm.weight.expand(attn.kv_heads, -1)])
+        qk = F.rms_norm(qk, (attn.head_dim,), eps=attn.q_norm.eps) * norm_weights[:, None]  # q and k norms in one pass
+        q, k = apply_rope(qk, *rope).split([attn.heads, attn.kv_heads], dim=1)
+        k_cache, v_cache = cache
+        write(k_cache, k)
+        write(v_cache, v)
+        heads = attn.heads_attention(q, k_cache[:, :, :keys_end], v_cache[:, :, :keys_end], mask)
+        x = x + attn.project_out(heads)
+        gate, up = F.linear(self.post_attention_layernorm(x), gate_up_weight).chunk(2, dim=-1)
+        return x + self.mlp.down_proj(F.silu(gate) * up)
+
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """([q; k; v] rows, [gate; up] rows): one tensor each, with the projection parameters re-pointed at slices
+        of it, so nothing is stored twice and the checkpoint keys stay. Rebuilt if the parameters were replaced
+        (`.to()`, `load_state_dict(assign=True)`). Note: safetensors refuses to save such slices as they are;
+        save `{k: v.clone()}`."""
+        attn, mlp = self.self_attn, self.mlp
+        groups = ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj))
+        fused = getattr(self, "_fused", None)
+        if fused is None or any(not _backs(t, linears) for t, linears in zip(fused, groups)):
+            fused = tuple(_fuse(linears) for linears in groups)
+            self._fused = fused
+        return fused
+
+
+def _fuse(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """Concatenate the weights of `linears` and make each weight a slice of the result."""
+    fused = torch.cat([linear.weight.detach() for linear in linears])
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight = nn.Parameter(fused[start : start + rows], requires_grad=linear.weight.requires_grad)
+        start += rows
+    return fused
+
+
+def _backs(fused: torch.Tensor, linears: tuple[nn.Linear, ...]) -> bool:
+    """Whether every weight of `linears` still is its slice of `fused`."""
+    offset = 0
+    for linear in linears:
+        weight = linear.weight
+        if weight.untyped_storage().data_ptr() != fused.untyped_storage().data_ptr() or weight.storage_offset() != offset:
+            return False
+        offset += weight.numel()
+    return True
+
 
 class Body(nn.Module):
     """The `model.` part of Qwen3ForCausalLM: embeddings, layers, final norm."""
@@ -91,7 +143,6 @@ class Qwen3LM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Body(config)
-        self.register_buffer("compact_ids", compact_token_ids(), persistent=False)
         self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     # ---- cache -------------------------------------------------------------------------------------------------
@@ -117,9 +168,16 @@ class Qwen3LM(nn.Module):
         """Full-vocabulary logits through the tied embedding: [..., H] -> [..., V]."""
         return F.linear(hidden, self.model.embed_tokens.weight)
 
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of the 64,000 valid code tokens only: [..., H] -> [..., 64,000] (index k = code k).
+
+        The code rows of the tied embedding are contiguous, so this head is a view: nothing is copied per call."""
+        return F.linear(hidden, self.model.embed_tokens.weight[AUDIO_CODE_BASE : AUDIO_CODE_BASE + NUM_CODES])
+
     def compact_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits for EOS + the 64,000 valid code tokens only: [..., H] -> [..., 64,001] (index 0 = EOS, 1 + k = code k)."""
-        return F.linear(hidden, self.model.embed_tokens.weight.index_select(0, self.compact_ids))
+        eos = F.linear(hidden, self.model.embed_tokens.weight[EOS_ID : EOS_ID + 1])
+        return torch.cat([eos, self.code_logits(hidden)], dim=-1)
 
     # ---- passes ------------------------------------------------------------------------------------------------
 
@@ -176,7 +234,7 @@ class Qwen3LM(nn.Module):
             cache[rows, :, positions] = new[:, :, 0]
 
         for layer, (k_cache, v_cache) in zip(self.model.layers, self.kv_cache):
-            x = layer(x, rope, write, (k_cache[:b], v_cache[:b]), keys_end, mask, causal=False)
+            x = layer.decode(x, rope, write, (k_cache[:b], v_cache[:b]), keys_end, mask)
         return self.model.norm(x)[:, 0]
 
     def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None) -> torch.Tensor:

@@ -1,0 +1,41 @@
+"""GPU checks of the code generator (skipped without CUDA): CUDA-graph replay equals eager, no host sync per step."""
+
+import pytest
+import torch
+
+from flowjam.engine.lm.bench import random_lm
+from flowjam.engine.lm.generate import CodeGenerator, CodeRequest
+from flowjam.engine.lm.sampling import SamplingParams
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+REQUESTS = [  # different lengths: the batch shrinks twice, so three graph buckets per key range
+    CodeRequest(tuple(range(100, 160)), num_codes=length, seed=seed, uncond_ids=tuple(range(100, 130)))
+    for seed, length in ((1, 70), (2, 300), (3, 150), (4, 300))
+]
+
+
+@cuda
+@pytest.mark.parametrize("preset, dtype", [("tiny", torch.float32), ("lm-0.6b", torch.float32)])
+def test_cuda_graph_codes_equal_eager_codes(preset, dtype):
+    lm = random_lm(preset, "cuda", dtype)
+    sampling = SamplingParams(temperature=0.85, top_p=0.9, cfg=2.0)
+    eager = CodeGenerator(lm, sampling, cuda_graphs=False).generate(REQUESTS)
+    graphed = CodeGenerator(lm, sampling, cuda_graphs=True).generate(REQUESTS)
+    for a, b in zip(eager, graphed):
+        assert torch.equal(a, b)
+    assert [len(codes) for codes in graphed] == [70, 300, 150, 300]
+
+
+@cuda
+def test_decode_steps_make_no_host_device_sync():
+    lm = random_lm("tiny", "cuda", torch.float32)
+    generator = CodeGenerator(lm, SamplingParams(), cuda_graphs=True)
+    generator.generate(REQUESTS)  # graphs captured
+    generator._start(REQUESTS)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(1, 60):
+            generator._run_step(len(REQUESTS), generator._keys_end(step))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
