@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--tokens", type=int, default=300, help="codes per sequence (300 = 60 s)")
     lm.add_argument("--repeats", type=int, default=3)
     lm.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
+    lm.add_argument("--compile", action="store_true", help="also time the torch.compile'd layer step (CUDA)")
     lm.add_argument("--device", default="cuda")
     lm.add_argument("--dtype", default="bfloat16", choices=DTYPES)
 
@@ -115,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--osc-allow", help="comma-separated hosts allowed to send OSC when binding beyond loopback")
     live.add_argument("--midi-port", help="MIDI input port name (pip install 'flowjam[midi]')")
     live.add_argument("--midi-map", type=Path, help="JSON CC mapping file: loaded if it exists, saved on exit")
+    live.add_argument("--lm", action="store_true", help="text-only: the 5 Hz LM writes the loop's structure from --prompt at start")
+    live.add_argument("--lm-checkpoint", type=Path, help="LM weights (see render --lm-checkpoint)")
+    live.add_argument("--lm-preset", default="tiny", help="LM preset when no --lm-checkpoint (default tiny)")
     live.add_argument("--midi-learn", help="comma-separated knobs to MIDI-learn in order: move one control for each")
     add_model_arguments(live)
 
@@ -174,7 +178,7 @@ def bench_lm(args: argparse.Namespace) -> int:
 
     from .engine.lm.bench import run_lm_bench
 
-    run_lm_bench(args.preset, args.batch, args.cfg, args.tokens, args.device, getattr(torch, args.dtype), args.repeats, not args.no_baseline)
+    run_lm_bench(args.preset, args.batch, args.cfg, args.tokens, args.device, getattr(torch, args.dtype), args.repeats, not args.no_baseline, args.compile)
     return 0
 
 
@@ -276,6 +280,7 @@ def run_live(args: argparse.Namespace) -> int:
         osc_allow=tuple(h.strip() for h in args.osc_allow.split(",")) if args.osc_allow else None,
         midi_port=args.midi_port, midi_map=args.midi_map,
         midi_learn=tuple(k.strip() for k in args.midi_learn.split(",")) if args.midi_learn else (),
+        lm=args.lm, lm_checkpoint=args.lm_checkpoint, lm_preset=args.lm_preset,
         runner=RunnerConfig(depth=int(registry.get("depth")), backend=args.backend),
     )
     app = LiveApp(load_session(args), config, registry)

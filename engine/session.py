@@ -75,11 +75,13 @@ class Session:
         return self.models.vae.sample_rate
 
     def attach_lm(
-        self, checkpoint: str | Path | None = None, preset: str = "tiny", sampling: SamplingParams | None = None, seed: int = 0
+        self, checkpoint: str | Path | None = None, preset: str = "tiny", sampling: SamplingParams | None = None,
+        seed: int = 0, compile_layers: bool = False,
     ) -> SongWriter:
-        """Load the 5 Hz LM (a local file or folder, else the seeded `preset`) on this session's device and dtype."""
+        """Load the 5 Hz LM (a local file or folder, else the seeded `preset`) on this session's device and dtype;
+        `compile_layers` (CUDA) trades a ~10 s first call for ~30 % faster decode steps."""
         lm = load_lm(checkpoint, preset=preset, device=self.device, dtype=self.dtype, seed=seed)
-        self.song_writer = SongWriter(lm, self.models.tokenizer, sampling)
+        self.song_writer = SongWriter(lm, self.models.tokenizer, sampling, compile_layers)
         return self.song_writer
 
     # ---- structure from text (5 Hz LM) -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 JACK_RATE = 48_000
 JACK_PERIOD = 1024
@@ -59,3 +60,13 @@ def jack_server():
     except subprocess.TimeoutExpired:
         process.kill()
     os.environ.pop("JACK_DEFAULT_SERVER", None)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny CPU matmuls run up to ~3000x slower with a second OpenMP thread when another process holds a core of
+    this 2-core box; the LM test modules use one thread and restore the setting afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

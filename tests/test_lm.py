@@ -12,13 +12,7 @@ from qwen_reference import hf_qwen3_config, random_state
 TINY = LM_PRESETS["tiny"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny matmuls are ~3000x slower with a second OpenMP thread on a busy 2-core box; restore afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def reference_model(config) -> Qwen3ForCausalLM:

@@ -17,13 +17,7 @@ from qwen_reference import random_state
 PROMPT = torch.tensor([[151_644, 872, 198, 9_707, AUDIO_CODE_BASE + 7, AUDIO_CODE_BASE + 63_999, EOS_ID]])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny matmuls are ~3000x slower with a second OpenMP thread on a busy 2-core box; restore afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

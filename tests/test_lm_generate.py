@@ -13,13 +13,7 @@ TINY = LM_PRESETS["tiny"]
 SAMPLED = SamplingParams(temperature=0.85, top_k=0, top_p=0.9, cfg=2.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls are far slower with a second OpenMP thread on a busy 2-core box; restore afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import torch
 from flowjam.engine.lm.bench import random_lm
 from flowjam.engine.lm.generate import CodeGenerator, CodeRequest
 from flowjam.engine.lm.sampling import SamplingParams
+from flowjam.engine.models.lm import compiled_layer_step
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -39,3 +40,18 @@ def test_decode_steps_make_no_host_device_sync():
             generator._run_step(len(REQUESTS), generator._keys_end(step))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@cuda
+def test_compiled_layer_step_matches_the_eager_one():
+    lm = random_lm("lm-0.6b", "cuda", torch.float32)
+    lm.setup_cache(4, 256)
+    prompt = torch.randint(0, 151_000, (4, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    with torch.no_grad():
+        lm.prefill(prompt)
+        tokens, positions = prompt[:, -1], torch.full((4,), 40, device="cuda")
+        eager = lm.decode_hidden(tokens, positions, 128)
+        compiled = lm.decode_hidden(tokens, positions, 128, compiled_layer_step())
+    torch.testing.assert_close(compiled, eager, atol=2e-4, rtol=2e-4)
+    codes = CodeGenerator(lm, SamplingParams(), compile_layers=True).generate(REQUESTS)
+    assert [len(c) for c in codes] == [70, 300, 150, 300] and all(0 <= c.min() and c.max() < 64_000 for c in codes)

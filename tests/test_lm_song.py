@@ -13,12 +13,7 @@ from flowjam.engine.render import RenderRequest, render
 from flowjam.engine.session import Session
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +105,21 @@ def test_render_lm_and_cover_together_is_refused(tmp_path):
     request = RenderRequest("x", 4.0, tmp_path / "o.wav", cover=tmp_path / "in.wav", lm=True)
     with pytest.raises(ValueError, match="use one of them"):
         render(Session.load(), request)
+
+
+def first_live_latent(session, lm: bool, structure: float) -> torch.Tensor:
+    from flowjam.engine.live.app import LiveApp, LiveConfig
+
+    app = LiveApp(session, LiveConfig("lofi beat", song_seconds=4.0, playback_mode="null", osc_port=None, lm=lm))
+    app.registry.set("structure", structure)
+    while app.runner._latest is None:
+        app.runner.step()
+    return app.runner._latest
+
+
+def test_live_lm_structure_is_heard_and_the_structure_knob_fades_it(session):
+    plain = first_live_latent(session, lm=False, structure=1.0)
+    structured = first_live_latent(session, lm=True, structure=1.0)
+    faded_out = first_live_latent(session, lm=True, structure=0.0)
+    assert (structured - plain).abs().mean() > 1e-3, "the LM structure did not change the stream"
+    torch.testing.assert_close(faded_out, plain)

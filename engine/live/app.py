@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..audio_io import read_wav
 from ..models.presets import LATENT_RATE_HZ
+from ..prompts import DURATION_RANGE_S
 from ..conditioning import Conditioning
 from ..session import Session, Source, seconds_to_frames
 from .knobs import KnobRegistry
@@ -40,6 +42,9 @@ class LiveConfig:
     midi_port: str | None = None
     midi_map: Path | None = None
     midi_learn: tuple[str, ...] = ()  # knobs to learn in order (move one control per knob); saved to midi_map
+    lm: bool = False  # text-only: the 5 Hz LM writes the loop's structure (audio codes) from prompt A at start
+    lm_checkpoint: Path | None = None
+    lm_preset: str = "tiny"
     runner: RunnerConfig = RunnerConfig()
 
 
@@ -82,6 +87,10 @@ class LiveApp:
         )
         prompts = initial_conditionings or (config.prompt, config.prompt_b)
         self.runner = LiveRunner(session, self.registry, self.buffer, prompts[0], prompts[1], source, config.runner)
+        if config.lm:
+            if source is not None:
+                raise ValueError("--lm writes the structure from the text; a --source brings its own: use one of them")
+            self.runner.set_structure(self._lm_structure(frames))
         self.osc: OscBridge | None = None
         self.midi = None
         self.mapper = None
@@ -92,6 +101,16 @@ class LiveApp:
             self.enable_osc(config.osc_port, config.osc_host, config.osc_feedback, config.osc_allow)
         if config.midi_port is not None or config.midi_map is not None or config.midi_learn:
             self.enable_midi(config.midi_port, config.midi_map, config.midi_learn)
+
+    def _lm_structure(self, frames: int) -> torch.Tensor:
+        """LM codes for prompt A over the loop (at least the LM's 10 s; cropped to the loop) -> context latents."""
+        session, config = self.session, self.config
+        if session.song_writer is None:
+            session.attach_lm(config.lm_checkpoint, config.lm_preset)
+        seconds = min(max(frames / LATENT_RATE_HZ, DURATION_RANGE_S[0]), DURATION_RANGE_S[1])
+        song = session.generate_codes(config.prompt, seconds, seeds=(int(self.registry.get("seed")),))
+        log.info("LM structure: %d codes, %s", song.codes.shape[1], song.metadata.cot().replace("\n", ", "))
+        return session.codes_context(song.codes[0], frames)
 
     def enable_osc(self, port: int, host: str = "127.0.0.1", feedback: tuple[str, int] | None = None, allow: tuple[str, ...] | None = None) -> OscBridge:
         """Add (or replace) the OSC bridge; started at once if the app already runs. If the new bridge cannot start

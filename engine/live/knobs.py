@@ -100,7 +100,7 @@ DEFAULT_KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("steps", 1.0, 50.0, 8.0, R, unit="steps", integer=True, description="denoising steps per request"),
     KnobSpec("shift", 1.0, 10.0, 3.0, R, description="timestep schedule shift"),
     KnobSpec("prompt_blend", 0.0, 1.0, 0.0, R, description="blend between prompt A (0) and prompt B (1)"),
-    KnobSpec("structure", 0.0, 1.0, 1.0, R, description="steering by the source's structure hints; 0 = silent context"),
+    KnobSpec("structure", 0.0, 1.0, 1.0, R, description="steering by the structure hints (source audio or LM codes); 0 = silent context"),
     KnobSpec("depth", 1.0, 8.0, 4.0, G, unit="slots", integer=True, description="in-flight requests in the ring"),
     KnobSpec("volume", 0.0, 1.0, 0.8, G, description="playback gain"),
 )

@@ -125,6 +125,13 @@ class LiveRunner:
         """A per-frame shared curve (or None to fall back to the knob's scalar) for every in-flight slot."""
         self._messages.put(("curve", (name, curve)))
 
+    def set_structure(self, context: torch.Tensor | None) -> None:
+        """Text-only structure: context latents [1, frames, 128] (e.g. `session.codes_context` of LM codes) that the
+        `structure` knob fades in, with no source audio; None goes back to plain text2music."""
+        if context is not None and tuple(context.shape) != (1, self.frames, self._silence_context.shape[-1]):
+            raise ValueError(f"structure context must be [1, {self.frames}, {self._silence_context.shape[-1]}], got {tuple(context.shape)}")
+        self._messages.put(("structure", context))
+
     def swap_source(self, source: Source | None) -> None:
         """Replace the source (None: text-only). Its length must match the loop buffer."""
         if source is not None and source.frames != self.frames:
@@ -207,6 +214,9 @@ class LiveRunner:
             elif kind == "source":
                 self._set_source(payload)
                 self._latest = None  # the next generation starts from the new source, not the old loop
+            elif kind == "structure":
+                self._source = None
+                self._hints_context = None if payload is None else payload.to(self.session.device, self.session.dtype)
 
     def _apply_knobs(self) -> None:
         for change in self.registry.changes_since(self._seq_applied):

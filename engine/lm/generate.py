@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.lm import AUDIO_CODE_BASE, Qwen3LM
+from ..models.lm import AUDIO_CODE_BASE, LayerStep, Qwen3LM, compiled_layer_step
 from .sampling import SamplingParams, cfg_logits, sample
 
 KEY_BLOCK = 128  # attention reads keys up to the active rows' furthest position, rounded up to this
@@ -63,8 +63,13 @@ class CodeGenerator:
 
     Buffers and captured graphs are kept between calls with the same batch size, lengths and prompt lengths."""
 
-    def __init__(self, lm: Qwen3LM, sampling: SamplingParams | None = None, cuda_graphs: bool | None = None):
+    def __init__(
+        self, lm: Qwen3LM, sampling: SamplingParams | None = None, cuda_graphs: bool | None = None, compile_layers: bool = False
+    ):
+        """`cuda_graphs` (default: on for CUDA) replays each step as a graph; `compile_layers` runs the layer step
+        through torch.compile (fused norm/RoPE/elementwise kernels; the first steps of a new shape compile)."""
         self.lm = lm
+        self._layer_step = compiled_layer_step() if compile_layers else LayerStep()
         self.sampling = sampling or SamplingParams()
         self.sampling.validate()
         device = lm.model.embed_tokens.weight.device
@@ -162,7 +167,7 @@ class CodeGenerator:
     def _decode_step(self, n: int, keys_end: int) -> None:
         """Feed each active row its previous code, then sample and record the next one (all in place)."""
         state, rows = self.state, self._rows(n)
-        hidden = self.lm.decode_hidden(state.tokens[:rows], state.positions[:rows], keys_end)
+        hidden = self.lm.decode_hidden(state.tokens[:rows], state.positions[:rows], keys_end, self._layer_step)
         state.positions[:rows] += 1
         self._sample_and_advance(self.lm.code_logits(hidden), n)
 

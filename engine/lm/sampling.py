@@ -63,6 +63,17 @@ def uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
+def blocked_cumsum(x: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """cumsum over the last dim of [R, V] as sums within blocks plus block offsets: the same numbers up to float
+    rounding, but many short scans instead of a few 64,000-long ones (a GPU scan over few rows is slow)."""
+    rows, length = x.shape
+    padded = torch.nn.functional.pad(x, (0, -length % block)).view(rows, -1, block)
+    within = padded.cumsum(dim=-1)
+    offsets = within[:, :, -1].cumsum(dim=-1) - within[:, :, -1]
+    out = (within + offsets[:, :, None]).view(rows, -1)
+    return out if out.shape[1] == length else out[:, :length].contiguous()
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """Indices [R] drawn from logits [R, V]: divide by T, keep the top k, keep the smallest set of mass ≥ top_p,
     then invert the CDF of what is left at `uniforms(seeds, steps)`. Greedy (argmax) when temperature is 0;
@@ -72,7 +83,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, st
     scaled = logits.float() / params.temperature
     sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
     probs = torch.softmax(sorted_logits, dim=-1)
-    cdf = probs.cumsum(dim=-1)
+    cdf = blocked_cumsum(probs)
     # Both filters keep a prefix of the sorted order, so the kept tokens' CDF is a prefix of `cdf`: count them.
     kept = (probs > 0).sum(dim=-1, keepdim=True)
     if params.top_k > 0:

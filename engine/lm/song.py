@@ -33,10 +33,12 @@ class SongCodes:
 class SongWriter:
     """The LM side of a session: owns the LM, its tokenizer and the batched code generator."""
 
-    def __init__(self, lm: Qwen3LM, tokenizer: Qwen3Tokenizer, sampling: SamplingParams | None = None):
+    def __init__(
+        self, lm: Qwen3LM, tokenizer: Qwen3Tokenizer, sampling: SamplingParams | None = None, compile_layers: bool = False
+    ):
         self.lm = lm
         self.tokenizer = tokenizer
-        self.generator = CodeGenerator(lm, sampling)
+        self.generator = CodeGenerator(lm, sampling, compile_layers=compile_layers)
 
     @property
     def sampling(self) -> SamplingParams:

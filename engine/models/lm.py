@@ -11,6 +11,9 @@ Generation state is a KV cache of plain tensors, one (keys, values) pair per lay
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,22 +78,13 @@ class DecoderLayer(nn.Module):
         x = x + attn.project_out(heads)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def decode(self, x, rope, write, cache, keys_end: int, mask) -> torch.Tensor:
-        """The one-token step of `forward` with fused q/k/v and gate/up GEMMs (fewer, larger weight reads)."""
-        attn, (qkv_weight, gate_up_weight) = self.self_attn, self.fused_weights()
-        b = x.shape[0]
-        qkv = F.linear(self.input_layernorm(x), qkv_weight).view(b, 1, -1, attn.head_dim).transpose(1, 2)
-        qk, v = qkv.split([attn.heads + attn.kv_heads, attn.kv_heads], dim=1)  # [B, heads + kv_heads, 1, D], [B, kv_heads, 1, D]
-        norm_weights = torch.cat([attn.q_norm.weight.expand(attn.heads, -1), attn.k_norm.weight.expand(attn.kv_heads, -1)])
-        qk = F.rms_norm(qk, (attn.head_dim,), eps=attn.q_norm.eps) * norm_weights[:, None]  # q and k norms in one pass
-        q, k = apply_rope(qk, *rope).split([attn.heads, attn.kv_heads], dim=1)
-        k_cache, v_cache = cache
-        write(k_cache, k)
-        write(v_cache, v)
-        heads = attn.heads_attention(q, k_cache[:, :, :keys_end], v_cache[:, :, :keys_end], mask)
-        x = x + attn.project_out(heads)
-        gate, up = F.linear(self.post_attention_layernorm(x), gate_up_weight).chunk(2, dim=-1)
-        return x + self.mlp.down_proj(F.silu(gate) * up)
+    def decode_weights(self) -> "DecodeWeights":
+        """This layer's tensors for `decode_project` and `decode_attend`, with q/k/v and gate/up fused (see `fused_weights`)."""
+        attn, (qkv, gate_up) = self.self_attn, self.fused_weights()
+        return DecodeWeights(
+            self.input_layernorm.weight, qkv, attn.q_norm.weight, attn.k_norm.weight, attn.o_proj.weight,
+            self.post_attention_layernorm.weight, gate_up, self.mlp.down_proj.weight,
+        )
 
     def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """([q; k; v] rows, [gate; up] rows): one tensor each, with the projection parameters re-pointed at slices
@@ -104,6 +98,65 @@ class DecoderLayer(nn.Module):
             fused = tuple(_fuse(linears) for linears in groups)
             self._fused = fused
         return fused
+
+
+class DecodeWeights(NamedTuple):
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [q; k; v] projection rows
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [gate; up] projection rows
+    down: torch.Tensor
+
+
+class HeadShape(NamedTuple):
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+
+
+def decode_project(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: DecodeWeights, shape: HeadShape):
+    """First half of one layer's one-token step: x [B, 1, H] -> (q [B, heads, 1, D], k and v [B·kv_heads, D]
+    contiguous, ready for the cache write), with the q and k head norms in one pass and RoPE applied."""
+    heads, kv_heads, head_dim, eps = shape
+    b = x.shape[0]
+    qkv = F.linear(F.rms_norm(x, (x.shape[-1],), w.input_norm, eps), w.qkv).view(b, 1, -1, head_dim).transpose(1, 2)
+    qk, v = qkv.split([heads + kv_heads, kv_heads], dim=1)
+    norm_weights = torch.cat([w.q_norm.expand(heads, -1), w.k_norm.expand(kv_heads, -1)])
+    qk = F.rms_norm(qk, (head_dim,), eps=eps) * norm_weights[:, None]
+    q, k = apply_rope(qk, cos, sin).split([heads, kv_heads], dim=1)
+    return q, k.reshape(b * kv_heads, head_dim).contiguous(), v.reshape(b * kv_heads, head_dim).contiguous()
+
+
+def decode_attend(
+    x: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, keys_end: int,
+    w: DecodeWeights, shape: HeadShape,
+) -> torch.Tensor:
+    """Second half: attention over cache rows 0..B-1 (keys 0..keys_end-1, masked), output projection and MLP."""
+    heads, kv_heads, head_dim, eps = shape
+    b = x.shape[0]
+    attended = F.scaled_dot_product_attention(
+        q, k_cache[:b, :, :keys_end], v_cache[:b, :, :keys_end], attn_mask=mask, enable_gqa=heads != kv_heads
+    )
+    x = x + F.linear(attended.transpose(1, 2).reshape(b, 1, heads * head_dim), w.o)
+    gate, up = F.linear(F.rms_norm(x, (x.shape[-1],), w.post_norm, eps), w.gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w.down)
+
+
+class LayerStep(NamedTuple):
+    """How a decode step runs each layer: the two pure halves (eager, or compiled by torch.compile). The KV write
+    between them stays an in-place eager op, so a compiled half never copies the cache."""
+
+    project: Callable = decode_project
+    attend: Callable = decode_attend
+
+
+def compiled_layer_step() -> LayerStep:
+    """torch.compile'd halves: norms, RoPE and elementwise ops fuse into a few kernels, shared by every layer."""
+    return LayerStep(torch.compile(decode_project, fullgraph=True), torch.compile(decode_attend, fullgraph=True))
 
 
 def _fuse(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
@@ -215,26 +268,33 @@ class Qwen3LM(nn.Module):
         """Prefill cache rows row..row+B-1 with a prompt [B, L]; -> full-vocabulary logits of the last position [B, V]."""
         return self.logits(self.prefill_hidden(input_ids, start, row)[:, -1])
 
-    def decode_hidden(self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None) -> torch.Tensor:
+    def decode_hidden(
+        self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None, step: LayerStep = LayerStep()
+    ) -> torch.Tensor:
         """One token per row: tokens [B] (cache rows 0..B-1) at positions [B] (written into the cache there) -> hidden [B, H].
 
         Each row attends causally to its cache entries 0..position (its own earlier tokens). `keys_end` (default:
-        the whole cache) bounds the keys read; every position must be below it."""
+        the whole cache) bounds the keys read; every position must be below it. Same math as `forward`, with
+        fused q/k/v and gate/up GEMMs."""
         c = self.config
         b = tokens.shape[0]
         positions = torch.as_tensor(positions, device=tokens.device).expand(b)
         x = self.model.embed_tokens(tokens)[:, None]  # [B, 1, H]
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
-        rope = (cos[:, None, None], sin[:, None, None])  # [B, 1, 1, D] broadcasts over heads
+        cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, D] broadcasts over heads
         keys_end = self.cache_len if keys_end is None else keys_end
         mask = (torch.arange(keys_end, device=x.device)[None, :] <= positions[:, None])[:, None, None]  # [B,1,1,T]
-        rows = torch.arange(b, device=x.device)
-
-        def write(cache: torch.Tensor, new: torch.Tensor) -> None:
-            cache[rows, :, positions] = new[:, :, 0]
-
+        shape = HeadShape(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps)
+        # Row r, kv head h, position p is row (r * kv_heads + h) * cache_len + p of a cache viewed as [-1, head_dim]:
+        # one index_copy_ per tensor writes every new key (or value).
+        heads_of_rows = torch.arange(b, device=x.device)[:, None] * c.num_key_value_heads + torch.arange(c.num_key_value_heads, device=x.device)
+        slots = (heads_of_rows * self.cache_len + positions[:, None]).reshape(-1)
         for layer, (k_cache, v_cache) in zip(self.model.layers, self.kv_cache):
-            x = layer.decode(x, rope, write, (k_cache[:b], v_cache[:b]), keys_end, mask)
+            weights = layer.decode_weights()
+            q, k, v = step.project(x, cos, sin, weights, shape)
+            k_cache.view(-1, c.head_dim).index_copy_(0, slots, k)
+            v_cache.view(-1, c.head_dim).index_copy_(0, slots, v)
+            x = step.attend(x, q, k_cache, v_cache, mask, keys_end, weights, shape)
         return self.model.norm(x)[:, 0]
 
     def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None) -> torch.Tensor:
