@@ -49,6 +49,7 @@ class Session:
         self.models = models
         self.backend = backend  # how this session's streams run the DiT (engine.backends)
         self.song_writer: SongWriter | None = None  # the 5 Hz LM, once `attach_lm` has loaded it
+        self.lm_origin: tuple | None = None  # (checkpoint, preset, seed) the LM was loaded from
 
     @classmethod
     def load(
@@ -82,6 +83,7 @@ class Session:
         `compile_layers` (CUDA) trades a ~10 s first call for ~30 % faster decode steps."""
         lm = load_lm(checkpoint, preset=preset, device=self.device, dtype=self.dtype, seed=seed)
         self.song_writer = SongWriter(lm, self.models.tokenizer, sampling, compile_layers)
+        self.lm_origin = (None if checkpoint is None else str(checkpoint), preset, seed)
         return self.song_writer
 
     # ---- structure from text (5 Hz LM) -----------------------------------------------------------------------

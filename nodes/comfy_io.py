@@ -10,22 +10,30 @@ from .spec import NodeInputError
 LATENT_CHANNELS = 64
 
 
-def model_folder_files() -> tuple[str, ...]:
+def model_folder_files(folders: tuple[str, ...] = ("diffusion_models", "checkpoints"), keep=lambda name: "ace" in name.lower()) -> tuple[str, ...]:
     """Checkpoint choices from ComfyUI's model folders ("diffusion_models/x.safetensors", ...); empty without ComfyUI."""
     try:
         import folder_paths
     except ImportError:
         return ()
     files = []
-    for folder in ("diffusion_models", "checkpoints"):
+    for folder in folders:
         try:
-            files += [f"{folder}/{name}" for name in folder_paths.get_filename_list(folder) if "ace" in name.lower()]
+            files += [f"{folder}/{name}" for name in folder_paths.get_filename_list(folder) if keep(name)]
         except Exception:  # an unknown folder kind in an older ComfyUI
             continue
     return tuple(files)
 
 
-def resolve_checkpoint(choice: str) -> Path | None:
+def lm_folder_files() -> tuple[str, ...]:
+    """5 Hz LM choices: ComfyUI's qwen_{1.7b,4b}_ace15 text encoders and ACE-Step all-in-one checkpoints (the 0.6B
+    file there is the caption encoder, not an LM)."""
+    return model_folder_files(("text_encoders",), lambda name: "ace15" in name and "0.6b" not in name) + model_folder_files(
+        ("checkpoints",), lambda name: "ace" in name.lower()
+    )
+
+
+def resolve_checkpoint(choice: str, node: str = "Load model", fix: str = "put ACE-Step 1.5 files in ComfyUI/models/diffusion_models") -> Path | None:
     """"none" -> None; "folder/name" -> the full path from ComfyUI's registry; else a local path as given."""
     if choice in ("", "none"):
         return None
@@ -40,7 +48,7 @@ def resolve_checkpoint(choice: str) -> Path | None:
         pass
     path = Path(choice).expanduser()
     if not path.exists():
-        raise NodeInputError(f"Load model: input 'checkpoint' {choice!r} was not found; put ACE-Step 1.5 files in ComfyUI/models/diffusion_models")
+        raise NodeInputError(f"{node}: input 'checkpoint' {choice!r} was not found; {fix}")
     return path
 
 

@@ -6,7 +6,8 @@ import threading
 from typing import Any
 
 from . import comfy_io
-from .spec import AUDIO, CATEGORY, CONDITIONING, CURVE, LATENT, MODEL, SOURCE, NodeInputError, NodeSpec, Output, Param, check_range
+from .lm_nodes import structure_context
+from .spec import AUDIO, CATEGORY, CONDITIONING, CURVE, LATENT, MODEL, SOURCE, STRUCTURE, NodeInputError, NodeSpec, Output, Param, check_range
 
 PRESETS = ("tiny", "turbo-2b", "xl")
 TASKS = ("text2music", "cover", "repaint")
@@ -128,14 +129,19 @@ def curve_math(a, b, op: str) -> tuple:
         raise NodeInputError(f"Curve math: {error}") from None
 
 
-def generate(model, conditioning, seconds: float, seed: int, steps: int, shift: float, denoise: float, source=None, velocity_scale=None) -> tuple:
+def generate(model, conditioning, seconds: float, seed: int, steps: int, shift: float, denoise: float, source=None, velocity_scale=None,
+             structure=None) -> tuple:
     """One-shot generation with ComfyUI's progress bar; AUDIO for Save/Preview Audio and the audio LATENT."""
     check_range("Generate", "seconds", seconds, 0.04, 600.0)
     check_range("Generate", "denoise", denoise, 0.0, 1.0)
     if denoise < 1.0 and source is None:
         raise NodeInputError("Generate: input 'denoise' below 1 needs a 'source' to start from (connect Prepare source)")
+    if structure is not None and source is not None:
+        raise NodeInputError("Generate: connect either 'source' (a cover) or 'structure' (LM structure), not both")
     progress = _progress_bar(steps)
     options = {} if velocity_scale is None else {"velocity_scale": _fit_curve(velocity_scale, source, seconds)}
+    if structure is not None:
+        options["context_latents"] = structure_context("Generate", model, structure, max(1, round(seconds * 25)))
     try:
         latent = model.generate(conditioning, seconds, seed=seed, steps=steps, shift=shift, denoise=denoise, source=source,
                                 on_step=lambda done, total: progress(done, total), **options)
@@ -250,6 +256,7 @@ NODES = (
             Param("denoise", "FLOAT", "1 = from noise; below 1 keeps that much of the source", 1.0, 0.0, 1.0, 0.01),
             Param("source", SOURCE, "Source to cover (Prepare source); its length sets the output length", optional=True),
             Param("velocity_scale", CURVE, "Per-frame velocity scale curve", optional=True),
+            Param("structure", STRUCTURE, "Song structure from LM structure (text-only songs)", optional=True),
         ),
         (Output(AUDIO, "audio"), Output(LATENT, "latent")),
         generate,

@@ -8,10 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import comfy_io
-from .spec import AUDIO, CATEGORY, CONDITIONING, CURVE, MODEL, SOURCE, STREAM, NodeInputError, NodeSpec, Output, Param, check_range
+from .lm_nodes import structure_context
+from .spec import AUDIO, CATEGORY, CONDITIONING, CURVE, MODEL, SOURCE, STREAM, STRUCTURE, NodeInputError, NodeSpec, Output, Param, check_range
 
 SHARED_KNOBS = ("velocity_scale", "ode_noise", "sde_denoise", "x0_target_strength", "guidance", "cfg_rescale", "apg_momentum")
 REQUEST_KNOBS = ("denoise", "seed", "steps", "shift", "prompt_blend", "structure", "depth", "volume")
+_structures: dict[str, object] = {}  # stream name -> the LM structure it was last given
 
 
 def _app(node: str, stream: str):
@@ -24,8 +26,10 @@ def _app(node: str, stream: str):
 
 
 def stream_start(model, conditioning, session_id: str, song_seconds: float, depth: int, steps: int, denoise: float, seed: int,
-                 shift: float, prompt_blend: float, structure: float, audio_device: str, conditioning_b=None, source=None) -> tuple:
-    """Start the named stream, or update it in place: conditions, source and knob values apply on its next ticks."""
+                 shift: float, prompt_blend: float, structure: float, audio_device: str, conditioning_b=None, source=None,
+                 lm_structure=None) -> tuple:
+    """Start the named stream, or update it in place: conditions, source, LM structure and knob values apply on its
+    next ticks."""
     from ..engine.live import sessions
     from ..engine.live.app import LiveApp, LiveConfig
     from ..engine.live.knobs import KnobRegistry
@@ -37,6 +41,8 @@ def stream_start(model, conditioning, session_id: str, song_seconds: float, dept
     values = {"depth": depth, "steps": steps, "denoise": denoise, "seed": seed, "shift": shift, "prompt_blend": prompt_blend, "structure": structure}
     for knob, value in values.items():
         check_range("Stream", knob, value)
+    if lm_structure is not None and source is not None:
+        raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
     device = audio_device.strip()
     mode = "null" if device == "none" else "process"
 
@@ -46,10 +52,17 @@ def stream_start(model, conditioning, session_id: str, song_seconds: float, dept
             registry.set(knob, value, origin="comfyui")
         config = LiveConfig(prompt="", song_seconds=song_seconds if source is None else source.frames / 25, session_name=name,
                             audio_device=None if device in ("", "none", "default") else device, playback_mode=mode, osc_port=None)
-        return LiveApp(model, config, registry, initial_conditionings=(conditioning, conditioning_b or conditioning), source=source)
+        app = LiveApp(model, config, registry, initial_conditionings=(conditioning, conditioning_b or conditioning), source=source)
+        if context is not None:
+            app.runner.set_structure(context)  # queued before the runner starts: its first generation follows it
+        return app
 
+    running = sessions.get(name)
+    frames = running.runner.frames if running is not None else max(1, round(song_seconds * 25))
+    context = None if lm_structure is None else structure_context("Stream", model, lm_structure, frames)
     app, created = sessions.start_or_get(name, create)
     if created:
+        _structures[name] = lm_structure
         return (name,)
     if app.session is not model:
         raise NodeInputError(f"Stream: stream {name!r} runs another model; stop it (Stream stop) before switching models")
@@ -57,6 +70,9 @@ def stream_start(model, conditioning, session_id: str, song_seconds: float, dept
     if swap and source.frames != app.runner.frames:
         raise NodeInputError(f"Stream: input 'source' has {source.frames} frames but stream {name!r} loops {app.runner.frames}; "
                              "stop the stream to change its length")
+    if lm_structure is not _structures.get(name) and (context is not None or app.runner.current_source is None):
+        app.runner.set_structure(context)  # None: the structure was disconnected, back to plain text
+    _structures[name] = lm_structure
     app.runner.set_conditioning("a", conditioning)
     app.runner.set_conditioning("b", conditioning_b or conditioning)
     if swap:
@@ -141,10 +157,11 @@ NODES = (
             Param("seed", "INT", "Noise seed", 42, 0, 2**31 - 1, 1),
             Param("shift", "FLOAT", "Timestep shift", 3.0, 1.0, 10.0, 0.1),
             Param("prompt_blend", "FLOAT", "0 = prompt A, 1 = prompt B", 0.0, 0.0, 1.0, 0.01),
-            Param("structure", "FLOAT", "How strongly the source's structure steers (covers)", 1.0, 0.0, 1.0, 0.01),
+            Param("structure", "FLOAT", "How strongly the source's (or LM structure's) structure steers", 1.0, 0.0, 1.0, 0.01),
             Param("audio_device", "STRING", "Output device name or index; empty = system default; none = silent", ""),
             Param("conditioning_b", CONDITIONING, "Prompt B for prompt_blend", optional=True),
             Param("source", SOURCE, "Audio to cover in a loop", optional=True),
+            Param("lm_structure", STRUCTURE, "Song structure from LM structure for a text-only loop (the structure knob fades it)", optional=True),
         ),
         (Output(STREAM, "stream"),),
         stream_start,

@@ -48,7 +48,7 @@ from workflow_runner import load_workflow, to_api_format  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / "workflows"
 WORKFLOW_NAMES = ("flowjam_oneshot_render.json", "flowjam_text_live_jam.json", "flowjam_cover_live.json",
-                  "flowjam_prompt_blend_osc.json")
+                  "flowjam_prompt_blend_osc.json", "flowjam_lm_structure_render.json")
 EXAMPLE = "flowjam_example.wav"  # the file name the cover workflow's LoadAudio uses
 FIVE_CHANNELS = "flowjam_test_5ch.wav"
 LOW_RATE = "flowjam_test_4khz.wav"
@@ -351,10 +351,10 @@ def test_object_info_lists_every_flowjam_node_as_declared(comfy):
                 assert (options["default"], options["min"], options["max"]) == (param.default, param.minimum, param.maximum)
             if param.type == "COMBO":
                 assert options["options"] == list(param.choices())
-    assert len([n for n in info if n.startswith("Flowjam")]) == len(NODE_SPECS) == 16
+    assert len([n for n in info if n.startswith("Flowjam")]) == len(NODE_SPECS) == 17
     generate = info["FlowjamGenerate"]
     assert generate["output"] == ["AUDIO", "LATENT"]
-    assert list(generate["input"]["optional"]) == ["source", "velocity_scale"]
+    assert list(generate["input"]["optional"]) == ["source", "velocity_scale", "structure"]
     assert info["FlowjamStreamCapture"]["output"] == ["AUDIO"]
 
 

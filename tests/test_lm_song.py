@@ -123,3 +123,19 @@ def test_live_lm_structure_is_heard_and_the_structure_knob_fades_it(session):
     faded_out = first_live_latent(session, lm=True, structure=0.0)
     assert (structured - plain).abs().mean() > 1e-3, "the LM structure did not change the stream"
     torch.testing.assert_close(faded_out, plain)
+
+
+def test_the_lm_vocabulary_maps_code_tags_to_ids_and_back():
+    from flowjam.engine.lm.vocabulary import LMTokenizer, codes_text
+    from flowjam.engine.models.text_tokenizer import Qwen3Tokenizer
+
+    tokenizer = LMTokenizer(Qwen3Tokenizer.from_package())
+    text = "<|im_start|>assistant\n" + codes_text([0, 63_999, 17]) + "<|im_end|>"
+    ids = tokenizer.encode(text)
+    assert ids == [151_644, 77_091, 198, 151_669, 151_669 + 63_999, 151_669 + 17, 151_645]
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.encode("<|audio_code_65534|>") == [217_203]  # the last of the 65,535 slots
+    with pytest.raises(ValueError, match="beyond the 65535 code tokens"):
+        tokenizer.encode("<|audio_code_65535|>")
+    with pytest.raises(ValueError, match=r"audio codes must be in 0..63999"):
+        codes_text([64_000])

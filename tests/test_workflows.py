@@ -2,6 +2,7 @@
 convert to ComfyUI's API prompt format, and run on the tiny preset on the CPU without ComfyUI (tests/workflow_runner.py;
 ComfyUI's LoadAudio/SaveAudio/PreviewAudio are WAV stand-ins). Live streams run with audio_device "none"."""
 
+import copy
 import json
 import math
 import socket
@@ -18,7 +19,10 @@ from flowjam.engine.live import sessions
 from workflow_runner import CONTROL_VALUES, WorkflowRunner, load_workflow, to_api_format, with_widget
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
-NAMES = ("flowjam_oneshot_render.json", "flowjam_text_live_jam.json", "flowjam_cover_live.json", "flowjam_prompt_blend_osc.json")
+NAMES = (
+    "flowjam_oneshot_render.json", "flowjam_text_live_jam.json", "flowjam_cover_live.json", "flowjam_prompt_blend_osc.json",
+    "flowjam_lm_structure_render.json",
+)
 RATE = 48_000
 EXAMPLE = "flowjam_example.wav"
 EXAMPLE_SECONDS = 4.0
@@ -109,7 +113,7 @@ def assert_audio(audio, samples: int | None = None, minimum: int | None = None, 
 # ---- structure ---------------------------------------------------------------------------------------------------
 
 
-def test_the_four_workflows_ship_and_the_readme_lists_each():
+def test_the_workflows_ship_and_the_readme_lists_each():
     shipped = sorted(p.name for p in WORKFLOWS.glob("*.json"))
     assert shipped == sorted(NAMES)
     readme = (WORKFLOWS / "README.md").read_text()
@@ -171,6 +175,15 @@ def test_oneshot_render_graph(runner):
     for kind in ("SaveAudio", "PreviewAudio"):
         (node,) = nodes_of(wf, kind)
         assert source_of(wf, node, "audio") is generate
+
+
+def test_lm_structure_render_graph(runner):
+    wf = workflow("flowjam_lm_structure_render.json")
+    (generate,) = nodes_of(wf, "FlowjamGenerate")
+    (lm,) = nodes_of(wf, "FlowjamLMStructure")
+    assert source_of(wf, generate, "structure") is lm
+    assert widgets(runner, lm)["seconds"] >= widgets(runner, generate)["seconds"], "the codes must cover the render"
+    assert widgets(runner, lm)["lm_preset"] == "tiny" and widgets(runner, lm)["lm_checkpoint"] == "none"
 
 
 def test_text_live_jam_graph(runner):
@@ -285,6 +298,35 @@ def test_oneshot_render_runs_and_saves_8_seconds(runner, comfy_dirs):
     assert rate == RATE and audio.shape == (2, samples) and saved["type"] == "output"
     (previewed,) = run.ui[preview["id"]]["audio"]
     assert previewed["type"] == "temp"
+
+
+def test_lm_structure_render_runs_and_the_codes_shape_the_song(runner, comfy_dirs):
+    wf = workflow("flowjam_lm_structure_render.json")
+    run = runner.execute(wf)
+    (generate,) = nodes_of(wf, "FlowjamGenerate")
+    (lm,) = nodes_of(wf, "FlowjamLMStructure")
+    samples = round(widgets(runner, generate)["seconds"] * 25) * 1920
+    assert_audio(captured(wf, run, "SaveAudio"), samples=samples)
+    structure, metadata = run.outputs[lm["id"]]
+    assert len(structure.codes) == widgets(runner, lm)["seconds"] * 5
+    assert metadata.startswith("bpm: ") and "\nkeyscale: " in metadata and "\ntimesignature: " in metadata, metadata
+    without = runner.execute(disconnected(wf, "FLOWJAM_STRUCTURE")).outputs[generate["id"]][1]["samples"]
+    with_codes = run.outputs[generate["id"]][1]["samples"]
+    assert (with_codes - without).abs().mean() > 1e-3, "the LM structure did not change the render"
+
+
+def disconnected(wf: dict, link_type: str) -> dict:
+    """A copy of the graph with every link of `link_type` removed, as a user unplugging those wires would save it."""
+    wf = copy.deepcopy(wf)
+    gone = {link[0] for link in wf["links"] if link[5] == link_type}
+    wf["links"] = [link for link in wf["links"] if link[0] not in gone]
+    for node in wf["nodes"]:
+        for entry in node["inputs"]:
+            entry["link"] = None if entry["link"] in gone else entry["link"]
+        for output in node["outputs"]:
+            kept = [link for link in output["links"] or () if link not in gone]
+            output["links"] = kept or None
+    return wf
 
 
 def run_live(wf: dict, runner: WorkflowRunner, session: str, played_s: float):

@@ -82,6 +82,14 @@ class CodeGenerator:
         self._layout: tuple[int, ...] = ()
         self._kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
 
+    def set_sampling(self, sampling: SamplingParams) -> None:
+        """New sampling settings for the next call (captured graphs bake them in, so they are dropped)."""
+        sampling.validate()
+        if sampling != self.sampling:
+            self.sampling = sampling
+            self._graphs.clear()
+            self.state = None  # the row layout depends on CFG being on or off
+
     @property
     def guided(self) -> bool:
         return self.sampling.guided

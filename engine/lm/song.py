@@ -15,6 +15,7 @@ from .generate import CodeGenerator, CodeRequest
 from .metadata import SongMetadata, generate_metadata
 from .prompts import codes_prompt, codes_uncond_prompt
 from .sampling import SamplingParams
+from .vocabulary import LMTokenizer
 
 CODE_RATE_HZ = 5  # one code per 5 latent frames (25 Hz / 5)
 
@@ -37,7 +38,7 @@ class SongWriter:
         self, lm: Qwen3LM, tokenizer: Qwen3Tokenizer, sampling: SamplingParams | None = None, compile_layers: bool = False
     ):
         self.lm = lm
-        self.tokenizer = tokenizer
+        self.tokenizer = LMTokenizer(tokenizer)
         self.generator = CodeGenerator(lm, sampling, compile_layers=compile_layers)
 
     @property
@@ -83,4 +84,4 @@ class SongWriter:
         return SongCodes(torch.stack(self.generator.generate(requests)), metadata)
 
     def _ids(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.encode(text, add_eos=False))
+        return tuple(self.tokenizer.encode(text))
