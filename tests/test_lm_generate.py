@@ -189,3 +189,16 @@ def test_bad_sampling_settings_are_refused(models, kwargs, message):
 def test_bad_requests_are_refused(models, request_, message):
     with pytest.raises(ValueError, match=message):
         CodeGenerator(models[0], SAMPLED).generate([request_])
+
+
+def test_new_sampling_settings_apply_to_the_next_call(models):
+    ours, _ = models
+    generator = CodeGenerator(ours, SAMPLED)
+    generator.generate(MIXED_REQUESTS)
+    greedy_unguided = SamplingParams(temperature=0.0, cfg=1.0)
+    generator.set_sampling(greedy_unguided)
+    got = generator.generate(MIXED_REQUESTS)
+    expected = CodeGenerator(ours, greedy_unguided).generate(MIXED_REQUESTS)
+    assert [c.tolist() for c in got] == [c.tolist() for c in expected]
+    with pytest.raises(ValueError, match="cfg must be >= 1"):
+        generator.set_sampling(SamplingParams(cfg=0.0))
