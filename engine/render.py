@@ -10,6 +10,7 @@ import torch
 
 from .audio_io import read_wav, write_wav
 from .lm.sampling import SamplingParams
+from .lm.song import lm_duration
 from .prompts import DURATION_RANGE_S
 from .session import Session, peak_normalize, seconds_to_frames
 
@@ -47,10 +48,6 @@ class RenderRequest:
                 raise ValueError(f"--lm generates at most {DURATION_RANGE_S[1]} s; use a shorter --seconds")
             self.lm_sampling.validate()
 
-    @property
-    def lm_seconds(self) -> float:
-        """The LM writes at least its shortest song (10 s); the render keeps the first `seconds` of it."""
-        return min(max(self.seconds, DURATION_RANGE_S[0]), DURATION_RANGE_S[1])
 
 
 def render(session: Session, request: RenderRequest, on_step: Callable[[int, int], None] | None = None) -> Path:
@@ -65,7 +62,7 @@ def render(session: Session, request: RenderRequest, on_step: Callable[[int, int
         if session.song_writer is None:
             session.attach_lm(request.lm_checkpoint, request.lm_preset, request.lm_sampling)
         song = session.generate_codes(
-            request.prompt, request.lm_seconds, lyrics=request.lyrics, bpm=bpm, key=key, time_signature=time_signature,
+            request.prompt, lm_duration(request.seconds), lyrics=request.lyrics, bpm=bpm, key=key, time_signature=time_signature,
             language=language, seeds=(request.seed,),
         )
         meta = song.metadata  # the DiT hears the metas the LM chose for the open fields, as upstream does

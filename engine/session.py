@@ -16,7 +16,7 @@ from .checkpoints import ModelBundle, load_models, silence_frames
 from .conditioning import Conditioning, blend_conditionings
 from .lm.checkpoint import load_lm
 from .lm.sampling import SamplingParams
-from .lm.song import SongCodes, SongWriter
+from .lm.song import CODE_RATE_HZ, SongCodes, SongWriter
 from .models.presets import LATENT_RATE_HZ
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
 
@@ -101,9 +101,8 @@ class Session:
         codes = codes.reshape(1, -1).to(self.device)
         needed = math.ceil(frames / self.models.config.pool_window_size)
         if codes.shape[1] < needed:
-            raise ValueError(f"{codes.shape[1]} codes cover {codes.shape[1] / 5:g} s but {frames} frames need {needed}")
-        hints = self.models.acestep.codes_to_hints(codes, frames).to(self.dtype)
-        return torch.cat([hints, torch.ones_like(hints)], dim=-1)
+            raise ValueError(f"{codes.shape[1]} codes cover {codes.shape[1] / CODE_RATE_HZ:g} s but {frames} frames need {needed}")
+        return with_chunk_mask(self.models.acestep.codes_to_hints(codes, frames).to(self.dtype))
 
     # ---- conditioning ----------------------------------------------------------------------------------------
 
@@ -181,10 +180,8 @@ class Session:
     def context_latents(self, frames: int, source: Source | None) -> torch.Tensor:
         """[1, T, 128] = source context (silence for text2music, structure hints for a cover) || chunk mask of ones."""
         if source is None:
-            src = silence_frames(self.models.silence_latent, frames).to(self.device, self.dtype)
-        else:
-            src = source.hints[:, :frames]
-        return torch.cat([src, torch.ones_like(src)], dim=-1)
+            return with_chunk_mask(silence_frames(self.models.silence_latent, frames).to(self.device, self.dtype))
+        return with_chunk_mask(source.hints[:, :frames])
 
     def initial_noise(self, frames: int, seed: int) -> torch.Tensor:
         """The seeded starting noise [1, T, 64] of a generation (drawn on the CPU: same on every device)."""
@@ -289,6 +286,11 @@ class Session:
 
     def _vae_decode(self, latent: torch.Tensor) -> torch.Tensor:
         return self.models.vae.decode(latent.transpose(1, 2).to(self.device, self.dtype))[0].float()
+
+
+def with_chunk_mask(src: torch.Tensor) -> torch.Tensor:
+    """Source context [1, T, 64] -> the DiT's context latents [1, T, 128]: src || a chunk mask of ones."""
+    return torch.cat([src, torch.ones_like(src)], dim=-1)
 
 
 def peak_normalize(audio: torch.Tensor) -> torch.Tensor:

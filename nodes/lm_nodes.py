@@ -22,7 +22,9 @@ class Structure:
 
     @property
     def seconds(self) -> float:
-        return len(self.codes) / 5
+        from ..engine.lm.song import CODE_RATE_HZ
+
+        return len(self.codes) / CODE_RATE_HZ
 
 
 def _attach_lm(model, checkpoint: str, preset: str, sampling) -> None:

@@ -13,8 +13,8 @@ import torch
 
 from ..audio_io import read_wav
 from ..models.presets import LATENT_RATE_HZ
-from ..prompts import DURATION_RANGE_S
 from ..conditioning import Conditioning
+from ..lm.song import lm_duration
 from ..session import Session, Source, seconds_to_frames
 from .knobs import KnobRegistry
 from .loop_buffer import LoopBuffer
@@ -107,8 +107,7 @@ class LiveApp:
         session, config = self.session, self.config
         if session.song_writer is None:
             session.attach_lm(config.lm_checkpoint, config.lm_preset)
-        seconds = min(max(frames / LATENT_RATE_HZ, DURATION_RANGE_S[0]), DURATION_RANGE_S[1])
-        song = session.generate_codes(config.prompt, seconds, seeds=(int(self.registry.get("seed")),))
+        song = session.generate_codes(config.prompt, lm_duration(frames / LATENT_RATE_HZ), seeds=(int(self.registry.get("seed")),))
         log.info("LM structure: %d codes, %s", song.codes.shape[1], song.metadata.cot().replace("\n", ", "))
         return session.codes_context(song.codes[0], frames)
 

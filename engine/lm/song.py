@@ -20,6 +20,13 @@ from .vocabulary import LMTokenizer
 CODE_RATE_HZ = 5  # one code per 5 latent frames (25 Hz / 5)
 
 
+def lm_duration(seconds: float) -> float:
+    """The song length to ask the LM for so its codes cover `seconds`: at least its shortest song (10 s), at most
+    its longest (600 s); the caller keeps the first `seconds`."""
+    low, high = DURATION_RANGE_S
+    return min(max(seconds, low), high)
+
+
 def codes_for_seconds(duration_s: float) -> int:
     """Codes that cover `duration_s` (exact for whole 0.2 s steps, rounded up otherwise)."""
     return math.ceil(round(duration_s * CODE_RATE_HZ, 6))

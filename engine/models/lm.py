@@ -46,11 +46,6 @@ LM_PRESETS: dict[str, Qwen3Config] = {
 }
 
 
-def compact_token_ids(device: torch.device | str | None = None) -> torch.Tensor:
-    """Vocabulary ids of the compact head: index 0 = EOS, index 1 + k = audio code k (k < 64,000)."""
-    codes = torch.arange(AUDIO_CODE_BASE, AUDIO_CODE_BASE + NUM_CODES, device=device)
-    return torch.cat([torch.tensor([EOS_ID], device=device), codes])
-
 
 class DecoderLayer(nn.Module):
     """Pre-norm Qwen3 block whose attention reads and writes a KV cache."""
