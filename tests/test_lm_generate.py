@@ -37,9 +37,10 @@ def reference_codes(reference, request: CodeRequest, params: SamplingParams) -> 
     cond, uncond, codes = list(request.prompt_ids), list(request.uncond_ids), []
     with torch.no_grad():
         for step in range(request.num_codes):
-            full = reference(input_ids=torch.tensor([cond])).logits[:, -1]
+            full = reference(input_ids=torch.tensor([cond])).logits[:, -1].float()
             if params.guided:
-                full = cfg_logits(full, reference(input_ids=torch.tensor([uncond])).logits[:, -1], params.cfg)
+                unguided = reference(input_ids=torch.tensor([uncond])).logits[:, -1].float()
+                full = unguided + params.cfg * (full - unguided)  # written out: the check must not share cfg_logits
             logits = full[:, AUDIO_CODE_BASE : AUDIO_CODE_BASE + NUM_CODES]
             code = sample(logits, params, torch.tensor([request.seed]), torch.tensor([step])).item()
             codes.append(code)
@@ -115,7 +116,8 @@ def test_cfg_on_compact_logits_equals_cfg_on_full_logits_restricted(models):
     cond, uncond = torch.randn(2, 5, TINY.hidden_size, generator=g)
     with torch.no_grad():
         compact = cfg_logits(ours.compact_logits(cond), ours.compact_logits(uncond), 2.5)
-        full = cfg_logits(ours.logits(cond), ours.logits(uncond), 2.5)
+        full_cond, full_uncond = ours.logits(cond), ours.logits(uncond)
+        full = full_uncond + 2.5 * (full_cond - full_uncond)
     restricted = torch.cat([full[:, EOS_ID : EOS_ID + 1], full[:, AUDIO_CODE_BASE : AUDIO_CODE_BASE + NUM_CODES]], dim=1)
     torch.testing.assert_close(compact, restricted, atol=1e-5, rtol=1e-5)
 
