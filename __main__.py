@@ -7,23 +7,37 @@ import sys
 import time
 from pathlib import Path
 
+from .engine.params import CFG_MODES
+
 DTYPES = ("float32", "bfloat16")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="tiny", help="network preset when no --checkpoint is given: tiny (default, no files), turbo-2b, xl (random weights)")
-    parser.add_argument("--checkpoint", type=Path, help="local weights: official ACE-Step 1.5 folder, ComfyUI models/ folder or file, or a flowjam .safetensors")
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        help="network preset when no --checkpoint is given: tiny (default, no files), turbo-2b, xl (random weights)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="local weights: official ACE-Step 1.5 folder, ComfyUI models/ folder or file, or a flowjam .safetensors",
+    )
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flowjam", description="flowjam: play ACE-Step 1.5 in real time (ComfyUI nodes, OSC, MIDI)")
+    parser = argparse.ArgumentParser(
+        prog="flowjam", description="flowjam: play ACE-Step 1.5 in real time (ComfyUI nodes, OSC, MIDI)"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     render = commands.add_parser("render", help="generate one piece offline and write a 48 kHz stereo WAV")
     render.add_argument("--prompt", required=True, help="caption / tags describing the music")
-    render.add_argument("--lyrics", default="", help="lyrics text, or @file.txt to read them from a file (default: instrumental)")
+    render.add_argument(
+        "--lyrics", default="", help="lyrics text, or @file.txt to read them from a file (default: instrumental)"
+    )
     render.add_argument("--seconds", type=float, default=10.0, help="length of the output in seconds (> 0)")
     render.add_argument("--out", type=Path, default=Path("flowjam.wav"), help="output WAV path")
     render.add_argument("--cover", type=Path, help="source WAV to cover (keeps its structure)")
@@ -35,9 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--key", help="key scale, e.g. 'G major', 'F# minor'")
     render.add_argument("--time-signature", help="2, 3, 4 or 6 (or 4/4 style)")
     render.add_argument("--language", default="unknown", help="lyrics language code (en, zh, ja, ...)")
-    render.add_argument("--lm", action="store_true", help="let the 5 Hz LM write the song structure (audio codes) first")
-    render.add_argument("--lm-checkpoint", type=Path, help="LM weights: acestep-5Hz-lm-* folder, ComfyUI qwen_{1.7b,4b}_ace15 file or models/ folder")
-    render.add_argument("--lm-preset", default="tiny", help="LM preset when no --lm-checkpoint: tiny (default), lm-0.6b, lm-1.7b, lm-4b (random weights)")
+    render.add_argument(
+        "--lm", action="store_true", help="let the 5 Hz LM write the song structure (audio codes) first"
+    )
+    render.add_argument(
+        "--lm-checkpoint",
+        type=Path,
+        help="LM weights: acestep-5Hz-lm-* folder, ComfyUI qwen_{1.7b,4b}_ace15 file or models/ folder",
+    )
+    render.add_argument(
+        "--lm-preset",
+        default="tiny",
+        help="LM preset when no --lm-checkpoint: tiny (default), lm-0.6b, lm-1.7b, lm-4b (random weights)",
+    )
     render.add_argument("--lm-cfg", type=float, default=2.0, help="LM guidance (>= 1; 1 = off)")
     render.add_argument("--lm-temperature", type=float, default=0.85, help="LM sampling temperature (0 = greedy)")
     render.add_argument("--lm-top-p", type=float, default=0.9, help="LM nucleus sampling mass (1 = off)")
@@ -59,21 +83,27 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--seconds", type=float, default=60.0, help="song latent length")
     tick.add_argument("--depth", type=int, default=4)
     tick.add_argument("--steps", type=int, default=8)
-    tick.add_argument("--cfg", default="off", choices=("off", "full", "initialize", "self"))
+    tick.add_argument("--cfg", default="off", choices=CFG_MODES)
     tick.add_argument("--ticks", type=int, default=48, help="measured ticks (after warm-up)")
     tick.add_argument("--backend", default="eager", choices=("eager", "compile"))
     tick.add_argument("--device", default="cpu")
     tick.add_argument("--dtype", default="float32", choices=DTYPES)
 
-    latency = targets.add_parser("latency", help="knob -> first changed tick and knob -> ear, shared vs per-request knob")
+    latency = targets.add_parser(
+        "latency", help="knob -> first changed tick and knob -> ear, shared vs per-request knob"
+    )
     latency.add_argument("--trials", type=int, default=12)
     latency.add_argument("--depth", type=int, default=4)
     latency.add_argument("--song-seconds", type=float, default=10.0)
+    latency.add_argument(
+        "--cfg", default="off", choices=CFG_MODES, help="cfg_mode of the stream (full: negative rows every step)"
+    )
     add_model_arguments(latency)
     soak = targets.add_parser("soak", help="play for N minutes under a knob storm and prompt swaps")
     soak.add_argument("--minutes", type=float, default=2.0)
     soak.add_argument("--depth", type=int, default=4)
     soak.add_argument("--song-seconds", type=float, default=10.0)
+    soak.add_argument("--cfg", default="off", choices=CFG_MODES, help="cfg_mode of the stream")
     add_model_arguments(soak)
 
     lm = targets.add_parser("lm", help="5 Hz LM code generation: ms/step and codes/s vs transformers' generate")
@@ -98,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     live = commands.add_parser("live", help="play the stream: audio out, OSC and MIDI control, live status line")
     live.add_argument("--prompt", default="ambient pads, slow evolving synth", help="caption (prompt A)")
     live.add_argument("--prompt-b", help="second caption; the prompt_blend knob morphs A -> B")
+    live.add_argument("--negative", help="negative prompt that CFG guides away from (default: the null condition)")
+    live.add_argument(
+        "--cfg-mode",
+        choices=CFG_MODES,
+        help="guidance rows: off (default: turbo is CFG-distilled), full, initialize, self",
+    )
     live.add_argument("--source", type=Path, help="source WAV to cover in a loop (sets the loop length)")
     live.add_argument("--song-seconds", type=float, default=30.0, help="loop length for text-only sessions")
     live.add_argument("--seconds", type=float, help="stop cleanly after this many seconds (default: run until Ctrl-C)")
@@ -107,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--audio-device", help="output device name or index (see --list-devices)")
     live.add_argument("--list-devices", action="store_true", help="print audio output devices and exit")
     live.add_argument("--no-audio", action="store_true", help="no sound card: advance in real time and only record")
-    live.add_argument("--playback", default="process", choices=("process", "thread"), help="where the audio callback runs")
+    live.add_argument(
+        "--playback", default="process", choices=("process", "thread"), help="where the audio callback runs"
+    )
     live.add_argument("--record", type=Path, help="write exactly what was played to this WAV")
     live.add_argument("--session", default="default", help="OSC session name in /flowjam/<session>/...")
     live.add_argument("--osc-port", type=int, default=9000, help="UDP port for OSC control (0: none)")
@@ -116,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--osc-allow", help="comma-separated hosts allowed to send OSC when binding beyond loopback")
     live.add_argument("--midi-port", help="MIDI input port name (pip install 'flowjam[midi]')")
     live.add_argument("--midi-map", type=Path, help="JSON CC mapping file: loaded if it exists, saved on exit")
-    live.add_argument("--lm", action="store_true", help="text-only: the 5 Hz LM writes the loop's structure from --prompt at start")
+    live.add_argument(
+        "--lm", action="store_true", help="text-only: the 5 Hz LM writes the loop's structure from --prompt at start"
+    )
     live.add_argument("--lm-checkpoint", type=Path, help="LM weights (see render --lm-checkpoint)")
     live.add_argument("--lm-preset", default="tiny", help="LM preset when no --lm-checkpoint (default tiny)")
     live.add_argument("--midi-learn", help="comma-separated knobs to MIDI-learn in order: move one control for each")
@@ -148,11 +188,25 @@ def run_render(args: argparse.Namespace) -> int:
 
     lyrics = Path(args.lyrics[1:]).read_text(encoding="utf-8") if args.lyrics.startswith("@") else args.lyrics
     request = RenderRequest(
-        prompt=args.prompt, seconds=args.seconds, out=args.out, lyrics=lyrics, cover=args.cover, seed=args.seed,
-        steps=args.steps, shift=args.shift, denoise=args.denoise, bpm=args.bpm, key=args.key,
-        time_signature=args.time_signature, language=args.language, lm=args.lm, lm_checkpoint=args.lm_checkpoint,
+        prompt=args.prompt,
+        seconds=args.seconds,
+        out=args.out,
+        lyrics=lyrics,
+        cover=args.cover,
+        seed=args.seed,
+        steps=args.steps,
+        shift=args.shift,
+        denoise=args.denoise,
+        bpm=args.bpm,
+        key=args.key,
+        time_signature=args.time_signature,
+        language=args.language,
+        lm=args.lm,
+        lm_checkpoint=args.lm_checkpoint,
         lm_preset=args.lm_preset,
-        lm_sampling=SamplingParams(temperature=args.lm_temperature, top_k=args.lm_top_k, top_p=args.lm_top_p, cfg=args.lm_cfg),
+        lm_sampling=SamplingParams(
+            temperature=args.lm_temperature, top_k=args.lm_top_k, top_p=args.lm_top_p, cfg=args.lm_cfg
+        ),
     )
     request.validate()
     session = load_session(args)
@@ -170,7 +224,9 @@ def load_session(args: argparse.Namespace):
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    return {"dit": bench_dit, "tick": bench_tick, "lm": bench_lm, "latency": bench_latency, "soak": bench_soak}[args.target](args)
+    return {"dit": bench_dit, "tick": bench_tick, "lm": bench_lm, "latency": bench_latency, "soak": bench_soak}[
+        args.target
+    ](args)
 
 
 def bench_lm(args: argparse.Namespace) -> int:
@@ -178,7 +234,17 @@ def bench_lm(args: argparse.Namespace) -> int:
 
     from .engine.lm.bench import run_lm_bench
 
-    run_lm_bench(args.preset, args.batch, args.cfg, args.tokens, args.device, getattr(torch, args.dtype), args.repeats, not args.no_baseline, args.compile)
+    run_lm_bench(
+        args.preset,
+        args.batch,
+        args.cfg,
+        args.tokens,
+        args.device,
+        getattr(torch, args.dtype),
+        args.repeats,
+        not args.no_baseline,
+        args.compile,
+    )
     return 0
 
 
@@ -186,20 +252,28 @@ def bench_latency(args: argparse.Namespace) -> int:
     from .engine.live.bench import measure_latency
 
     session = load_session(args)
-    print(f"knob latency: preset {args.preset}, depth {args.depth}, 8 steps, {args.song_seconds:g} s loop, {args.trials} trials per knob, no audio device (real-time clock)")
+    print(
+        f"knob latency: preset {args.preset}, depth {args.depth}, cfg {args.cfg}, 8 steps, {args.song_seconds:g} s loop, {args.trials} trials per knob, no audio device (real-time clock)"
+    )
     print(f"{'knob':>16} {'kind':>8} {'knob->tick ms (median / p95)':>30} {'knob->ear ms (median / p95)':>30}")
-    for s in measure_latency(session, args.trials, args.song_seconds, args.depth):
-        print(f"{s.knob:>16} {s.kind:>8} {s.tick_ms_median:17.1f} / {s.tick_ms_p95:8.1f} {s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f}")
+    for s in measure_latency(session, args.trials, args.song_seconds, args.depth, cfg_mode=args.cfg):
+        print(
+            f"{s.knob:>16} {s.kind:>8} {s.tick_ms_median:17.1f} / {s.tick_ms_p95:8.1f} {s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f}"
+        )
     return 0
 
 
 def bench_soak(args: argparse.Namespace) -> int:
     from .engine.live.bench import soak
 
-    r = soak(load_session(args), args.minutes, args.song_seconds, args.depth)
-    print(f"soak {r.minutes:g} min: {r.ticks} ticks, {r.knob_sets} knob sets, {r.prompt_swaps} prompt swaps, {r.errors} runner errors")
+    r = soak(load_session(args), args.minutes, args.song_seconds, args.depth, cfg_mode=args.cfg)
+    print(
+        f"soak {r.minutes:g} min: {r.ticks} ticks, {r.knob_sets} knob sets, {r.prompt_swaps} prompt swaps, {r.errors} runner errors"
+    )
     print(f"  RSS {r.rss_start_mb:.1f} -> {r.rss_end_mb:.1f} MB ({r.rss_end_mb - r.rss_start_mb:+.1f} MB)")
-    print(f"  tick ms median: first {r.tick_ms_first:.2f}, last {r.tick_ms_last:.2f} (drift {r.tick_ms_last - r.tick_ms_first:+.2f})")
+    print(
+        f"  tick ms median: first {r.tick_ms_first:.2f}, last {r.tick_ms_last:.2f} (drift {r.tick_ms_last - r.tick_ms_first:+.2f})"
+    )
     print(f"  underruns {r.underruns}")
     return 0 if r.errors == 0 else 1
 
@@ -209,13 +283,33 @@ def bench_tick(args: argparse.Namespace) -> int:
 
     from .engine.benchmarks import bench_tick as measure
 
-    device_name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
-    print(f"StreamPipeline tick: preset {args.preset}, {args.seconds:g} s song, depth {args.depth}, {args.steps} steps, cfg {args.cfg}, {args.dtype}, {args.backend}, {device_name}")
-    r = measure(args.preset, args.seconds, args.depth, args.steps, args.cfg, args.device, getattr(torch, args.dtype), ticks=args.ticks, backend=args.backend)
+    device_name = (
+        torch.cuda.get_device_name(args.device)
+        if args.device.startswith("cuda")
+        else f"cpu ({torch.get_num_threads()} threads)"
+    )
+    print(
+        f"StreamPipeline tick: preset {args.preset}, {args.seconds:g} s song, depth {args.depth}, {args.steps} steps, cfg {args.cfg}, {args.dtype}, {args.backend}, {device_name}"
+    )
+    r = measure(
+        args.preset,
+        args.seconds,
+        args.depth,
+        args.steps,
+        args.cfg,
+        args.device,
+        getattr(torch, args.dtype),
+        ticks=args.ticks,
+        backend=args.backend,
+    )
     print(f"  warm-up           {r.warmup_s:.1f} s (first ticks, compilation included)")
-    print(f"  ms/tick           median {r.median_ms:.2f}   p95 {r.p95_ms:.2f}   ({r.ticks} ticks, {r.rows_per_tick:.2f} rows/tick)")
+    print(
+        f"  ms/tick           median {r.median_ms:.2f}   p95 {r.p95_ms:.2f}   ({r.ticks} ticks, {r.rows_per_tick:.2f} rows/tick)"
+    )
     print(f"  finished latents  {r.finished_per_s:.2f} /s   audio generated {r.audio_s_per_s:.1f} s per wall second")
-    print(f"  FLOP bound        {r.row_tflop * 1000:.3f} GFLOP/row x {r.rows_per_tick:.2f} rows at measured GEMM peak {r.gemm_tflops:.1f} TFLOP/s = {r.bound_ms:.2f} ms/tick;  ratio {r.median_ms / r.bound_ms:.2f}x")
+    print(
+        f"  FLOP bound        {r.row_tflop * 1000:.3f} GFLOP/row x {r.rows_per_tick:.2f} rows at measured GEMM peak {r.gemm_tflops:.1f} TFLOP/s = {r.bound_ms:.2f} ms/tick;  ratio {r.median_ms / r.bound_ms:.2f}x"
+    )
     return 0
 
 
@@ -224,11 +318,17 @@ def bench_dit(args: argparse.Namespace) -> int:
 
     from .engine.benchmarks import time_dit_forward
 
-    print(f"DiT forward, preset {args.preset}, batch {args.batch}, {args.dtype}, device {args.device}, torch threads {torch.get_num_threads()}")
+    print(
+        f"DiT forward, preset {args.preset}, batch {args.batch}, {args.dtype}, device {args.device}, torch threads {torch.get_num_threads()}"
+    )
     print(f"{'window s':>9} {'frames':>7} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
     for seconds in args.seconds:
-        timing = time_dit_forward(args.preset, seconds, args.batch, args.device, getattr(torch, args.dtype), args.repeats)
-        print(f"{timing.seconds:9.1f} {timing.frames:7d} {timing.median_ms:10.2f} {timing.min_ms:8.2f} {timing.max_ms:8.2f}")
+        timing = time_dit_forward(
+            args.preset, seconds, args.batch, args.device, getattr(torch, args.dtype), args.repeats
+        )
+        print(
+            f"{timing.seconds:9.1f} {timing.frames:7d} {timing.median_ms:10.2f} {timing.min_ms:8.2f} {timing.max_ms:8.2f}"
+        )
     return 0
 
 
@@ -247,12 +347,16 @@ def run_demo(args: argparse.Namespace) -> int:
 
     def show(line) -> None:
         if not args.quiet:
-            print(f"tick {line.tick:4d}  {line.tick_ms:7.1f} ms  playhead {line.playhead_s:5.2f} s  slots {line.active_slots}  rows {line.rows}"
-                  f"  denoise {line.denoise:.2f}  blend {line.blend:.2f}  velocity {line.velocity_scale:4s}  delivered {line.delivered}")
+            print(
+                f"tick {line.tick:4d}  {line.tick_ms:7.1f} ms  playhead {line.playhead_s:5.2f} s  slots {line.active_slots}  rows {line.rows}"
+                f"  denoise {line.denoise:.2f}  blend {line.blend:.2f}  velocity {line.velocity_scale:4s}  delivered {line.delivered}"
+            )
 
     path, lines = perform(session, args.seconds, args.out, depth=args.depth, seed=args.seed, on_tick=show)
     times = sorted(line.tick_ms for line in lines)
-    print(f"wrote {path}: {args.seconds:g} s from {len(lines)} ticks; tick ms median {times[len(times) // 2]:.1f}, max {times[-1]:.1f}")
+    print(
+        f"wrote {path}: {args.seconds:g} s from {len(lines)} ticks; tick ms median {times[len(times) // 2]:.1f}, max {times[-1]:.1f}"
+    )
     return 0
 
 
@@ -269,19 +373,30 @@ def run_live(args: argparse.Namespace) -> int:
     if args.seconds is not None and args.seconds <= 0:
         raise ValueError(f"--seconds must be > 0, got {args.seconds}")
     registry = KnobRegistry()
-    for name in ("depth", "steps"):
+    for name in ("depth", "steps", "cfg_mode"):
         if getattr(args, name) is not None:
             registry.set(name, getattr(args, name), origin="cli")
     config = LiveConfig(
-        prompt=args.prompt, prompt_b=args.prompt_b, source=args.source, song_seconds=args.song_seconds,
-        session_name=args.session, audio_device=args.audio_device, playback_mode="null" if args.no_audio else args.playback,
-        record=args.record, osc_host=args.osc_host, osc_port=args.osc_port or None,
+        prompt=args.prompt,
+        prompt_b=args.prompt_b,
+        negative=args.negative,
+        source=args.source,
+        song_seconds=args.song_seconds,
+        session_name=args.session,
+        audio_device=args.audio_device,
+        playback_mode="null" if args.no_audio else args.playback,
+        record=args.record,
+        osc_host=args.osc_host,
+        osc_port=args.osc_port or None,
         osc_feedback=parse_host_port(args.osc_feedback) if args.osc_feedback else None,
         osc_allow=tuple(h.strip() for h in args.osc_allow.split(",")) if args.osc_allow else None,
-        midi_port=args.midi_port, midi_map=args.midi_map,
+        midi_port=args.midi_port,
+        midi_map=args.midi_map,
         midi_learn=tuple(k.strip() for k in args.midi_learn.split(",")) if args.midi_learn else (),
-        lm=args.lm, lm_checkpoint=args.lm_checkpoint, lm_preset=args.lm_preset,
-        runner=RunnerConfig(depth=int(registry.get("depth")), backend=args.backend),
+        lm=args.lm,
+        lm_checkpoint=args.lm_checkpoint,
+        lm_preset=args.lm_preset,
+        runner=RunnerConfig(backend=args.backend),
     )
     app = LiveApp(load_session(args), config, registry)
     app.start()

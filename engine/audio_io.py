@@ -46,7 +46,9 @@ def read_wav(path: str | Path) -> tuple[torch.Tensor, int]:
         chunk_id, size = raw[pos : pos + 4], struct.unpack("<I", raw[pos + 4 : pos + 8])[0]
         body = raw[pos + 8 : pos + 8 + size]
         if chunk_id == b"fmt ":
-            fmt = struct.unpack("<HHIIHH", body[:16]) + ((struct.unpack("<H", body[24:26])[0],) if len(body) >= 26 else ())
+            fmt = struct.unpack("<HHIIHH", body[:16]) + (
+                (struct.unpack("<H", body[24:26])[0],) if len(body) >= 26 else ()
+            )
         elif chunk_id == b"data":
             data = body
         pos += 8 + size + (size & 1)
@@ -90,7 +92,9 @@ def resample(audio: torch.Tensor, from_rate: int, to_rate: int, taps_per_side: i
     offsets = torch.arange(-width, width + 1, dtype=torch.float64)[None, :]
     x = (offsets - phases) * cutoff
     window = torch.special.i0(8.0 * torch.sqrt(torch.clamp(1 - ((offsets - phases) / (width + 1)) ** 2, min=0.0)))
-    kernels = (cutoff * torch.sinc(x) * window / torch.special.i0(torch.tensor(8.0, dtype=torch.float64))).to(audio.dtype)
+    kernels = (cutoff * torch.sinc(x) * window / torch.special.i0(torch.tensor(8.0, dtype=torch.float64))).to(
+        audio.dtype
+    )
     lead = audio.shape[:-1]
     flat = audio.reshape(-1, 1, audio.shape[-1])
     padded = F.pad(flat, (width, width + 1))

@@ -1,4 +1,5 @@
-"""Benchmarks that print numbers (`python -m flowjam bench ...`) and parameter census of the presets."""
+"""`python -m flowjam bench dit|tick` (one DiT forward; a stream tick against the spec's FLOP bound) and the
+parameter census of the presets. `bench lm` is in lm/bench.py, `bench latency|soak` in live/bench.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import torch
 from .conditioning import Conditioning
 from .models.acestep import AceStepModel
 from .models.dit import DiTDecoder
-from .models.presets import LATENT_RATE_HZ, AceStepConfig, get_preset
+from .models.presets import AceStepConfig, get_preset
 from .models.text_encoder import Qwen3TextEncoder
 from .models.vae import OobleckVAE
+from .params import LATENT_RATE_HZ
 from .stream import SlotRequest, StreamPipeline
 
 CONDITION_TOKENS = 256
@@ -56,7 +58,13 @@ def _sync(device: torch.device) -> None:
 
 
 def time_dit_forward(
-    preset_name: str, seconds: float, batch: int = 1, device: str = "cpu", dtype: torch.dtype = torch.float32, repeats: int = 5, seed: int = 0
+    preset_name: str,
+    seconds: float,
+    batch: int = 1,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    repeats: int = 5,
+    seed: int = 0,
 ) -> ForwardTiming:
     """Wall time of one batched DiT forward (random weights at the preset's shape, cached cross-attention K/V)."""
     config = get_preset(preset_name).dit
@@ -66,7 +74,9 @@ def time_dit_forward(
         dit = DiTDecoder(config).to(dev, dtype).eval()
         frames = round(seconds * LATENT_RATE_HZ)
         x = torch.randn(batch, frames, config.audio_acoustic_hidden_dim, device=dev, dtype=dtype)
-        context = torch.randn(batch, frames, config.in_channels - config.audio_acoustic_hidden_dim, device=dev, dtype=dtype)
+        context = torch.randn(
+            batch, frames, config.in_channels - config.audio_acoustic_hidden_dim, device=dev, dtype=dtype
+        )
         cond = torch.randn(batch, CONDITION_TOKENS, config.condition_width, device=dev, dtype=dtype)
     t = torch.linspace(1.0, 0.3, batch, device=dev, dtype=dtype)
     times_ms = []
@@ -97,14 +107,23 @@ def dit_row_flops(config: AceStepConfig, frames: int, condition_tokens: int = CO
     layers = config.num_hidden_layers
     sliding = sum(config.layer_is_sliding(i) for i in range(layers))
     linear_macs = (2 * h * q_dim + 2 * h * kv_dim) + 2 * h * q_dim + 3 * h * inter
-    attention = 4 * q_dim * tokens * (
-        (layers - sliding) * tokens + sliding * band_mean_keys(tokens, config.sliding_window) + layers * condition_tokens
+    attention = (
+        4
+        * q_dim
+        * tokens
+        * (
+            (layers - sliding) * tokens
+            + sliding * band_mean_keys(tokens, config.sliding_window)
+            + layers * condition_tokens
+        )
     )
     patch = config.patch_size * (config.in_channels * h + h * config.audio_acoustic_hidden_dim)
     return 2 * layers * tokens * linear_macs + attention + 2 * tokens * patch
 
 
-def measure_gemm_tflops(device: torch.device, dtype: torch.dtype, sizes=((8192, 8192, 8192), (6000, 2048, 6144))) -> float:
+def measure_gemm_tflops(
+    device: torch.device, dtype: torch.dtype, sizes=((8192, 8192, 8192), (6000, 2048, 6144))
+) -> float:
     """Best matmul throughput over a few shapes (TFLOP/s), timed in this process."""
     best = 0.0
     for m, k, n in sizes:
@@ -137,8 +156,16 @@ class TickReport:
 
 
 def bench_tick(
-    preset_name: str, seconds: float, depth: int, steps: int, cfg: str, device: str, dtype: torch.dtype,
-    ticks: int = 48, seed: int = 0, backend: str = "eager",
+    preset_name: str,
+    seconds: float,
+    depth: int,
+    steps: int,
+    cfg: str,
+    device: str,
+    dtype: torch.dtype,
+    ticks: int = 48,
+    seed: int = 0,
+    backend: str = "eager",
 ) -> TickReport:
     """Steady-state ticks of a StreamPipeline at real shapes with random weights (a new request every tick)."""
     config = get_preset(preset_name).dit

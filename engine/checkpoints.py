@@ -1,5 +1,9 @@
 """Find and load ACE-Step 1.5 weights (official folders, ComfyUI files, flowjam single files) or build a preset
-from a seed. Everything loads from local files; nothing is ever downloaded."""
+from a seed. Everything loads from local files; nothing is ever downloaded.
+
+Network shapes are read off the tensors. The DiT's sliding window is not in any tensor: it comes from the official
+folder's config.json or a flowjam file's metadata; without either, only the official head size (128) implies the
+official window (128), and other shapes are refused rather than guessed. The 5 Hz LM loads in lm/checkpoint.py."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from torch import nn
 
 from . import key_maps
 from .models.acestep import AceStepModel
-from .models.presets import AceStepConfig, Preset, get_preset
+from .models.presets import TURBO_2B, AceStepConfig, Preset, get_preset
 from .models.text_encoder import Qwen3TextEncoder
 from .models.text_tokenizer import Qwen3Tokenizer
 from .models.vae import OobleckVAE
@@ -45,7 +49,7 @@ class ModelBundle:
     def config(self) -> AceStepConfig:
         return self.acestep.config
 
-    def to(self, device: torch.device | str, dtype: torch.dtype) -> "ModelBundle":
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> ModelBundle:
         for net in (self.acestep, self.text_encoder, self.vae):
             net.to(device=device, dtype=dtype)
         self.silence_latent = self.silence_latent.to(device=device, dtype=dtype)
@@ -72,14 +76,18 @@ def derive_silence_latent(vae: OobleckVAE) -> torch.Tensor:
     """The VAE latent of digital silence [1, 15000, C]: encode a few seconds of zeros, keep the head frames
     (edge effects) and repeat the steady middle frame. Used when no `silence_latent.pt` is at hand."""
     param = next(vae.parameters())
-    zeros = torch.zeros(1, vae.config.audio_channels, SILENCE_PROBE_SECONDS * vae.sample_rate, device=param.device, dtype=param.dtype)
+    zeros = torch.zeros(
+        1, vae.config.audio_channels, SILENCE_PROBE_SECONDS * vae.sample_rate, device=param.device, dtype=param.dtype
+    )
     with torch.no_grad():
         probe = vae.encode(zeros).transpose(1, 2)
     middle = probe.shape[1] // 2
     return silence_frames(probe[:, : middle + 1], SILENCE_FRAMES)
 
 
-def build_random(preset: str | Preset = "tiny", seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> ModelBundle:
+def build_random(
+    preset: str | Preset = "tiny", seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> ModelBundle:
     """A preset with seeded random weights: the embedded default (`tiny`) or full shapes for benchmarks."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     with torch.random.fork_rng(devices=[]):
@@ -129,12 +137,21 @@ def load_strict(net: nn.Module, state: Mapping[str, torch.Tensor], what: str, or
     expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}
     missing = sorted(expected.keys() - state.keys())
     unexpected = sorted(state.keys() - expected.keys())
-    mismatched = sorted(f"{k} {tuple(state[k].shape)} != {expected[k]}" for k in expected.keys() & state.keys() if tuple(state[k].shape) != expected[k])
+    mismatched = sorted(
+        f"{k} {tuple(state[k].shape)} != {expected[k]}"
+        for k in expected.keys() & state.keys()
+        if tuple(state[k].shape) != expected[k]
+    )
     if missing or unexpected or mismatched:
+
         def listed(label: str, items: list[str]) -> str:
             return f"{len(items)} {label} ({', '.join(items[:6])}{', ...' if len(items) > 6 else ''})" if items else ""
 
-        parts = "; ".join(p for p in (listed("missing", missing), listed("unexpected", unexpected), listed("mis-shaped", mismatched)) if p)
+        parts = "; ".join(
+            p
+            for p in (listed("missing", missing), listed("unexpected", unexpected), listed("mis-shaped", mismatched))
+            if p
+        )
         raise CheckpointError(f"{origin} does not fit the {what}: {parts}. Pass the matching file for the {what}.")
     net.load_state_dict({k: v.to(dtype=torch.float32) for k, v in state.items()}, strict=True, assign=True)
 
@@ -149,13 +166,29 @@ def assemble(
     silence_latent: torch.Tensor | None,
     config_overrides: Mapping[str, object] | None = None,
 ) -> ModelBundle:
-    """Build networks whose shapes the state dicts dictate and load them strictly (kept in fp32 on CPU)."""
-    for state, marker, origin in ((dit_state, key_maps.DIT_MARKER, origins[0]), (text_state, "embed_tokens.weight", origins[1]), (vae_state, key_maps.VAE_MARKER, origins[2])):
+    """Build networks whose shapes the state dicts dictate and load them strictly (kept in fp32 on CPU).
+
+    `config_overrides` are the DiT config values no tensor holds (from config.json or a flowjam file's metadata).
+    Without a sliding window among them only the official head size implies the official window (128)."""
+    for state, marker, origin in (
+        (dit_state, key_maps.DIT_MARKER, origins[0]),
+        (text_state, "embed_tokens.weight", origins[1]),
+        (vae_state, key_maps.VAE_MARKER, origins[2]),
+    ):
         if marker not in state:
-            raise CheckpointError(f"{origin} is not the expected kind of file (no {marker!r}); check which file goes where")
+            raise CheckpointError(
+                f"{origin} is not the expected kind of file (no {marker!r}); check which file goes where"
+            )
     dit_config = key_maps.infer_acestep_config(dit_state)
-    if config_overrides:
-        dit_config = replace(dit_config, **{k: v for k, v in config_overrides.items() if hasattr(dit_config, k)})
+    overrides = {k: v for k, v in (config_overrides or {}).items() if hasattr(dit_config, k)}
+    if "sliding_window" not in overrides and dit_config.head_dim != TURBO_2B.head_dim:
+        raise CheckpointError(
+            f"{origins[0]} has head_dim {dit_config.head_dim}, not ACE-Step 1.5's {TURBO_2B.head_dim}, and no config "
+            "gives its sliding window (the tensors do not hold it). Put the model's config.json (with "
+            '"sliding_window") beside its model.safetensors in the official folder layout (acestep-v15-*/ next to '
+            "vae/ and Qwen3-Embedding-0.6B/), or save the networks with save_flowjam_file, which records the window"
+        )
+    dit_config = replace(dit_config, **overrides)
     with torch.device("meta"):
         acestep = AceStepModel(dit_config)
         text = Qwen3TextEncoder(key_maps.infer_qwen3_config(text_state))
@@ -165,7 +198,9 @@ def assemble(
     load_strict(vae, vae_state, "Oobleck VAE", origins[2])
     vae.eval()
     silence = silence_latent if silence_latent is not None else derive_silence_latent(vae)
-    return ModelBundle(name, acestep.eval(), text.eval(), tokenizer, vae, silence.float(), source=", ".join(sorted(set(origins))))
+    return ModelBundle(
+        name, acestep.eval(), text.eval(), tokenizer, vae, silence.float(), source=", ".join(sorted(set(origins)))
+    )
 
 
 def load_silence_pt(path: Path) -> torch.Tensor:
@@ -191,7 +226,9 @@ def load_official_folder(root: Path) -> ModelBundle:
     vae_dir, text_dir = base / "vae", base / "Qwen3-Embedding-0.6B"
     for folder in (vae_dir, text_dir):
         if not folder.is_dir():
-            raise CheckpointError(f"missing {folder}: the official layout keeps vae/ and Qwen3-Embedding-0.6B/ beside {dit_dir.name}/")
+            raise CheckpointError(
+                f"missing {folder}: the official layout keeps vae/ and Qwen3-Embedding-0.6B/ beside {dit_dir.name}/"
+            )
     overrides = {}
     config_path = dit_dir / "config.json"
     if config_path.is_file():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +18,7 @@ class Conditioning:
     task: str = "text2music"
     caption: str = ""
     _cross_kv: CrossKV | None = field(default=None, repr=False)
-    _built_by: int | None = field(default=None, repr=False)
+    _built_by: weakref.ref[DiTDecoder] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         states = self.encoder_hidden_states
@@ -27,11 +28,14 @@ class Conditioning:
             raise ValueError("conditioning contains NaN or infinite values")
 
     def cross_kv(self, decoder: DiTDecoder) -> CrossKV:
-        """Cross-attention K/V for every decoder layer, computed on first use per decoder."""
-        if self._cross_kv is None or self._built_by != id(decoder):
+        """Cross-attention K/V for every decoder layer, computed on first use per decoder.
+
+        The decoder that built them is held by a weak reference and compared by identity, so a new decoder is
+        never served the K/V of a freed one, even at the same address (`id` would collide there)."""
+        if self._cross_kv is None or self._built_by is None or self._built_by() is not decoder:
             with torch.no_grad():
                 self._cross_kv = decoder.build_cross_kv(self.encoder_hidden_states)
-            self._built_by = id(decoder)
+            self._built_by = weakref.ref(decoder)
         return self._cross_kv
 
     @property
@@ -52,5 +56,9 @@ def blend_conditionings(a: Conditioning, b: Conditioning, alpha: float, filler: 
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"blend amount must be in [0, 1], got {alpha}")
     length = max(a.length, b.length)
-    mixed = torch.lerp(pad_condition(a.encoder_hidden_states, length, filler), pad_condition(b.encoder_hidden_states, length, filler), alpha)
+    mixed = torch.lerp(
+        pad_condition(a.encoder_hidden_states, length, filler),
+        pad_condition(b.encoder_hidden_states, length, filler),
+        alpha,
+    )
     return Conditioning(mixed, a.task, f"{a.caption} <{alpha:.2f}> {b.caption}")

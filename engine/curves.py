@@ -7,10 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
+from .params import CURVE_OPS, WAVE_KINDS
+
 Curve = float | torch.Tensor
 
-WAVE_KINDS = ("sine", "square", "triangle", "pulse", "saw")
-COMBINE_OPS = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "min": torch.minimum, "max": torch.maximum}
+COMBINE_OPS = dict(zip(CURVE_OPS, (torch.add, torch.sub, torch.mul, torch.minimum, torch.maximum)))
 
 
 def as_curve(value: Curve, frames: int, name: str) -> torch.Tensor:
@@ -45,7 +46,9 @@ def frame_view(curve: torch.Tensor, name: str = "curve") -> torch.Tensor:
         return curve.unsqueeze(-1)
     if curve.dim() == 3 and curve.shape[-1] == 1:
         return curve
-    raise ValueError(f"curve {name!r} must be a scalar, [T], [B, T] or [B, T, 1] tensor, got shape {tuple(curve.shape)}")
+    raise ValueError(
+        f"curve {name!r} must be a scalar, [T], [B, T] or [B, T, 1] tensor, got shape {tuple(curve.shape)}"
+    )
 
 
 def resample(values: Sequence[float] | torch.Tensor, frames: int) -> torch.Tensor:

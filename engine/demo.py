@@ -1,7 +1,7 @@
 """`python -m flowjam demo`: a scripted performance streamed offline on the tiny preset, written to a WAV.
 
 A 10-second song latent is regenerated continuously (depth 4, 8 steps): the first request starts from noise,
-every later one re-generates the last finished latent. A virtual playhead advances `hop_s` per tick; each tick
+every later one re-generates the last finished latent. A virtual playhead advances HOP_SECONDS per tick; each tick
 the newest latent is decoded in a window at the playhead and appended with an equal-power crossfade. The script
 sweeps the denoise of new requests, a shared per-frame velocity curve (felt by every slot on the next tick)
 and a prompt blend from one caption to another.
@@ -17,7 +17,8 @@ import torch
 
 from . import curves
 from .audio_io import write_wav
-from .session import Session, peak_normalize, seconds_to_frames
+from .params import seconds_to_frames
+from .session import Session, peak_normalize
 from .stitch import append_with_overlap
 
 SONG_SECONDS = 10.0
@@ -76,7 +77,9 @@ def run_demo(
         if latest is None:
             request = session.make_request(condition, SONG_SECONDS, seed=seed, steps=steps)
         else:
-            request = session.make_request(condition, SONG_SECONDS, seed=seed, steps=steps, denoise=denoise, source_latents=latest)
+            request = session.make_request(
+                condition, SONG_SECONDS, seed=seed, steps=steps, denoise=denoise, source_latents=latest
+            )
         stream.submit(request)
         stream.set_shared_curve("velocity_scale", wave if wobble else None)
         finished = stream.tick()
@@ -88,8 +91,17 @@ def run_demo(
         if latest is not None:
             window = session.decode(latest, t_start=playhead_s, window_s=HOP_SECONDS + OVERLAP_SECONDS, cyclic=True)
             audio = append_with_overlap(audio, window[:, : hop + overlap], overlap)
-        line = TickLine(tick, stats["last_tick_ms"], playhead_s, stats["active_slots"], stats["rows"], denoise, blend,
-                        "wave" if wobble else "-", len(finished))
+        line = TickLine(
+            tick,
+            stats["last_tick_ms"],
+            playhead_s,
+            stats["active_slots"],
+            stats["rows"],
+            denoise,
+            blend,
+            "wave" if wobble else "-",
+            len(finished),
+        )
         lines.append(line)
         if on_tick is not None:
             on_tick(line)

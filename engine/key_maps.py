@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from .models.presets import TINY, TURBO_2B, AceStepConfig, Qwen3Config
+from .models.presets import TURBO_2B, AceStepConfig, Qwen3Config
 from .models.vae import OobleckConfig
 
 COMFY_DIT_PREFIX = "model.diffusion_model."
@@ -17,9 +17,7 @@ COMFY_AIO_VAE_PREFIX = "vae."
 COMFY_AIO_TEXT_PREFIX = "text_encoders.qwen3_06b.transformer."
 COMFY_TEXT_PREFIX = "model."
 DIT_MARKER = "encoder.lyric_encoder.layers.0.input_layernorm.weight"
-TEXT_MARKER = "layers.0.post_attention_layernorm.weight"
 VAE_MARKER = "decoder.conv1.weight_v"
-COMFY_VAE_MARKER = "decoder.layers.0.weight_v"
 
 _RESIDUAL_PARTS = ("snake1", "conv1", "snake2", "conv2")
 
@@ -61,7 +59,9 @@ def vae_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     params [C], parametrized weight norm) and passes diffusers layouts through."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
-        key = key.replace("parametrizations.weight.original0", "weight_g").replace("parametrizations.weight.original1", "weight_v")
+        key = key.replace("parametrizations.weight.original0", "weight_g").replace(
+            "parametrizations.weight.original1", "weight_v"
+        )
         match = re.fullmatch(r"(encoder|decoder)((?:\.layers\.\d+)+)\.(\w+)", key)
         if match:
             side, path, leaf = match.group(1), [int(i) for i in re.findall(r"\d+", match.group(2))], match.group(3)
@@ -79,16 +79,18 @@ def _count_layers(state: Mapping[str, torch.Tensor], prefix: str) -> int:
     return max(indices) + 1 if indices else 0
 
 
-def infer_acestep_config(state: Mapping[str, torch.Tensor], base: AceStepConfig | None = None) -> AceStepConfig:
-    """Read widths, head counts and layer counts off the DiT checkpoint's shapes (like ComfyUI's detection)."""
+def infer_acestep_config(state: Mapping[str, torch.Tensor]) -> AceStepConfig:
+    """Read widths, head counts and layer counts off the DiT checkpoint's shapes (like ComfyUI's detection).
+
+    What no tensor holds (sliding window, RoPE theta, norm eps) keeps the official turbo/XL values (window 128);
+    the loader replaces them from a config.json or the file's metadata, and refuses unofficial shapes without one."""
     head_dim = state["decoder.layers.0.self_attn.q_norm.weight"].shape[0]
     hidden = state["decoder.layers.0.self_attn_norm.weight"].shape[0]
     enc = "encoder.lyric_encoder.layers.0."
     encoder_hidden = state[enc + "input_layernorm.weight"].shape[0]
-    base = base or (TURBO_2B if head_dim == TURBO_2B.head_dim else TINY)
     separate_encoder = encoder_hidden != hidden
     return replace(
-        base,
+        TURBO_2B,
         hidden_size=hidden,
         intermediate_size=state["decoder.layers.0.mlp.gate_proj.weight"].shape[0],
         num_hidden_layers=_count_layers(state, "decoder.layers."),
@@ -97,8 +99,12 @@ def infer_acestep_config(state: Mapping[str, torch.Tensor], base: AceStepConfig 
         head_dim=head_dim,
         encoder_hidden_size=encoder_hidden if separate_encoder else None,
         encoder_intermediate_size=state[enc + "mlp.gate_proj.weight"].shape[0] if separate_encoder else None,
-        encoder_num_attention_heads=state[enc + "self_attn.q_proj.weight"].shape[0] // head_dim if separate_encoder else None,
-        encoder_num_key_value_heads=state[enc + "self_attn.k_proj.weight"].shape[0] // head_dim if separate_encoder else None,
+        encoder_num_attention_heads=state[enc + "self_attn.q_proj.weight"].shape[0] // head_dim
+        if separate_encoder
+        else None,
+        encoder_num_key_value_heads=state[enc + "self_attn.k_proj.weight"].shape[0] // head_dim
+        if separate_encoder
+        else None,
         in_channels=state["decoder.proj_in.1.weight"].shape[1],
         audio_acoustic_hidden_dim=state["decoder.proj_out.1.weight"].shape[1],
         patch_size=state["decoder.proj_in.1.weight"].shape[2],

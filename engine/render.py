@@ -1,4 +1,4 @@
-"""Offline rendering: prompt (and optional cover source) -> a 48 kHz stereo WAV file."""
+"""Offline rendering: prompt (plus a cover source, or the 5 Hz LM's structure and metadata) -> a 48 kHz stereo WAV."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import torch
 from .audio_io import read_wav, write_wav
 from .lm.sampling import SamplingParams
 from .lm.song import lm_duration
+from .params import seconds_to_frames
 from .prompts import DURATION_RANGE_S
-from .session import Session, peak_normalize, seconds_to_frames
+from .session import Session, peak_normalize
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,6 @@ class RenderRequest:
             self.lm_sampling.validate()
 
 
-
 def render(session: Session, request: RenderRequest, on_step: Callable[[int, int], None] | None = None) -> Path:
     """Generate and write the WAV; returns its path. Length is exactly `seconds` (rounded to whole samples)."""
     request.validate()
@@ -62,8 +62,14 @@ def render(session: Session, request: RenderRequest, on_step: Callable[[int, int
         if session.song_writer is None:
             session.attach_lm(request.lm_checkpoint, request.lm_preset, request.lm_sampling)
         song = session.generate_codes(
-            request.prompt, lm_duration(request.seconds), lyrics=request.lyrics, bpm=bpm, key=key, time_signature=time_signature,
-            language=language, seeds=(request.seed,),
+            request.prompt,
+            lm_duration(request.seconds),
+            lyrics=request.lyrics,
+            bpm=bpm,
+            key=key,
+            time_signature=time_signature,
+            language=language,
+            seeds=(request.seed,),
         )
         meta = song.metadata  # the DiT hears the metas the LM chose for the open fields, as upstream does
         bpm, key, time_signature, language = meta.bpm, meta.keyscale, meta.timesignature, meta.language or language

@@ -38,8 +38,3 @@ def timestep_schedule(steps: int, shift: float = 3.0, denoise: float = 1.0) -> t
     t_start = 1.0 if denoise >= 1.0 else steps / int(steps / denoise)
     grid = torch.linspace(t_start, 0.0, steps + 1, dtype=torch.float64).tolist()
     return tuple(shift_time(t, shift) for t in grid)
-
-
-def schedule_tensor(steps: int, shift: float = 3.0, denoise: float = 1.0, device=None, dtype=torch.float32) -> torch.Tensor:
-    """`timestep_schedule` as a tensor [steps + 1]."""
-    return torch.tensor(timestep_schedule(int(steps), float(shift), float(denoise)), device=device, dtype=dtype)

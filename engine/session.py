@@ -17,7 +17,7 @@ from .conditioning import Conditioning, blend_conditionings
 from .lm.checkpoint import load_lm
 from .lm.sampling import SamplingParams
 from .lm.song import CODE_RATE_HZ, SongCodes, SongWriter
-from .models.presets import LATENT_RATE_HZ
+from .params import LATENT_RATE_HZ, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
 
 CAPTION_MAX_TOKENS = 256
@@ -38,12 +38,6 @@ class Source:
         return self.latents.shape[1]
 
 
-def seconds_to_frames(seconds: float) -> int:
-    if not seconds > 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
-    return max(1, round(seconds * LATENT_RATE_HZ))
-
-
 class Session:
     def __init__(self, models: ModelBundle, backend: str = "eager"):
         self.models = models
@@ -59,7 +53,7 @@ class Session:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
-    ) -> "Session":
+    ) -> Session:
         """Weights from a local checkpoint path, or the seeded preset (default: tiny, no files needed)."""
         return cls(load_models(checkpoint, preset=preset, device=device, dtype=dtype, seed=seed))
 
@@ -76,8 +70,12 @@ class Session:
         return self.models.vae.sample_rate
 
     def attach_lm(
-        self, checkpoint: str | Path | None = None, preset: str = "tiny", sampling: SamplingParams | None = None,
-        seed: int = 0, compile_layers: bool = False,
+        self,
+        checkpoint: str | Path | None = None,
+        preset: str = "tiny",
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+        compile_layers: bool = False,
     ) -> SongWriter:
         """Load the 5 Hz LM (a local file or folder, else the seeded `preset`) on this session's device and dtype;
         `compile_layers` (CUDA) trades a ~10 s first call for ~30 % faster decode steps."""
@@ -101,7 +99,9 @@ class Session:
         codes = codes.reshape(1, -1).to(self.device)
         needed = math.ceil(frames / self.models.config.pool_window_size)
         if codes.shape[1] < needed:
-            raise ValueError(f"{codes.shape[1]} codes cover {codes.shape[1] / CODE_RATE_HZ:g} s but {frames} frames need {needed}")
+            raise ValueError(
+                f"{codes.shape[1]} codes cover {codes.shape[1] / CODE_RATE_HZ:g} s but {frames} frames need {needed}"
+            )
         return with_chunk_mask(self.models.acestep.codes_to_hints(codes, frames).to(self.dtype))
 
     # ---- conditioning ----------------------------------------------------------------------------------------
@@ -123,7 +123,12 @@ class Session:
         if task not in prompts.TASK_INSTRUCTIONS:
             raise ValueError(f"unknown task {task!r}: choose one of {', '.join(prompts.TASK_INSTRUCTIONS)}")
         caption = prompts.caption_prompt(
-            tags, prompts.TASK_INSTRUCTIONS[task], bpm=bpm, time_signature=time_signature, key_scale=key, duration_s=duration_s
+            tags,
+            prompts.TASK_INSTRUCTIONS[task],
+            bpm=bpm,
+            time_signature=time_signature,
+            key_scale=key,
+            duration_s=duration_s,
         )
         lyric = prompts.lyric_prompt(lyrics.strip() or prompts.INSTRUMENTAL_LYRICS, language)
         tokenizer, text_encoder = self.models.tokenizer, self.models.text_encoder
@@ -132,7 +137,11 @@ class Session:
         caption_ids, lyric_ids = caption_ids.to(self.device), lyric_ids.to(self.device)
         text_states = text_encoder(caption_ids, caption_mask.to(self.device))
         lyric_states = text_encoder.embed(lyric_ids)
-        reference = timbre.latents if timbre is not None else silence_frames(self.models.silence_latent, self.models.config.timbre_fix_frame)
+        reference = (
+            timbre.latents
+            if timbre is not None
+            else silence_frames(self.models.silence_latent, self.models.config.timbre_fix_frame)
+        )
         states, _ = self.models.acestep.encoder(
             text_states,
             caption_mask.to(self.device),
@@ -212,8 +221,14 @@ class Session:
         if context is None:
             context = self.context_latents(frames, source)
         return SlotRequest(
-            conditioning=conditioning, context_latents=context, seed=seed, steps=steps, shift=shift, denoise=denoise,
-            source_latents=source_latents, **options,
+            conditioning=conditioning,
+            context_latents=context,
+            seed=seed,
+            steps=steps,
+            shift=shift,
+            denoise=denoise,
+            source_latents=source_latents,
+            **options,
         )
 
     def generate(
@@ -241,9 +256,11 @@ class Session:
                 return finished[0].latent
         raise RuntimeError("generation did not finish within its schedule")
 
-    def stream(self, depth: int = 4, backend: str | None = None) -> "StreamHandle":
+    def stream(self, depth: int = 4, backend: str | None = None) -> StreamHandle:
         """A live pipeline on this session's decoder; feed it requests from `make_request`."""
-        return StreamHandle(self, StreamPipeline(self.models.acestep.decoder, depth=depth, backend=backend or self.backend))
+        return StreamHandle(
+            self, StreamPipeline(self.models.acestep.decoder, depth=depth, backend=backend or self.backend)
+        )
 
     # ---- decoding --------------------------------------------------------------------------------------------
 

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from .curves import Curve, frame_view
-
-DCW_MODES = ("low", "high", "double", "pix")
+from .params import DCW_MODES
 
 
 def noised(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor | float) -> torch.Tensor:
@@ -28,16 +27,11 @@ def predict_x0(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor | floa
     return x_t - _per_row(t, x_t) * velocity
 
 
-def euler_step(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor | float, t_next: torch.Tensor | float) -> torch.Tensor:
+def euler_step(
+    x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor | float, t_next: torch.Tensor | float
+) -> torch.Tensor:
     """ODE step x_{t'} = x_t - v*(t - t'); with t' = 0 this is exactly the x0 prediction."""
     return x_t - velocity * (_per_row(t, x_t) - _per_row(t_next, x_t))
-
-
-def sde_step(
-    x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor | float, t_next: torch.Tensor | float, fresh_noise: torch.Tensor
-) -> torch.Tensor:
-    """SDE step: predict x0, then re-noise it to t' with fresh noise."""
-    return noised(predict_x0(x_t, velocity, t), fresh_noise, t_next)
 
 
 def scale_velocity(velocity: torch.Tensor, scale: Curve) -> torch.Tensor:
@@ -45,7 +39,9 @@ def scale_velocity(velocity: torch.Tensor, scale: Curve) -> torch.Tensor:
     return velocity * _curve(scale, velocity)
 
 
-def inject_ode_noise(x_next: torch.Tensor, noise: torch.Tensor, amount: Curve, t_next: torch.Tensor | float) -> torch.Tensor:
+def inject_ode_noise(
+    x_next: torch.Tensor, noise: torch.Tensor, amount: Curve, t_next: torch.Tensor | float
+) -> torch.Tensor:
     """ODE per-step noise injection x' + noise*amount*t'; it fades out as t' reaches 0."""
     return x_next + noise * _curve(amount, x_next) * _per_row(t_next, x_next)
 
@@ -103,7 +99,9 @@ def cfg_rescale(velocity: torch.Tensor, v_pos: torch.Tensor, amount: Curve) -> t
     return _mix(v32, v32 * ratio, _curve(amount, v32)).to(velocity.dtype)
 
 
-def blend_x0_target(x0: torch.Tensor, target: torch.Tensor, strength: Curve, progress: float, gate: float) -> torch.Tensor:
+def blend_x0_target(
+    x0: torch.Tensor, target: torch.Tensor, strength: Curve, progress: float, gate: float
+) -> torch.Tensor:
     """Gated morph toward a target: weight strength*g with g = max(0, progress - gate)/(1 - gate).
 
     `progress` is k/max(S-1, 1) for step k of S; before the gate opens x0 comes back unchanged.
@@ -139,9 +137,13 @@ def blend_velocities(velocities: Sequence[torch.Tensor], weights: Sequence[Curve
     Where the weights sum to 0 at a frame (e.g. all are 0 there) the plain mean is used, so no frame is NaN.
     """
     if not velocities or len(velocities) != len(weights):
-        raise ValueError(f"need one weight per velocity and at least one velocity, got {len(velocities)} and {len(weights)}")
+        raise ValueError(
+            f"need one weight per velocity and at least one velocity, got {len(velocities)} and {len(weights)}"
+        )
     like = velocities[0]
-    factors = [torch.as_tensor(_curve(1.0 if w is None else w, like), dtype=like.dtype, device=like.device) for w in weights]
+    factors = [
+        torch.as_tensor(_curve(1.0 if w is None else w, like), dtype=like.dtype, device=like.device) for w in weights
+    ]
     total = sum(factors)
     weighted = sum(w * v for w, v in zip(factors, velocities))
     unweighted = sum(velocities) / len(velocities)

@@ -13,21 +13,6 @@ def equal_power_ramps(length: int, device=None, dtype=torch.float32) -> tuple[to
     return phase.cos().to(dtype), phase.sin().to(dtype)
 
 
-def crossfade_into(old: torch.Tensor, new: torch.Tensor, fade_samples: int) -> torch.Tensor:
-    """`new` [C, N] written over `old` [C, N]: equal-power fades over `fade_samples` at both edges, `new` between."""
-    if old.shape != new.shape:
-        raise ValueError(f"crossfade needs equal shapes, got {tuple(old.shape)} and {tuple(new.shape)}")
-    length = new.shape[-1]
-    fade = min(fade_samples, length // 2)
-    if fade <= 0:
-        return new.clone()
-    fade_out, fade_in = equal_power_ramps(fade, new.device, new.dtype)
-    out = new.clone()
-    out[..., :fade] = old[..., :fade] * fade_out + new[..., :fade] * fade_in
-    out[..., length - fade :] = old[..., length - fade :] * fade_in + new[..., length - fade :] * fade_out
-    return out
-
-
 def append_with_overlap(buffer: torch.Tensor, window: torch.Tensor, overlap: int) -> torch.Tensor:
     """Append `window` [C, N] to `buffer` [C, M], crossfading the first `overlap` samples with the buffer's tail."""
     if buffer.shape[-1] == 0 or overlap <= 0:

@@ -22,14 +22,10 @@ from .backends import decoder_forward
 from .conditioning import Conditioning
 from .curves import Curve, as_curve
 from .models.dit import CrossGroup, DiTDecoder
+from .params import CFG_MODES, DCW_MODES, GUIDANCE_METHODS, SHARED_FIELDS, SOLVERS
 from .schedule import timestep_schedule
 
 MAX_DEPTH = 8
-CFG_MODES = ("off", "full", "initialize", "self")
-GUIDANCE_METHODS = ("apg", "cfg")
-SOLVERS = ("ode", "sde")
-DCW_MODES = ("low", "high", "double", "pix")
-SHARED_FIELDS = ("velocity_scale", "ode_noise", "sde_denoise", "x0_target_strength", "guidance", "apg_momentum", "cfg_rescale")
 MODULATION_CACHE_SIZE = 512
 
 
@@ -236,13 +232,22 @@ class StreamPipeline:
 
     def _prepare(self, request: SlotRequest) -> _Prepared:
         device, dtype = self._device_dtype()
-        for conditioning in (request.conditioning, request.negative, *(e.conditioning for e in request.extra_conditions)):
+        for conditioning in (
+            request.conditioning,
+            request.negative,
+            *(e.conditioning for e in request.extra_conditions),
+        ):
             if conditioning is not None:
                 conditioning.cross_kv(self.decoder)
         frames = request.frames
-        curves = {name: self._to_device(as_curve(getattr(request, name), frames, name)) for name in CURVE_FIELDS if getattr(request, name) is not None}
+        curves = {
+            name: self._to_device(as_curve(getattr(request, name), frames, name))
+            for name in CURVE_FIELDS
+            if getattr(request, name) is not None
+        }
         extra_weights = tuple(
-            None if e.weight is None else self._to_device(as_curve(e.weight, frames, "extra condition weight")) for e in request.extra_conditions
+            None if e.weight is None else self._to_device(as_curve(e.weight, frames, "extra condition weight"))
+            for e in request.extra_conditions
         )
         return _Prepared(
             request=request,
@@ -257,16 +262,28 @@ class StreamPipeline:
 
     def _validate(self, request: SlotRequest) -> None:
         context = request.context_latents
-        if context.dim() != 3 or context.shape[0] != 1 or context.shape[2] != self.decoder.config.in_channels - self.decoder.config.audio_acoustic_hidden_dim:
+        if (
+            context.dim() != 3
+            or context.shape[0] != 1
+            or context.shape[2] != self.decoder.config.in_channels - self.decoder.config.audio_acoustic_hidden_dim
+        ):
             raise ValueError(f"context_latents must be [1, T, 128], got {tuple(context.shape)}")
         frames = request.frames
         in_flight = self.frames
         if in_flight is not None and in_flight != frames:
-            raise ValueError(f"request has T={frames} frames but the in-flight slots have T={in_flight}; drain() first to change length")
-        for name, tensor in (("context_latents", context), ("source_latents", request.source_latents), ("x0_target", request.x0_target)):
+            raise ValueError(
+                f"request has T={frames} frames but the in-flight slots have T={in_flight}; drain() first to change length"
+            )
+        for name, tensor in (
+            ("context_latents", context),
+            ("source_latents", request.source_latents),
+            ("x0_target", request.x0_target),
+        ):
             if tensor is None:
                 continue
-            if tensor.shape[:2] != (1, frames) or (name != "context_latents" and tensor.shape[2] != self.decoder.config.audio_acoustic_hidden_dim):
+            if tensor.shape[:2] != (1, frames) or (
+                name != "context_latents" and tensor.shape[2] != self.decoder.config.audio_acoustic_hidden_dim
+            ):
                 raise ValueError(f"{name} must be [1, {frames}, C], got {tuple(tensor.shape)}")
             if not torch.isfinite(tensor).all():
                 raise ValueError(f"{name} contains NaN or infinite values")
@@ -275,7 +292,9 @@ class StreamPipeline:
         if request.cfg_mode not in CFG_MODES:
             raise ValueError(f"unknown cfg_mode {request.cfg_mode!r}: choose one of {', '.join(CFG_MODES)}")
         if request.guidance_method not in GUIDANCE_METHODS:
-            raise ValueError(f"unknown guidance_method {request.guidance_method!r}: choose one of {', '.join(GUIDANCE_METHODS)}")
+            raise ValueError(
+                f"unknown guidance_method {request.guidance_method!r}: choose one of {', '.join(GUIDANCE_METHODS)}"
+            )
         if request.cfg_mode in ("full", "initialize") and request.negative is None:
             raise ValueError(f"cfg_mode {request.cfg_mode!r} needs a negative conditioning")
         if request.dcw is not None and request.dcw.mode not in DCW_MODES:
@@ -399,7 +418,10 @@ class StreamPipeline:
         for index, row in enumerate(rows):
             by_condition.setdefault(id(row.conditioning), []).append(index)
         conditions = {id(row.conditioning): row.conditioning for row in rows}
-        groups = [CrossGroup(conditions[key].cross_kv(self.decoder), self._indices(indices)) for key, indices in by_condition.items()]
+        groups = [
+            CrossGroup(conditions[key].cross_kv(self.decoder), self._indices(indices))
+            for key, indices in by_condition.items()
+        ]
         return self.decoder_forward(x, temb, modulation, context, groups)
 
     def _indices(self, indices: list[int]) -> torch.Tensor:
@@ -425,10 +447,6 @@ class StreamPipeline:
                 self._modulation.popitem(last=False)
         return cached
 
-    def clear_caches(self) -> None:
-        """Forget cached timestep embeddings (call after changing decoder weights in place)."""
-        self._modulation.clear()
-
     def _advance(self, slot: _Slot, rows: list[tuple[_Row, torch.Tensor]]) -> None:
         request = slot.request
         positive = [(row, v[None]) for row, v in rows if not row.negative]
@@ -450,7 +468,9 @@ class StreamPipeline:
         if v_neg is not None:
             scale = self._curve(slot, "guidance")
             if request.guidance_method == "apg":
-                velocity, slot.running = solver.apg(v_pos, v_neg, scale, slot.running, self._curve(slot, "apg_momentum"))
+                velocity, slot.running = solver.apg(
+                    v_pos, v_neg, scale, slot.running, self._curve(slot, "apg_momentum")
+                )
             else:
                 velocity = solver.cfg(v_pos, v_neg, scale)
             rescale = self._curve(slot, "cfg_rescale")
@@ -476,7 +496,7 @@ class StreamPipeline:
         needs_x0 = (
             request.solver == "sde"
             or slot.curves.get("latent_mask") is not None
-            or request.x0_target is not None
+            or self._pulls_to_target(slot)
             or (sde_curve is not None and source is not None)
         )
         if not needs_x0:
@@ -501,13 +521,22 @@ class StreamPipeline:
                 if ode_noise is not None:
                     x_next = solver.inject_ode_noise(x_next, self._step_noise(slot), ode_noise, t_next)
         if request.dcw is not None and t_next > 0:
-            x_next = solver.dcw_correct(x_next, solver.predict_x0(x, velocity, t), t, request.dcw.mode, request.dcw.low, request.dcw.high)
+            x_next = solver.dcw_correct(
+                x_next, solver.predict_x0(x, velocity, t), t, request.dcw.mode, request.dcw.low, request.dcw.high
+            )
         return x_next
+
+    def _pulls_to_target(self, slot: _Slot) -> bool:
+        """Whether this slot has an x0 target and a strength (its own or shared) to pull toward it with; without a
+        strength the step takes the plain Euler path, exactly as if there were no target."""
+        if slot.prepared.x0_target is None:
+            return False
+        return "x0_target_curve" in slot.curves or self._curve(slot, "x0_target_strength") is not None
 
     def _x0_target(self, slot: _Slot, x0: torch.Tensor) -> torch.Tensor:
         request = slot.request
         target = slot.prepared.x0_target
-        if target is None:
+        if not self._pulls_to_target(slot):
             return x0
         curve = slot.curves.get("x0_target_curve")
         if curve is not None:
@@ -561,8 +590,19 @@ class StreamPipeline:
 
 
 CURVE_FIELDS = frozenset(
-    ("guidance", "apg_momentum", "cfg_rescale", "velocity_scale", "ode_noise", "sde_denoise", "initial_noise",
-     "x0_target_strength", "x0_target_curve", "latent_mask", "primary_weight")
+    (
+        "guidance",
+        "apg_momentum",
+        "cfg_rescale",
+        "velocity_scale",
+        "ode_noise",
+        "sde_denoise",
+        "initial_noise",
+        "x0_target_strength",
+        "x0_target_curve",
+        "latent_mask",
+        "primary_weight",
+    )
 )
 
 

@@ -10,7 +10,9 @@ from .spec import NodeInputError
 LATENT_CHANNELS = 64
 
 
-def model_folder_files(folders: tuple[str, ...] = ("diffusion_models", "checkpoints"), keep=lambda name: "ace" in name.lower()) -> tuple[str, ...]:
+def model_folder_files(
+    folders: tuple[str, ...] = ("diffusion_models", "checkpoints"), keep=lambda name: "ace" in name.lower()
+) -> tuple[str, ...]:
     """Checkpoint choices from ComfyUI's model folders ("diffusion_models/x.safetensors", ...); empty without ComfyUI."""
     try:
         import folder_paths
@@ -28,13 +30,15 @@ def model_folder_files(folders: tuple[str, ...] = ("diffusion_models", "checkpoi
 def lm_folder_files() -> tuple[str, ...]:
     """5 Hz LM choices: ComfyUI's qwen_{1.7b,4b}_ace15 text encoders and ACE-Step all-in-one checkpoints (the 0.6B
     file there is the caption encoder, not an LM)."""
-    return model_folder_files(("text_encoders",), lambda name: "ace15" in name and "0.6b" not in name) + model_folder_files(
-        ("checkpoints",), lambda name: "ace" in name.lower()
-    )
+    return model_folder_files(
+        ("text_encoders",), lambda name: "ace15" in name and "0.6b" not in name
+    ) + model_folder_files(("checkpoints",), lambda name: "ace" in name.lower())
 
 
-def resolve_checkpoint(choice: str, node: str = "Load model", fix: str = "put ACE-Step 1.5 files in ComfyUI/models/diffusion_models") -> Path | None:
-    """"none" -> None; "folder/name" -> the full path from ComfyUI's registry; else a local path as given."""
+def resolve_checkpoint(
+    choice: str, node: str = "Load model", fix: str = "put ACE-Step 1.5 files in ComfyUI/models/diffusion_models"
+) -> Path | None:
+    """ "none" -> None; "folder/name" -> the full path from ComfyUI's registry; else a local path as given."""
     if choice in ("", "none"):
         return None
     folder, _, name = choice.partition("/")
@@ -60,7 +64,9 @@ def audio_from_comfy(node: str, audio: Any):
         raise NodeInputError(f"{node}: input 'audio' must be ComfyUI AUDIO (a dict with waveform and sample_rate)")
     waveform, rate = audio["waveform"], audio["sample_rate"]
     if not isinstance(waveform, torch.Tensor) or waveform.dim() != 3:
-        raise NodeInputError(f"{node}: input 'audio' waveform must be [batch, channels, samples], got {getattr(waveform, 'shape', type(waveform))}")
+        raise NodeInputError(
+            f"{node}: input 'audio' waveform must be [batch, channels, samples], got {getattr(waveform, 'shape', type(waveform))}"
+        )
     if waveform.shape[1] not in (1, 2):
         raise NodeInputError(f"{node}: input 'audio' has {waveform.shape[1]} channels; give mono or stereo audio")
     if not isinstance(rate, int) or not 8_000 <= rate <= 384_000:

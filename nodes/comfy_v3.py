@@ -15,36 +15,53 @@ _SOCKETS = {"AUDIO": io.Audio, "LATENT": io.Latent, "STRING": io.String}
 def _input(param: Param):
     common = dict(optional=param.optional, tooltip=param.tooltip)
     if param.type == "FLOAT":
-        return io.Float.Input(param.name, default=param.default, min=param.minimum, max=param.maximum, step=param.step, **common)
+        return io.Float.Input(
+            param.name, default=param.default, min=param.minimum, max=param.maximum, step=param.step, **common
+        )
     if param.type == "INT":
-        return io.Int.Input(param.name, default=param.default, min=param.minimum, max=param.maximum, step=param.step, **common)
+        return io.Int.Input(
+            param.name, default=param.default, min=param.minimum, max=param.maximum, step=param.step, **common
+        )
     if param.type == "STRING":
         return io.String.Input(param.name, default=param.default, multiline=param.multiline, **common)
     if param.type == "BOOLEAN":
         return io.Boolean.Input(param.name, default=param.default, **common)
     if param.type == "COMBO":
         choices = list(param.choices())
-        return io.Combo.Input(param.name, options=choices, default=param.default if param.default in choices else choices[0], **common)
+        return io.Combo.Input(
+            param.name, options=choices, default=param.default if param.default in choices else choices[0], **common
+        )
     return _SOCKETS.get(param.type, io.Custom(param.type)).Input(param.name, **common)
 
 
 def _output(output: Output):
-    return _SOCKETS.get(output.type, io.Custom(output.type)).Output(display_name=output.name, tooltip=output.tooltip or None)
+    return _SOCKETS.get(output.type, io.Custom(output.type)).Output(
+        display_name=output.name, tooltip=output.tooltip or None
+    )
 
 
 def node_class(spec: NodeSpec) -> type:
     def define_schema(cls) -> io.Schema:
         return io.Schema(
-            node_id=spec.node_id, display_name=spec.display_name, category=spec.category, description=spec.description,
-            inputs=[_input(p) for p in spec.inputs], outputs=[_output(o) for o in spec.outputs],
-            is_output_node=spec.output_node, not_idempotent=spec.always_run,
+            node_id=spec.node_id,
+            display_name=spec.display_name,
+            category=spec.category,
+            description=spec.description,
+            inputs=[_input(p) for p in spec.inputs],
+            outputs=[_output(o) for o in spec.outputs],
+            is_output_node=spec.output_node,
+            not_idempotent=spec.always_run,
         )
 
     def execute(cls, **values: Any) -> io.NodeOutput:
         _check_combos(spec, values)
         return io.NodeOutput(*spec.call(**values))
 
-    attributes: dict[str, Any] = {"define_schema": classmethod(define_schema), "execute": classmethod(execute), "SPEC": spec}
+    attributes: dict[str, Any] = {
+        "define_schema": classmethod(define_schema),
+        "execute": classmethod(execute),
+        "SPEC": spec,
+    }
     if spec.always_run:
         attributes["fingerprint_inputs"] = classmethod(lambda cls, **_: float("nan"))
     return type(spec.node_id, (io.ComfyNode,), attributes)
@@ -58,7 +75,9 @@ def _check_combos(spec: NodeSpec, values: dict[str, Any]) -> None:
             choices = param.choices()
             if values[param.name] not in choices:
                 node = spec.display_name.removeprefix("flowjam ")
-                raise NodeInputError(f"{node}: input '{param.name}' must be one of {', '.join(choices)}, got {values[param.name]!r}")
+                raise NodeInputError(
+                    f"{node}: input '{param.name}' must be one of {', '.join(choices)}, got {values[param.name]!r}"
+                )
 
 
 class FlowjamExtension(ComfyExtension):

@@ -6,10 +6,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.params import LATENT_RATE_HZ, LM_PRESET_NAMES
 from . import comfy_io
 from .spec import CATEGORY, MODEL, STRUCTURE, NodeInputError, NodeSpec, Output, Param, check_range
 
-LM_PRESETS = ("tiny", "lm-0.6b", "lm-1.7b", "lm-4b")
 _lm_lock = threading.Lock()
 
 
@@ -29,9 +29,13 @@ class Structure:
 
 def _attach_lm(model, checkpoint: str, preset: str, sampling) -> None:
     """The model's LM, loaded once per (checkpoint, preset); sampling settings follow the node on every run."""
-    if preset not in LM_PRESETS:
-        raise NodeInputError(f"LM structure: input 'lm_preset' must be one of {', '.join(LM_PRESETS)}, got {preset!r}")
-    path = comfy_io.resolve_checkpoint(checkpoint, "LM structure", "put qwen_1.7b_ace15 / qwen_4b_ace15 in ComfyUI/models/text_encoders")
+    if preset not in LM_PRESET_NAMES:
+        raise NodeInputError(
+            f"LM structure: input 'lm_preset' must be one of {', '.join(LM_PRESET_NAMES)}, got {preset!r}"
+        )
+    path = comfy_io.resolve_checkpoint(
+        checkpoint, "LM structure", "put qwen_1.7b_ace15 / qwen_4b_ace15 in ComfyUI/models/text_encoders"
+    )
     with _lm_lock:
         if model.song_writer is None or model.lm_origin != (None if path is None else str(path), preset, 0):
             try:
@@ -41,8 +45,21 @@ def _attach_lm(model, checkpoint: str, preset: str, sampling) -> None:
         model.song_writer.generator.set_sampling(sampling)
 
 
-def lm_structure(model, caption: str, seconds: float, lyrics: str, bpm: int, key: str, time_signature: str, seed: int,
-                 cfg: float, temperature: float, top_p: float, lm_checkpoint: str, lm_preset: str) -> tuple:
+def lm_structure(
+    model,
+    caption: str,
+    seconds: float,
+    lyrics: str,
+    bpm: int,
+    key: str,
+    time_signature: str,
+    seed: int,
+    cfg: float,
+    temperature: float,
+    top_p: float,
+    lm_checkpoint: str,
+    lm_preset: str,
+) -> tuple:
     from ..engine.lm.sampling import SamplingParams
 
     check_range("LM structure", "seconds", seconds, 10.0, 600.0)
@@ -54,8 +71,13 @@ def lm_structure(model, caption: str, seconds: float, lyrics: str, bpm: int, key
     _attach_lm(model, lm_checkpoint, lm_preset, sampling)
     try:
         song = model.generate_codes(
-            caption, seconds, lyrics=lyrics, bpm=bpm or None, key=key.strip() or None,
-            time_signature=time_signature.strip() or None, seeds=(seed,),
+            caption,
+            seconds,
+            lyrics=lyrics,
+            bpm=bpm or None,
+            key=key.strip() or None,
+            time_signature=time_signature.strip() or None,
+            seeds=(seed,),
         )
     except ValueError as error:
         raise NodeInputError(f"LM structure: {error}") from None
@@ -69,19 +91,27 @@ def structure_context(node: str, model, structure: Structure, frames: int):
         return model.codes_context(structure.codes, frames)
     except ValueError:
         raise NodeInputError(
-            f"{node}: input 'structure' covers {structure.seconds:g} s but {frames / 25:g} s are generated; "
+            f"{node}: input 'structure' covers {structure.seconds:g} s but {frames / LATENT_RATE_HZ:g} s are generated; "
             "raise 'seconds' on LM structure"
         ) from None
 
 
 NODES = (
     NodeSpec(
-        "FlowjamLMStructure", "flowjam LM structure", f"{CATEGORY}/conditioning",
+        "FlowjamLMStructure",
+        "flowjam LM structure",
+        f"{CATEGORY}/conditioning",
         "The 5 Hz LM writes a song structure (audio codes, 5 per second) from the prompt; it writes bpm, key and "
         "time signature too when you leave them open. Connect it to Generate or Stream.",
         (
             Param("model", MODEL, "A flowjam model from Load model"),
-            Param("caption", "STRING", "Caption: genre, instruments, mood (the same text as Text conditioning)", "ambient pads, slow evolving synth", multiline=True),
+            Param(
+                "caption",
+                "STRING",
+                "Caption: genre, instruments, mood (the same text as Text conditioning)",
+                "ambient pads, slow evolving synth",
+                multiline=True,
+            ),
             Param("seconds", "FLOAT", "Song length the codes cover, 10..600 s", 30.0, 10.0, 600.0, 0.2),
             Param("lyrics", "STRING", "Lyrics; empty = instrumental", "", multiline=True),
             Param("bpm", "INT", "Tempo, 30..300 (0 = the LM chooses)", 0, 0, 300, 1),
@@ -91,9 +121,20 @@ NODES = (
             Param("cfg", "FLOAT", "LM guidance (1 = off, 2 = official default)", 2.0, 1.0, 10.0, 0.1),
             Param("temperature", "FLOAT", "Sampling temperature (0 = greedy)", 0.85, 0.0, 2.0, 0.01),
             Param("top_p", "FLOAT", "Nucleus sampling mass (1 = off)", 0.9, 0.01, 1.0, 0.01),
-            Param("lm_checkpoint", "COMBO", "LM weights from text_encoders/ (qwen_1.7b_ace15, qwen_4b_ace15) or an all-in-one checkpoint; none = lm_preset", "none",
-                  options=lambda: ("none", *comfy_io.lm_folder_files())),
-            Param("lm_preset", "COMBO", "LM shape when no checkpoint is chosen (seeded weights; tiny needs no files)", "tiny", options=LM_PRESETS),
+            Param(
+                "lm_checkpoint",
+                "COMBO",
+                "LM weights from text_encoders/ (qwen_1.7b_ace15, qwen_4b_ace15) or an all-in-one checkpoint; none = lm_preset",
+                "none",
+                options=lambda: ("none", *comfy_io.lm_folder_files()),
+            ),
+            Param(
+                "lm_preset",
+                "COMBO",
+                "LM shape when no checkpoint is chosen (seeded weights; tiny needs no files)",
+                "tiny",
+                options=LM_PRESET_NAMES,
+            ),
         ),
         (Output(STRUCTURE, "structure"), Output("STRING", "metadata", "The metadata the codes follow (YAML)")),
         lm_structure,

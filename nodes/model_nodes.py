@@ -5,14 +5,27 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..engine.params import CURVE_OPS, LATENT_RATE_HZ, PRESET_NAMES, WAVE_KINDS, seconds_to_frames
 from . import comfy_io
 from .lm_nodes import structure_context
-from .spec import AUDIO, CATEGORY, CONDITIONING, CURVE, LATENT, MODEL, SOURCE, STRUCTURE, NodeInputError, NodeSpec, Output, Param, check_range
+from .spec import (
+    AUDIO,
+    CATEGORY,
+    CONDITIONING,
+    CURVE,
+    LATENT,
+    MODEL,
+    SOURCE,
+    STRUCTURE,
+    NodeInputError,
+    NodeSpec,
+    Output,
+    Param,
+    check_range,
+)
 
-PRESETS = ("tiny", "turbo-2b", "xl")
 TASKS = ("text2music", "cover", "repaint")
-WAVE_KINDS = ("sine", "square", "triangle", "pulse", "saw")
-CURVE_OPS = ("add", "subtract", "multiply", "min", "max")
+FRAME_S = 1 / LATENT_RATE_HZ  # the shortest length there is: one latent frame
 _sessions: dict[tuple, Any] = {}
 _load_lock = threading.Lock()
 
@@ -29,8 +42,8 @@ def load_model(preset: str, checkpoint: str, device: str, dtype: str, backend: s
 
     from ..engine.session import Session
 
-    if preset not in PRESETS:
-        raise NodeInputError(f"Load model: input 'preset' must be one of {', '.join(PRESETS)}, got {preset!r}")
+    if preset not in PRESET_NAMES:
+        raise NodeInputError(f"Load model: input 'preset' must be one of {', '.join(PRESET_NAMES)}, got {preset!r}")
     path = comfy_io.resolve_checkpoint(checkpoint)
     key = (preset, str(path), _device(device), dtype)
     with _load_lock:
@@ -41,15 +54,23 @@ def load_model(preset: str, checkpoint: str, device: str, dtype: str, backend: s
     return (session,)
 
 
-def text_conditioning(model, tags: str, lyrics: str, bpm: int, key: str, time_signature: str, duration: float, task: str, language: str) -> tuple:
+def text_conditioning(
+    model, tags: str, lyrics: str, bpm: int, key: str, time_signature: str, duration: float, task: str, language: str
+) -> tuple:
     if not tags.strip():
         raise NodeInputError("Text conditioning: input 'tags' is empty; describe the music (genre, instruments, mood)")
     if task not in TASKS:
         raise NodeInputError(f"Text conditioning: input 'task' must be one of {', '.join(TASKS)}")
     try:
         conditioning = model.encode_text(
-            tags, lyrics, bpm=bpm or None, key=key.strip() or None, time_signature=time_signature.strip() or None,
-            duration_s=duration or None, task=task, language=language.strip() or "unknown",
+            tags,
+            lyrics,
+            bpm=bpm or None,
+            key=key.strip() or None,
+            time_signature=time_signature.strip() or None,
+            duration_s=duration or None,
+            task=task,
+            language=language.strip() or "unknown",
         )
     except ValueError as error:
         raise NodeInputError(f"Text conditioning: {error}") from None
@@ -80,8 +101,7 @@ def prepare_source(model, audio=None, latent=None) -> tuple:
 
 
 def _frames(node: str, seconds: float) -> int:
-    check_range(node, "seconds", seconds, 0.04, 600.0)
-    return max(1, round(seconds * 25))
+    return seconds_to_frames(check_range(node, "seconds", seconds, FRAME_S, 600.0))
 
 
 def curve_constant(value: float, seconds: float) -> tuple:
@@ -93,7 +113,13 @@ def curve_constant(value: float, seconds: float) -> tuple:
 def curve_ramp(start: float, end: float, seconds: float) -> tuple:
     from ..engine import curves
 
-    return (curves.ramp(check_range("Curve ramp", "start", start), check_range("Curve ramp", "end", end), _frames("Curve ramp", seconds)),)
+    return (
+        curves.ramp(
+            check_range("Curve ramp", "start", start),
+            check_range("Curve ramp", "end", end),
+            _frames("Curve ramp", seconds),
+        ),
+    )
 
 
 def curve_wave(kind: str, cycles: float, low: float, high: float, seconds: float) -> tuple:
@@ -101,7 +127,15 @@ def curve_wave(kind: str, cycles: float, low: float, high: float, seconds: float
 
     if kind not in WAVE_KINDS:
         raise NodeInputError(f"Curve wave: input 'kind' must be one of {', '.join(WAVE_KINDS)}")
-    return (curves.wave(_frames("Curve wave", seconds), kind, cycles=check_range("Curve wave", "cycles", cycles, 0.0), low=low, high=high),)
+    return (
+        curves.wave(
+            _frames("Curve wave", seconds),
+            kind,
+            cycles=check_range("Curve wave", "cycles", cycles, 0.0),
+            low=low,
+            high=high,
+        ),
+    )
 
 
 def curve_points(points: str, seconds: float) -> tuple:
@@ -112,7 +146,9 @@ def curve_points(points: str, seconds: float) -> tuple:
     try:
         parsed = [tuple(float(v) for v in p.split(":")) if ":" in p else float(p) for p in text]
     except ValueError:
-        raise NodeInputError("Curve points: input 'points' must be numbers like '0, 0.5, 1' or pairs like '0:0, 0.5:1, 1:0'") from None
+        raise NodeInputError(
+            "Curve points: input 'points' must be numbers like '0, 0.5, 1' or pairs like '0:0, 0.5:1, 1:0'"
+        ) from None
     if not parsed:
         raise NodeInputError("Curve points: input 'points' is empty")
     return (curves.from_points(parsed, _frames("Curve points", seconds)),)
@@ -129,22 +165,43 @@ def curve_math(a, b, op: str) -> tuple:
         raise NodeInputError(f"Curve math: {error}") from None
 
 
-def generate(model, conditioning, seconds: float, seed: int, steps: int, shift: float, denoise: float, source=None, velocity_scale=None,
-             structure=None) -> tuple:
+def generate(
+    model,
+    conditioning,
+    seconds: float,
+    seed: int,
+    steps: int,
+    shift: float,
+    denoise: float,
+    source=None,
+    velocity_scale=None,
+    structure=None,
+) -> tuple:
     """One-shot generation with ComfyUI's progress bar; AUDIO for Save/Preview Audio and the audio LATENT."""
-    check_range("Generate", "seconds", seconds, 0.04, 600.0)
+    check_range("Generate", "seconds", seconds, FRAME_S, 600.0)
     check_range("Generate", "denoise", denoise, 0.0, 1.0)
     if denoise < 1.0 and source is None:
-        raise NodeInputError("Generate: input 'denoise' below 1 needs a 'source' to start from (connect Prepare source)")
+        raise NodeInputError(
+            "Generate: input 'denoise' below 1 needs a 'source' to start from (connect Prepare source)"
+        )
     if structure is not None and source is not None:
         raise NodeInputError("Generate: connect either 'source' (a cover) or 'structure' (LM structure), not both")
     progress = _progress_bar(steps)
     options = {} if velocity_scale is None else {"velocity_scale": _fit_curve(velocity_scale, source, seconds)}
     if structure is not None:
-        options["context_latents"] = structure_context("Generate", model, structure, max(1, round(seconds * 25)))
+        options["context_latents"] = structure_context("Generate", model, structure, seconds_to_frames(seconds))
     try:
-        latent = model.generate(conditioning, seconds, seed=seed, steps=steps, shift=shift, denoise=denoise, source=source,
-                                on_step=lambda done, total: progress(done, total), **options)
+        latent = model.generate(
+            conditioning,
+            seconds,
+            seed=seed,
+            steps=steps,
+            shift=shift,
+            denoise=denoise,
+            source=source,
+            on_step=lambda done, total: progress(done, total),
+            **options,
+        )
     except ValueError as error:
         raise NodeInputError(f"Generate: {error}") from None
     from ..engine.session import peak_normalize
@@ -157,7 +214,7 @@ def _fit_curve(curve, source, seconds: float):
     """Resample a curve to the generation's frame count."""
     from ..engine import curves
 
-    frames = source.frames if source is not None else max(1, round(seconds * 25))
+    frames = source.frames if source is not None else seconds_to_frames(seconds)
     return curve if curve.numel() in (1, frames) else curves.resample(curve.flatten(), frames)
 
 
@@ -175,35 +232,71 @@ def _model_param() -> Param:
     return Param("model", MODEL, "A flowjam model from Load model")
 
 
-SECONDS = Param("seconds", "FLOAT", "Length in seconds (25 latent frames per second)", 10.0, 0.04, 600.0, 0.04)
+SECONDS = Param(
+    "seconds", "FLOAT", f"Length in seconds ({LATENT_RATE_HZ} latent frames per second)", 10.0, FRAME_S, 600.0, FRAME_S
+)
 
 NODES = (
     NodeSpec(
-        "FlowjamLoadModel", "flowjam Load model", f"{CATEGORY}/model",
+        "FlowjamLoadModel",
+        "flowjam Load model",
+        f"{CATEGORY}/model",
         "Load ACE-Step 1.5 (a preset with seeded weights, or a checkpoint from ComfyUI's model folders) once per process.",
         (
-            Param("preset", "COMBO", "Network shape when no checkpoint is chosen: tiny needs no files (noise-like sound)", "tiny", options=PRESETS),
-            Param("checkpoint", "COMBO", "ACE-Step 1.5 weights from diffusion_models/ or checkpoints/ (none = preset)", "none",
-                  options=lambda: ("none", *comfy_io.model_folder_files())),
+            Param(
+                "preset",
+                "COMBO",
+                "Network shape when no checkpoint is chosen: tiny needs no files (noise-like sound)",
+                "tiny",
+                options=PRESET_NAMES,
+            ),
+            Param(
+                "checkpoint",
+                "COMBO",
+                "ACE-Step 1.5 weights from diffusion_models/ or checkpoints/ (none = preset)",
+                "none",
+                options=lambda: ("none", *comfy_io.model_folder_files()),
+            ),
             Param("device", "COMBO", "Where the networks run", "auto", options=("auto", "cpu", "cuda")),
-            Param("dtype", "COMBO", "Weights and activations precision (bf16 on GPUs)", "float32", options=("float32", "bfloat16")),
-            Param("backend", "COMBO", "How streams run the DiT: eager, or torch.compile (faster after a one-time compile)", "eager",
-                  options=("eager", "compile")),
+            Param(
+                "dtype",
+                "COMBO",
+                "Weights and activations precision (bf16 on GPUs)",
+                "float32",
+                options=("float32", "bfloat16"),
+            ),
+            Param(
+                "backend",
+                "COMBO",
+                "How streams run the DiT: eager, or torch.compile (faster after a one-time compile)",
+                "eager",
+                options=("eager", "compile"),
+            ),
         ),
         (Output(MODEL, "model"),),
         load_model,
     ),
     NodeSpec(
-        "FlowjamTextConditioning", "flowjam Text conditioning", f"{CATEGORY}/conditioning",
+        "FlowjamTextConditioning",
+        "flowjam Text conditioning",
+        f"{CATEGORY}/conditioning",
         "Encode tags, lyrics and song metadata into the condition the DiT listens to.",
         (
             _model_param(),
-            Param("tags", "STRING", "Caption: genre, instruments, mood, production", "ambient pads, slow evolving synth", multiline=True),
+            Param(
+                "tags",
+                "STRING",
+                "Caption: genre, instruments, mood, production",
+                "ambient pads, slow evolving synth",
+                multiline=True,
+            ),
             Param("lyrics", "STRING", "Lyrics with [Verse]/[Chorus] tags; empty = instrumental", "", multiline=True),
             Param("bpm", "INT", "Tempo, 30..300 (0 = not given)", 0, 0, 300, 1),
             Param("key", "STRING", "Key scale such as 'G major' or 'F# minor' (empty = not given)", ""),
             Param("time_signature", "STRING", "2, 3, 4 or 6 (or '4/4'); empty = not given", ""),
-            Param("duration", "FLOAT", "Song duration written into the prompt, 10..600 s (0 = 30 s)", 0.0, 0.0, 600.0, 1.0),
+            Param(
+                "duration", "FLOAT", "Song duration written into the prompt, 10..600 s (0 = 30 s)", 0.0, 0.0, 600.0, 1.0
+            ),
             Param("task", "COMBO", "text2music from silence, or cover (with a source)", "text2music", options=TASKS),
             Param("language", "STRING", "Lyrics language code (en, zh, ja, ...; empty = unknown)", ""),
         ),
@@ -211,40 +304,95 @@ NODES = (
         text_conditioning,
     ),
     NodeSpec(
-        "FlowjamConditioningBlend", "flowjam Conditioning blend", f"{CATEGORY}/conditioning",
+        "FlowjamConditioningBlend",
+        "flowjam Conditioning blend",
+        f"{CATEGORY}/conditioning",
         "Morph between two prompts in embedding space.",
-        (_model_param(), Param("a", CONDITIONING, "Prompt at amount 0"), Param("b", CONDITIONING, "Prompt at amount 1"),
-         Param("amount", "FLOAT", "0 = a, 1 = b", 0.5, 0.0, 1.0, 0.01)),
+        (
+            _model_param(),
+            Param("a", CONDITIONING, "Prompt at amount 0"),
+            Param("b", CONDITIONING, "Prompt at amount 1"),
+            Param("amount", "FLOAT", "0 = a, 1 = b", 0.5, 0.0, 1.0, 0.01),
+        ),
         (Output(CONDITIONING, "conditioning"),),
         blend_conditioning,
     ),
     NodeSpec(
-        "FlowjamPrepareSource", "flowjam Prepare source", f"{CATEGORY}/conditioning",
+        "FlowjamPrepareSource",
+        "flowjam Prepare source",
+        f"{CATEGORY}/conditioning",
         "Encode source audio (ComfyUI AUDIO, any rate) or an ACE-Step 1.5 audio LATENT for covers and live loops.",
-        (_model_param(), Param("audio", AUDIO, "Audio to cover (LoadAudio)", optional=True),
-         Param("latent", LATENT, "Or an ACE-Step 1.5 audio latent from ComfyUI's own nodes", optional=True)),
+        (
+            _model_param(),
+            Param("audio", AUDIO, "Audio to cover (LoadAudio)", optional=True),
+            Param("latent", LATENT, "Or an ACE-Step 1.5 audio latent from ComfyUI's own nodes", optional=True),
+        ),
         (Output(SOURCE, "source"),),
         prepare_source,
     ),
-    NodeSpec("FlowjamCurveConstant", "flowjam Curve constant", f"{CATEGORY}/curves", "A flat per-frame curve.",
-             (Param("value", "FLOAT", "Value at every frame", 1.0, -100.0, 100.0, 0.01), SECONDS), (Output(CURVE, "curve"),), curve_constant),
-    NodeSpec("FlowjamCurveRamp", "flowjam Curve ramp", f"{CATEGORY}/curves", "A straight line from start to end over the song.",
-             (Param("start", "FLOAT", "Value at the first frame", 0.0, -100.0, 100.0, 0.01),
-              Param("end", "FLOAT", "Value at the last frame", 1.0, -100.0, 100.0, 0.01), SECONDS), (Output(CURVE, "curve"),), curve_ramp),
-    NodeSpec("FlowjamCurveWave", "flowjam Curve wave", f"{CATEGORY}/curves", "A periodic curve that loops without a seam.",
-             (Param("kind", "COMBO", "Wave shape", "sine", options=WAVE_KINDS),
-              Param("cycles", "FLOAT", "Cycles over the whole song", 2.0, 0.0, 1000.0, 0.25),
-              Param("low", "FLOAT", "Minimum", 0.0, -100.0, 100.0, 0.01), Param("high", "FLOAT", "Maximum", 1.0, -100.0, 100.0, 0.01), SECONDS),
-             (Output(CURVE, "curve"),), curve_wave),
-    NodeSpec("FlowjamCurvePoints", "flowjam Curve points", f"{CATEGORY}/curves",
-             "A drawn curve: values spread evenly, or x:y breakpoints (x from 0 to 1), linearly interpolated.",
-             (Param("points", "STRING", "'0, 1, 0.5' or '0:0, 0.25:1, 1:0'", "0:1, 0.5:1.4, 1:1", multiline=True), SECONDS),
-             (Output(CURVE, "curve"),), curve_points),
-    NodeSpec("FlowjamCurveMath", "flowjam Curve math", f"{CATEGORY}/curves", "Combine two curves frame by frame.",
-             (Param("a", CURVE, "First curve"), Param("b", CURVE, "Second curve"), Param("op", "COMBO", "Operation", "multiply", options=CURVE_OPS)),
-             (Output(CURVE, "curve"),), curve_math),
     NodeSpec(
-        "FlowjamGenerate", "flowjam Generate", f"{CATEGORY}/generate",
+        "FlowjamCurveConstant",
+        "flowjam Curve constant",
+        f"{CATEGORY}/curves",
+        "A flat per-frame curve.",
+        (Param("value", "FLOAT", "Value at every frame", 1.0, -100.0, 100.0, 0.01), SECONDS),
+        (Output(CURVE, "curve"),),
+        curve_constant,
+    ),
+    NodeSpec(
+        "FlowjamCurveRamp",
+        "flowjam Curve ramp",
+        f"{CATEGORY}/curves",
+        "A straight line from start to end over the song.",
+        (
+            Param("start", "FLOAT", "Value at the first frame", 0.0, -100.0, 100.0, 0.01),
+            Param("end", "FLOAT", "Value at the last frame", 1.0, -100.0, 100.0, 0.01),
+            SECONDS,
+        ),
+        (Output(CURVE, "curve"),),
+        curve_ramp,
+    ),
+    NodeSpec(
+        "FlowjamCurveWave",
+        "flowjam Curve wave",
+        f"{CATEGORY}/curves",
+        "A periodic curve that loops without a seam.",
+        (
+            Param("kind", "COMBO", "Wave shape", "sine", options=WAVE_KINDS),
+            Param("cycles", "FLOAT", "Cycles over the whole song", 2.0, 0.0, 1000.0, 0.25),
+            Param("low", "FLOAT", "Minimum", 0.0, -100.0, 100.0, 0.01),
+            Param("high", "FLOAT", "Maximum", 1.0, -100.0, 100.0, 0.01),
+            SECONDS,
+        ),
+        (Output(CURVE, "curve"),),
+        curve_wave,
+    ),
+    NodeSpec(
+        "FlowjamCurvePoints",
+        "flowjam Curve points",
+        f"{CATEGORY}/curves",
+        "A drawn curve: values spread evenly, or x:y breakpoints (x from 0 to 1), linearly interpolated.",
+        (Param("points", "STRING", "'0, 1, 0.5' or '0:0, 0.25:1, 1:0'", "0:1, 0.5:1.4, 1:1", multiline=True), SECONDS),
+        (Output(CURVE, "curve"),),
+        curve_points,
+    ),
+    NodeSpec(
+        "FlowjamCurveMath",
+        "flowjam Curve math",
+        f"{CATEGORY}/curves",
+        "Combine two curves frame by frame.",
+        (
+            Param("a", CURVE, "First curve"),
+            Param("b", CURVE, "Second curve"),
+            Param("op", "COMBO", "Operation", "multiply", options=CURVE_OPS),
+        ),
+        (Output(CURVE, "curve"),),
+        curve_math,
+    ),
+    NodeSpec(
+        "FlowjamGenerate",
+        "flowjam Generate",
+        f"{CATEGORY}/generate",
         "One-shot generation: AUDIO for Save/Preview Audio and the audio LATENT for VAEDecodeAudio.",
         (
             _model_param(),
@@ -254,7 +402,9 @@ NODES = (
             Param("steps", "INT", "Denoising steps (turbo: 8)", 8, 1, 50, 1),
             Param("shift", "FLOAT", "Timestep shift (turbo: 3)", 3.0, 1.0, 10.0, 0.1),
             Param("denoise", "FLOAT", "1 = from noise; below 1 keeps that much of the source", 1.0, 0.0, 1.0, 0.01),
-            Param("source", SOURCE, "Source to cover (Prepare source); its length sets the output length", optional=True),
+            Param(
+                "source", SOURCE, "Source to cover (Prepare source); its length sets the output length", optional=True
+            ),
             Param("velocity_scale", CURVE, "Per-frame velocity scale curve", optional=True),
             Param("structure", STRUCTURE, "Song structure from LM structure (text-only songs)", optional=True),
         ),

@@ -6,7 +6,7 @@ classes; the tests validate the declarations and call the functions with ComfyUI
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Socket types flowjam adds; AUDIO and LATENT are ComfyUI's own.
@@ -69,13 +69,22 @@ class NodeSpec:
         arguments = {p.name: values.get(p.name, p.default) for p in self.inputs}
         result = self.function(**arguments)
         if not isinstance(result, tuple) or len(result) != len(self.outputs):
-            raise TypeError(f"{self.node_id} returned {type(result).__name__} of wrong arity for {len(self.outputs)} outputs")
+            raise TypeError(
+                f"{self.node_id} returned {type(result).__name__} of wrong arity for {len(self.outputs)} outputs"
+            )
         return result
 
 
-def check_range(node: str, name: str, value: float, minimum: float | None = None, maximum: float | None = None) -> float:
+def check_range(
+    node: str, name: str, value: float, minimum: float | None = None, maximum: float | None = None
+) -> float:
     """Validate a numeric input; the error names the node, the input and the allowed range."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value != value
+        or value in (float("inf"), float("-inf"))
+    ):
         raise NodeInputError(f"{node}: input '{name}' must be a finite number, got {value!r}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bounds = f"{'-inf' if minimum is None else minimum} .. {'inf' if maximum is None else maximum}"

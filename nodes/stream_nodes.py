@@ -5,15 +5,72 @@ with new widget values updates the running stream in place."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+from ..engine.params import CFG_MODES, KNOBS_BY_NAME, LATENT_RATE_HZ, SHARED_FIELDS, seconds_to_frames
 from . import comfy_io
 from .lm_nodes import structure_context
-from .spec import AUDIO, CATEGORY, CONDITIONING, CURVE, MODEL, SOURCE, STREAM, STRUCTURE, NodeInputError, NodeSpec, Output, Param, check_range
+from .spec import (
+    AUDIO,
+    CATEGORY,
+    CONDITIONING,
+    CURVE,
+    MODEL,
+    SOURCE,
+    STREAM,
+    STRUCTURE,
+    NodeInputError,
+    NodeSpec,
+    Output,
+    Param,
+    check_range,
+)
 
-SHARED_KNOBS = ("velocity_scale", "ode_noise", "sde_denoise", "x0_target_strength", "guidance", "cfg_rescale", "apg_momentum")
-REQUEST_KNOBS = ("denoise", "seed", "steps", "shift", "prompt_blend", "structure", "depth", "volume")
 _structures: dict[str, object] = {}  # stream name -> the LM structure it was last given
+
+
+@dataclass(frozen=True)
+class StreamKnobs:
+    """The Stream node's knob widgets, checked. They go through the knob registry (which clamps them to its ranges),
+    so OSC, MIDI and the live panel see what the graph set."""
+
+    depth: int
+    steps: int
+    denoise: float
+    seed: int
+    shift: float
+    prompt_blend: float
+    structure: float
+    cfg_mode: str
+
+    def __post_init__(self):
+        for field in fields(self):
+            if field.name != "cfg_mode":
+                check_range("Stream", field.name, getattr(self, field.name))
+        if self.cfg_mode not in CFG_MODES:
+            raise NodeInputError(
+                f"Stream: input 'cfg_mode' must be one of {', '.join(CFG_MODES)}, got {self.cfg_mode!r}"
+            )
+
+    def apply(self, registry) -> None:
+        for field in fields(self):
+            registry.set(field.name, getattr(self, field.name), origin="comfyui")
+
+
+@dataclass(frozen=True)
+class StreamSockets:
+    """What the Stream node's sockets bring: prompts A and B, the negative (None: the null condition), and either a
+    source to cover or an LM structure with its context latents for the loop."""
+
+    prompt_a: Any
+    prompt_b: Any
+    negative: Any = None
+    source: Any = None
+    lm_structure: Any = None
+    context: Any = None
 
 
 def _app(node: str, stream: str):
@@ -21,71 +78,112 @@ def _app(node: str, stream: str):
 
     app = sessions.get(stream)
     if app is None:
-        raise NodeInputError(f"{node}: no running stream named {stream!r}; queue a Stream node with that session_id first")
+        raise NodeInputError(
+            f"{node}: no running stream named {stream!r}; queue a Stream node with that session_id first"
+        )
     return app
 
 
-def stream_start(model, conditioning, session_id: str, song_seconds: float, depth: int, steps: int, denoise: float, seed: int,
-                 shift: float, prompt_blend: float, structure: float, audio_device: str, conditioning_b=None, source=None,
-                 lm_structure=None) -> tuple:
+def stream_start(
+    model,
+    conditioning,
+    session_id: str,
+    song_seconds: float,
+    depth: int,
+    steps: int,
+    denoise: float,
+    seed: int,
+    shift: float,
+    prompt_blend: float,
+    structure: float,
+    audio_device: str,
+    cfg_mode: str,
+    conditioning_b=None,
+    source=None,
+    lm_structure=None,
+    negative=None,
+) -> tuple:
     """Start the named stream, or update it in place: conditions, source, LM structure and knob values apply on its
-    next ticks."""
+    next ticks. Every input is checked before anything changes."""
     from ..engine.live import sessions
-    from ..engine.live.app import LiveApp, LiveConfig
-    from ..engine.live.knobs import KnobRegistry
 
     name = session_id.strip()
     if not name:
         raise NodeInputError("Stream: input 'session_id' is empty; name the stream (e.g. 'default')")
     check_range("Stream", "song_seconds", song_seconds, 1.0, 600.0)
-    values = {"depth": depth, "steps": steps, "denoise": denoise, "seed": seed, "shift": shift, "prompt_blend": prompt_blend, "structure": structure}
-    for knob, value in values.items():
-        check_range("Stream", knob, value)
+    knobs = StreamKnobs(depth, steps, denoise, seed, shift, prompt_blend, structure, cfg_mode)
     if lm_structure is not None and source is not None:
         raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
-    device = audio_device.strip()
-    mode = "null" if device == "none" else "process"
-
-    def create() -> LiveApp:
-        registry = KnobRegistry()
-        for knob, value in values.items():  # before the runner starts: its first generation uses these
-            registry.set(knob, value, origin="comfyui")
-        config = LiveConfig(prompt="", song_seconds=song_seconds if source is None else source.frames / 25, session_name=name,
-                            audio_device=None if device in ("", "none", "default") else device, playback_mode=mode, osc_port=None)
-        app = LiveApp(model, config, registry, initial_conditionings=(conditioning, conditioning_b or conditioning), source=source)
-        if context is not None:
-            app.runner.set_structure(context)  # queued before the runner starts: its first generation follows it
-        return app
-
     running = sessions.get(name)
-    frames = running.runner.frames if running is not None else max(1, round(song_seconds * 25))
+    frames = running.runner.frames if running is not None else seconds_to_frames(song_seconds)
     context = None if lm_structure is None else structure_context("Stream", model, lm_structure, frames)
-    app, created = sessions.start_or_get(name, create)
-    if created:
-        _structures[name] = lm_structure
-        return (name,)
-    if app.session is not model:
-        raise NodeInputError(f"Stream: stream {name!r} runs another model; stop it (Stream stop) before switching models")
-    swap = source is not None and source is not app.runner.current_source
-    if swap and source.frames != app.runner.frames:
-        raise NodeInputError(f"Stream: input 'source' has {source.frames} frames but stream {name!r} loops {app.runner.frames}; "
-                             "stop the stream to change its length")
-    if lm_structure is not _structures.get(name) and (context is not None or app.runner.current_source is None):
-        app.runner.set_structure(context)  # None: the structure was disconnected, back to plain text
+    sockets = StreamSockets(conditioning, conditioning_b or conditioning, negative, source, lm_structure, context)
+    app, created = sessions.start_or_get(
+        name, partial(new_stream, model, name, song_seconds, audio_device, knobs, sockets)
+    )
+    if not created:
+        update_stream(app, model, knobs, sockets)
     _structures[name] = lm_structure
-    app.runner.set_conditioning("a", conditioning)
-    app.runner.set_conditioning("b", conditioning_b or conditioning)
-    if swap:
-        app.runner.swap_source(source)
-    for knob, value in values.items():
-        app.registry.set(knob, value, origin="comfyui")
     return (name,)
+
+
+def new_stream(model, name: str, song_seconds: float, audio_device: str, knobs: StreamKnobs, sockets: StreamSockets):
+    """A LiveApp for a new stream, not started: knobs, negative and structure are in place before its runner starts,
+    so its first generation uses them."""
+    from ..engine.live.app import LiveApp, LiveConfig
+    from ..engine.live.knobs import KnobRegistry
+
+    registry = KnobRegistry()
+    knobs.apply(registry)
+    device = audio_device.strip()
+    seconds = song_seconds if sockets.source is None else sockets.source.frames / LATENT_RATE_HZ
+    output = None if device in ("", "none", "default") else device
+    config = LiveConfig(
+        prompt="",
+        song_seconds=seconds,
+        session_name=name,
+        audio_device=output,
+        playback_mode="null" if device == "none" else "process",
+        osc_port=None,
+    )
+    app = LiveApp(
+        model, config, registry, initial_conditionings=(sockets.prompt_a, sockets.prompt_b), source=sockets.source
+    )
+    app.runner.set_conditioning("negative", sockets.negative)
+    if sockets.context is not None:
+        app.runner.set_structure(sockets.context)
+    return app
+
+
+def update_stream(app, model, knobs: StreamKnobs, sockets: StreamSockets) -> None:
+    """Apply a re-queued Stream node to its running stream; a refused input changes nothing."""
+    name, runner = app.config.session_name, app.runner
+    if app.session is not model:
+        raise NodeInputError(
+            f"Stream: stream {name!r} runs another model; stop it (Stream stop) before switching models"
+        )
+    swap = sockets.source is not None and sockets.source is not runner.current_source
+    if swap and sockets.source.frames != runner.frames:
+        raise NodeInputError(
+            f"Stream: input 'source' has {sockets.source.frames} frames but stream {name!r} loops {runner.frames}; "
+            "stop the stream to change its length"
+        )
+    if sockets.lm_structure is not _structures.get(name) and (
+        sockets.context is not None or runner.current_source is None
+    ):
+        runner.set_structure(sockets.context)  # None: the structure was disconnected, back to plain text
+    runner.set_conditioning("a", sockets.prompt_a)
+    runner.set_conditioning("b", sockets.prompt_b)
+    runner.set_conditioning("negative", sockets.negative)  # None: disconnected, back to the null condition
+    if swap:
+        runner.swap_source(sockets.source)
+    knobs.apply(app.registry)
 
 
 def shared_curve(stream: str, knob: str, value: float, curve=None) -> tuple:
     """Set a shared-curve knob (every in-flight generation, next tick); a connected curve overrides the value per frame."""
-    if knob not in SHARED_KNOBS:
-        raise NodeInputError(f"Shared curve: input 'knob' must be one of {', '.join(SHARED_KNOBS)}")
+    if knob not in SHARED_FIELDS:
+        raise NodeInputError(f"Shared curve: input 'knob' must be one of {', '.join(SHARED_FIELDS)}")
     app = _app("Shared curve", stream)
     check_range("Shared curve", "value", value)
     if curve is None:
@@ -126,7 +224,9 @@ def osc_bridge(stream: str, port: int, feedback: str, host: str) -> tuple:
         try:
             app.enable_osc(*wanted)
         except OSError as error:
-            raise NodeInputError(f"OSC bridge: input 'port' {port} cannot be opened ({error}); choose a free port") from None
+            raise NodeInputError(
+                f"OSC bridge: input 'port' {port} cannot be opened ({error}); choose a free port"
+            ) from None
     return (stream,)
 
 
@@ -141,27 +241,70 @@ def midi_map(stream: str, port: str, map_file: str, learn: str) -> tuple:
 
 
 STREAM_PARAM = Param("stream", STREAM, "A running stream (from Stream)")
+CFG_MODE_TOOLTIP = (
+    "Guidance rows. off = turbo's own mode (it is CFG-distilled); full = a negative row every step, needed for base/sft "
+    "checkpoints and for guidance, cfg_rescale and apg_momentum (Shared curve) to act; initialize = the negative on the "
+    "first step only; self = guidance against the slot's own noise"
+)
+
+
+def knob_param(name: str, tooltip: str, step: float = 1) -> Param:
+    """A Stream widget for a registry knob, with the registry's range and default (so the two cannot drift apart)."""
+    spec = KNOBS_BY_NAME[name]
+    if spec.choices:
+        return Param(name, "COMBO", tooltip, spec.choice(spec.default), options=spec.choices)
+    if spec.integer:
+        return Param(name, "INT", tooltip, int(spec.default), int(spec.minimum), int(spec.maximum), int(step))
+    return Param(name, "FLOAT", tooltip, spec.default, spec.minimum, spec.maximum, step)
+
 
 NODES = (
     NodeSpec(
-        "FlowjamStream", "flowjam Stream", f"{CATEGORY}/live",
+        "FlowjamStream",
+        "flowjam Stream",
+        f"{CATEGORY}/live",
         "Start a live stream that keeps playing while you edit and re-queue; a re-queue updates it in place.",
         (
             Param("model", MODEL, "A flowjam model from Load model"),
             Param("conditioning", CONDITIONING, "Prompt A"),
-            Param("session_id", "STRING", "Name of the live stream; the same name updates it instead of starting another", "default"),
-            Param("song_seconds", "FLOAT", "Loop length for text-only streams (a source sets its own)", 30.0, 1.0, 600.0, 1.0),
-            Param("depth", "INT", "Generations in flight (more = smoother, each arrives later)", 4, 1, 8, 1),
-            Param("steps", "INT", "Denoising steps per generation", 8, 1, 50, 1),
-            Param("denoise", "FLOAT", "How much each regeneration may change the loop", 0.7, 0.0, 1.0, 0.01),
-            Param("seed", "INT", "Noise seed", 42, 0, 2**31 - 1, 1),
-            Param("shift", "FLOAT", "Timestep shift", 3.0, 1.0, 10.0, 0.1),
-            Param("prompt_blend", "FLOAT", "0 = prompt A, 1 = prompt B", 0.0, 0.0, 1.0, 0.01),
-            Param("structure", "FLOAT", "How strongly the source's (or LM structure's) structure steers", 1.0, 0.0, 1.0, 0.01),
+            Param(
+                "session_id",
+                "STRING",
+                "Name of the live stream; the same name updates it instead of starting another",
+                "default",
+            ),
+            Param(
+                "song_seconds",
+                "FLOAT",
+                "Loop length for text-only streams (a source sets its own)",
+                30.0,
+                1.0,
+                600.0,
+                1.0,
+            ),
+            knob_param("depth", "Generations in flight (more = smoother, each arrives later)"),
+            knob_param("steps", "Denoising steps per generation"),
+            knob_param("denoise", "How much each regeneration may change the loop", 0.01),
+            knob_param("seed", "Noise seed"),
+            knob_param("shift", "Timestep shift", 0.1),
+            knob_param("prompt_blend", "0 = prompt A, 1 = prompt B", 0.01),
+            knob_param("structure", "How strongly the source's (or LM structure's) structure steers", 0.01),
             Param("audio_device", "STRING", "Output device name or index; empty = system default; none = silent", ""),
+            knob_param("cfg_mode", CFG_MODE_TOOLTIP),
             Param("conditioning_b", CONDITIONING, "Prompt B for prompt_blend", optional=True),
             Param("source", SOURCE, "Audio to cover in a loop", optional=True),
-            Param("lm_structure", STRUCTURE, "Song structure from LM structure for a text-only loop (the structure knob fades it)", optional=True),
+            Param(
+                "lm_structure",
+                STRUCTURE,
+                "Song structure from LM structure for a text-only loop (the structure knob fades it)",
+                optional=True,
+            ),
+            Param(
+                "negative",
+                CONDITIONING,
+                "Negative prompt that CFG guides away from; unconnected = the null condition, as the official pipeline",
+                optional=True,
+            ),
         ),
         (Output(STREAM, "stream"),),
         stream_start,
@@ -169,32 +312,72 @@ NODES = (
         always_run=True,
     ),
     NodeSpec(
-        "FlowjamSharedCurve", "flowjam Shared curve", f"{CATEGORY}/live",
+        "FlowjamSharedCurve",
+        "flowjam Shared curve",
+        f"{CATEGORY}/live",
         "Steer every in-flight generation of a stream from its next tick (a value, or a per-frame curve).",
-        (STREAM_PARAM, Param("knob", "COMBO", "Which shared curve", "velocity_scale", options=SHARED_KNOBS),
-         Param("value", "FLOAT", "Value (clamped to the knob's range)", 1.0, -10.0, 10.0, 0.01),
-         Param("curve", CURVE, "Per-frame curve instead of the value", optional=True)),
+        (
+            STREAM_PARAM,
+            Param("knob", "COMBO", "Which shared curve", "velocity_scale", options=SHARED_FIELDS),
+            Param("value", "FLOAT", "Value (clamped to the knob's range)", 1.0, -10.0, 10.0, 0.01),
+            Param("curve", CURVE, "Per-frame curve instead of the value", optional=True),
+        ),
         (Output(STREAM, "stream"),),
         shared_curve,
         output_node=True,
         always_run=True,
     ),
-    NodeSpec("FlowjamStreamStop", "flowjam Stream stop", f"{CATEGORY}/live", "Stop a running stream and free its audio device.",
-             (STREAM_PARAM,), (Output("STRING", "status"),), stream_stop, output_node=True, always_run=True),
-    NodeSpec("FlowjamStreamCapture", "flowjam Stream capture", f"{CATEGORY}/live",
-             "The last seconds a stream played, as AUDIO for Save Audio or Preview Audio.",
-             (STREAM_PARAM, Param("seconds", "FLOAT", "How much to capture", 8.0, 0.1, 600.0, 0.1)),
-             (Output(AUDIO, "audio"),), stream_capture, always_run=True),
-    NodeSpec("FlowjamOscBridge", "flowjam OSC bridge", f"{CATEGORY}/live",
-             "Let OSC controllers and DAWs play the stream: /flowjam/<session>/knob/<name>, feedback to a port.",
-             (STREAM_PARAM, Param("port", "INT", "UDP port to listen on", 9000, 1, 65535, 1),
-              Param("feedback", "STRING", "HOST:PORT that receives applied values (empty = reply to senders only)", ""),
-              Param("host", "STRING", "Address to bind; anything but 127.0.0.1 opens it to the network", "127.0.0.1")),
-             (Output(STREAM, "stream"),), osc_bridge, output_node=True, always_run=True),
-    NodeSpec("FlowjamMidiMap", "flowjam MIDI map", f"{CATEGORY}/live",
-             "Play knobs from a MIDI controller: learn CCs (in order), 14-bit CC, soft takeover, mappings saved to a file.",
-             (STREAM_PARAM, Param("port", "STRING", "MIDI input port name (empty = first)", ""),
-              Param("map_file", "STRING", "JSON mapping file (loaded if it exists, saved when the stream stops)", ""),
-              Param("learn", "STRING", "Knobs to learn in order, comma-separated (move one control for each)", "")),
-             (Output(STREAM, "stream"),), midi_map, output_node=True, always_run=True),
+    NodeSpec(
+        "FlowjamStreamStop",
+        "flowjam Stream stop",
+        f"{CATEGORY}/live",
+        "Stop a running stream and free its audio device.",
+        (STREAM_PARAM,),
+        (Output("STRING", "status"),),
+        stream_stop,
+        output_node=True,
+        always_run=True,
+    ),
+    NodeSpec(
+        "FlowjamStreamCapture",
+        "flowjam Stream capture",
+        f"{CATEGORY}/live",
+        "The last seconds a stream played, as AUDIO for Save Audio or Preview Audio.",
+        (STREAM_PARAM, Param("seconds", "FLOAT", "How much to capture", 8.0, 0.1, 600.0, 0.1)),
+        (Output(AUDIO, "audio"),),
+        stream_capture,
+        always_run=True,
+    ),
+    NodeSpec(
+        "FlowjamOscBridge",
+        "flowjam OSC bridge",
+        f"{CATEGORY}/live",
+        "Let OSC controllers and DAWs play the stream: /flowjam/<session>/knob/<name>, feedback to a port.",
+        (
+            STREAM_PARAM,
+            Param("port", "INT", "UDP port to listen on", 9000, 1, 65535, 1),
+            Param("feedback", "STRING", "HOST:PORT that receives applied values (empty = reply to senders only)", ""),
+            Param("host", "STRING", "Address to bind; anything but 127.0.0.1 opens it to the network", "127.0.0.1"),
+        ),
+        (Output(STREAM, "stream"),),
+        osc_bridge,
+        output_node=True,
+        always_run=True,
+    ),
+    NodeSpec(
+        "FlowjamMidiMap",
+        "flowjam MIDI map",
+        f"{CATEGORY}/live",
+        "Play knobs from a MIDI controller: learn CCs (in order), 14-bit CC, soft takeover, mappings saved to a file.",
+        (
+            STREAM_PARAM,
+            Param("port", "STRING", "MIDI input port name (empty = first)", ""),
+            Param("map_file", "STRING", "JSON mapping file (loaded if it exists, saved when the stream stops)", ""),
+            Param("learn", "STRING", "Knobs to learn in order, comma-separated (move one control for each)", ""),
+        ),
+        (Output(STREAM, "stream"),),
+        midi_map,
+        output_node=True,
+        always_run=True,
+    ),
 )

@@ -25,7 +25,9 @@ def register() -> None:
         if app is None:
             return web.json_response({"error": "no such stream"}, status=404)
         status = app.status()
-        status["specs"] = {n: {"min": s.minimum, "max": s.maximum, "kind": s.kind.value} for n, s in app.registry.specs.items()}
+        status["specs"] = {
+            n: {"min": s.minimum, "max": s.maximum, "kind": s.kind.value} for n, s in app.registry.specs.items()
+        }
         status["loop_s"] = app.buffer.frames / app.buffer.sample_rate
         return web.json_response(json.loads(json.dumps(status, default=str)))
 

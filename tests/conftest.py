@@ -33,7 +33,9 @@ def jack_server():
     env = dict(os.environ)
     process = subprocess.Popen(
         ["jackd", "--no-realtime", "-n", name, "-d", "dummy", "-r", str(JACK_RATE), "-p", str(JACK_PERIOD)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 10
     while not _jack_server_running(env):

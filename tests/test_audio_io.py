@@ -6,7 +6,6 @@ import struct
 import numpy as np
 import pytest
 import torch
-
 from flowjam.engine.audio_io import read_wav, resample, write_wav
 
 
@@ -20,8 +19,17 @@ def test_pcm16_round_trip(tmp_path):
 def raw_wav(path, tag, bits, channels, data: bytes, rate=22_050):
     block = channels * bits // 8
     fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * block, block, bits)
-    path.write_bytes(b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt
-                     + b"data" + struct.pack("<I", len(data)) + data)
+    path.write_bytes(
+        b"RIFF"
+        + struct.pack("<I", 36 + len(data))
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", 16)
+        + fmt
+        + b"data"
+        + struct.pack("<I", len(data))
+        + data
+    )
     return path
 
 

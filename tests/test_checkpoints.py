@@ -4,17 +4,27 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
-from safetensors.torch import save_file
-
 from flowjam.engine.checkpoints import CheckpointError, build_random, load_checkpoint, save_flowjam_file
+from flowjam.engine.models.presets import get_preset
+from safetensors.torch import save_file
 
 
 @pytest.fixture(scope="module")
 def tiny():
     return build_random("tiny", seed=3)
+
+
+@pytest.fixture(scope="module")
+def official_heads():
+    """Tiny widths with ACE-Step 1.5's head_dim 128 and window 128: what a file without a config may hold."""
+    preset = get_preset("tiny")
+    return build_random(
+        replace(preset, name="tiny-128", dit=replace(preset.dit, head_dim=128, sliding_window=128)), seed=3
+    )
 
 
 def comfy_vae_name(key: str) -> str:
@@ -46,7 +56,9 @@ def comfy_vae_state(vae) -> dict:
         if name.endswith((".alpha", ".beta")):
             value = value.flatten()  # ComfyUI's SnakeBeta stores [C]
         if "decoder.layers.2." in name:  # a re-saved file may use parametrized weight-norm names
-            name = name.replace("weight_g", "parametrizations.weight.original0").replace("weight_v", "parametrizations.weight.original1")
+            name = name.replace("weight_g", "parametrizations.weight.original0").replace(
+                "weight_v", "parametrizations.weight.original1"
+            )
         out[name] = value.clone().contiguous()
     return out
 
@@ -79,50 +91,89 @@ def test_official_folder_layout_loads_exactly(tiny, tmp_path):
     assert load_checkpoint(dit_dir).config == tiny.config  # the DiT folder itself works too
 
 
-def test_comfyui_split_files_and_bf16_load(tiny, tmp_path):
-    models = tmp_path / "models"
+def write_comfy_split_files(bundle, models, dit: dict | None = None) -> None:
+    """ComfyUI's models/ folder: the DiT (no config, no metadata), the text encoder and the VAE in their layouts."""
     for sub in ("diffusion_models", "text_encoders", "vae"):
-        (models / sub).mkdir(parents=True)
-    save_file(plain(tiny.acestep), str(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"))
-    save_file({"model." + k: v for k, v in plain(tiny.text_encoder).items()}, str(models / "text_encoders" / "qwen_0.6b_ace15.safetensors"))
-    save_file(comfy_vae_state(tiny.vae), str(models / "vae" / "ace_1.5_vae.safetensors"))
-    assert_same_weights(tiny, load_checkpoint(models))
-    assert_same_weights(tiny, load_checkpoint(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"))
+        (models / sub).mkdir(parents=True, exist_ok=True)
+    save_file(
+        plain(bundle.acestep) if dit is None else dit,
+        str(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"),
+    )
+    save_file(
+        {"model." + k: v for k, v in plain(bundle.text_encoder).items()},
+        str(models / "text_encoders" / "qwen_0.6b_ace15.safetensors"),
+    )
+    save_file(comfy_vae_state(bundle.vae), str(models / "vae" / "ace_1.5_vae.safetensors"))
 
-    save_file({k: v.bfloat16() for k, v in plain(tiny.acestep).items()}, str(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"))
+
+def test_comfyui_split_files_and_bf16_load(official_heads, tmp_path):
+    models = tmp_path / "models"
+    write_comfy_split_files(official_heads, models)
+    loaded = load_checkpoint(models)
+    assert_same_weights(official_heads, loaded)
+    assert loaded.config == official_heads.config  # the official window 128 comes with the official head size
+    assert_same_weights(official_heads, load_checkpoint(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"))
+
+    save_file(
+        {k: v.bfloat16() for k, v in plain(official_heads.acestep).items()},
+        str(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"),
+    )
     loaded = load_checkpoint(models)
     weight = loaded.acestep.decoder.proj_in[1].weight
     assert weight.dtype == torch.float32
-    assert torch.equal(weight, tiny.acestep.decoder.proj_in[1].weight.bfloat16().float())
+    assert torch.equal(weight, official_heads.acestep.decoder.proj_in[1].weight.bfloat16().float())
 
 
-def test_comfyui_all_in_one_checkpoint(tiny, tmp_path):
-    state = {"model.diffusion_model." + k: v for k, v in plain(tiny.acestep).items()}
-    state |= {"vae." + k: v for k, v in comfy_vae_state(tiny.vae).items()}
-    state |= {"text_encoders.qwen3_06b.transformer.model." + k: v for k, v in plain(tiny.text_encoder).items()}
+def test_comfyui_all_in_one_checkpoint(official_heads, tmp_path):
+    state = {"model.diffusion_model." + k: v for k, v in plain(official_heads.acestep).items()}
+    state |= {"vae." + k: v for k, v in comfy_vae_state(official_heads.vae).items()}
+    state |= {
+        "text_encoders.qwen3_06b.transformer.model." + k: v for k, v in plain(official_heads.text_encoder).items()
+    }
     state["text_encoders.qwen3_2b.transformer.model.norm.weight"] = torch.ones(8)  # the LM rides along; ignored here
     path = tmp_path / "ace_step_1.5_turbo_aio.safetensors"
     save_file(state, str(path))
-    assert_same_weights(tiny, load_checkpoint(path))
+    loaded = load_checkpoint(path)
+    assert_same_weights(official_heads, loaded)
+    assert loaded.config == official_heads.config
 
 
-def test_flowjam_single_file_round_trip(tiny, tmp_path):
+def test_flowjam_single_file_round_trip_keeps_the_sliding_window(tiny, tmp_path):
     loaded = load_checkpoint(save_flowjam_file(tiny, tmp_path / "tiny.safetensors"))
     assert_same_weights(tiny, loaded)
     assert torch.equal(loaded.silence_latent, tiny.silence_latent)
+    assert loaded.config == tiny.config and loaded.config.sliding_window == 8  # from the file's metadata
 
 
-def test_wrong_key_set_is_one_error_listing_every_problem(tiny, tmp_path):
+@pytest.mark.parametrize("layout", ["comfyui split files", "official folder without config.json"])
+def test_unofficial_head_size_without_a_config_is_refused_with_the_fix(tiny, tmp_path, layout):
+    """head_dim 16 (not 128) and nothing that states the sliding window: no guess, an error that names the fix."""
+    if layout == "comfyui split files":
+        write_comfy_split_files(tiny, tmp_path / "models")
+        path = tmp_path / "models"
+    else:
+        for folder, net, name in (
+            ("acestep-v15-turbo", tiny.acestep, "model"),
+            ("vae", tiny.vae, "diffusion_pytorch_model"),
+            ("Qwen3-Embedding-0.6B", tiny.text_encoder, "model"),
+        ):
+            (tmp_path / folder).mkdir()
+            save_file(plain(net), str(tmp_path / folder / f"{name}.safetensors"))
+        path = tmp_path
+    with pytest.raises(
+        CheckpointError, match=r"head_dim 16, not ACE-Step 1.5's 128, and no config gives its sliding window"
+    ) as error:
+        load_checkpoint(path)
+    assert 'config.json (with "sliding_window")' in str(error.value) and "save_flowjam_file" in str(error.value)
+
+
+def test_wrong_key_set_is_one_error_listing_every_problem(official_heads, tmp_path):
     models = tmp_path / "models"
-    for sub in ("diffusion_models", "text_encoders", "vae"):
-        (models / sub).mkdir(parents=True)
-    dit = plain(tiny.acestep)
+    dit = plain(official_heads.acestep)
     del dit["decoder.norm_out.weight"]
     dit["decoder.extra_tensor"] = torch.zeros(3)
     dit["decoder.scale_shift_table"] = torch.zeros(1, 2, 65)
-    save_file(dit, str(models / "diffusion_models" / "acestep_v1.5_turbo.safetensors"))
-    save_file({"model." + k: v for k, v in plain(tiny.text_encoder).items()}, str(models / "text_encoders" / "qwen_0.6b_ace15.safetensors"))
-    save_file(comfy_vae_state(tiny.vae), str(models / "vae" / "ace_1.5_vae.safetensors"))
+    write_comfy_split_files(official_heads, models, dit)
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(models)
     message = str(error.value)
@@ -145,8 +196,8 @@ def test_missing_paths_name_the_fix(tmp_path):
     "args, expected",
     [
         (["--checkpoint", "/no/such/dir"], "checkpoint path not found: /no/such/dir"),
-        (["--seconds", "0"], "seconds must be > 0"),
-        (["--seconds", "-3"], "seconds must be > 0"),
+        (["--seconds", "0"], "seconds must be a finite number > 0"),
+        (["--seconds", "-3"], "seconds must be a finite number > 0"),
         (["--preset", "huge"], "unknown preset 'huge'"),
         (["--checkpoint", "WRONG_KEYS"], "is not an ACE-Step 1.5 checkpoint"),
     ],
@@ -158,7 +209,9 @@ def test_cli_bad_input_prints_one_clear_error_line(args, expected, tmp_path):
         args = [str(wrong) if a == "WRONG_KEYS" else a for a in args]
     result = subprocess.run(
         [sys.executable, "-m", "flowjam", "render", "--prompt", "ambient", "--out", str(tmp_path / "x.wav"), *args],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

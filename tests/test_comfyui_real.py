@@ -21,8 +21,9 @@ import pytest
 
 COMFY_ROOT = os.environ.get("FLOWJAM_COMFYUI", "")
 if not COMFY_ROOT:
-    pytest.skip("opt-in: set FLOWJAM_COMFYUI to a ComfyUI checkout to run flowjam in a real ComfyUI",
-                allow_module_level=True)
+    pytest.skip(
+        "opt-in: set FLOWJAM_COMFYUI to a ComfyUI checkout to run flowjam in a real ComfyUI", allow_module_level=True
+    )
 if os.environ.get("CI"):
     pytest.skip("the real-ComfyUI test never runs in CI", allow_module_level=True)
 
@@ -41,14 +42,18 @@ import wave  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-
 from flowjam.nodes import NODE_SPECS  # noqa: E402
 from workflow_runner import load_workflow, to_api_format  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / "workflows"
-WORKFLOW_NAMES = ("flowjam_oneshot_render.json", "flowjam_text_live_jam.json", "flowjam_cover_live.json",
-                  "flowjam_prompt_blend_osc.json", "flowjam_lm_structure_render.json")
+WORKFLOW_NAMES = (
+    "flowjam_oneshot_render.json",
+    "flowjam_text_live_jam.json",
+    "flowjam_cover_live.json",
+    "flowjam_prompt_blend_osc.json",
+    "flowjam_lm_structure_render.json",
+)
 EXAMPLE = "flowjam_example.wav"  # the file name the cover workflow's LoadAudio uses
 FIVE_CHANNELS = "flowjam_test_5ch.wav"
 LOW_RATE = "flowjam_test_4khz.wav"
@@ -116,7 +121,9 @@ class Comfy:
     def request(self, method: str, path: str, body=None, raw: bytes | None = None, timeout: float = 30):
         """-> (HTTP status, decoded JSON body or the text if it is not JSON)."""
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        request = urllib.request.Request(self.base + path, data=data, method=method, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 status, payload = response.status, response.read()
@@ -153,8 +160,9 @@ class Comfy:
     def run_ok(self, prompt: dict) -> dict:
         entry = self.run(prompt)
         error = execution_error(entry)
-        assert error is None and entry["status"]["status_str"] == "success", \
+        assert error is None and entry["status"]["status_str"] == "success", (
             f"execution failed: {json.dumps(error or entry['status'])[:3000]}"
+        )
         return entry
 
     def session(self, name: str = "jam") -> dict:
@@ -175,8 +183,9 @@ class Comfy:
     def decode(self, *paths: Path) -> list[tuple[np.ndarray, int]]:
         """FLAC files -> [(float32 [channels, samples], rate)], decoded by ComfyUI's PyAV."""
         out = self.dirs["root"] / f"decoded_{uuid.uuid4().hex}.npz"
-        result = subprocess.run([str(self.python), "-c", _DECODE, str(out), *map(str, paths)], capture_output=True,
-                                text=True, timeout=60)
+        result = subprocess.run(
+            [str(self.python), "-c", _DECODE, str(out), *map(str, paths)], capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, result.stderr
         with np.load(out) as data:
             return [(data[f"a{i}"], int(rate)) for i, rate in enumerate(data["rates"])]
@@ -228,7 +237,7 @@ def capture_prompt(stream: str, seconds: float, prefix: str) -> dict:
     }
 
 
-def wait_ticks(comfy: "Comfy", ticks: int, stream: str = "jam") -> None:
+def wait_ticks(comfy: Comfy, ticks: int, stream: str = "jam") -> None:
     start = comfy.session(stream)["ticks"]
     comfy.wait_for(lambda: comfy.session(stream)["ticks"] >= start + ticks, 15, f"{ticks} ticks of {stream!r}")
 
@@ -249,7 +258,13 @@ def comfy(tmp_path_factory):
     if not python.exists():
         pytest.fail(f"no Python for ComfyUI at {python}; set FLOWJAM_COMFYUI_PYTHON")
     work = tmp_path_factory.mktemp("comfyui_real")
-    dirs = {"root": work, "input": work / "input", "output": work / "output", "temp": work / "temp", "user": work / "user"}
+    dirs = {
+        "root": work,
+        "input": work / "input",
+        "output": work / "output",
+        "temp": work / "temp",
+        "user": work / "user",
+    }
     for key in ("input", "output", "user"):
         dirs[key].mkdir()
     _write_wav(dirs["input"] / EXAMPLE, 2, 44_100, 3.5)  # the cover workflow's song: a 3.5 s stereo chord
@@ -268,13 +283,30 @@ def comfy(tmp_path_factory):
     port = _free_port()
     log = work / "comfyui.log"
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
-    command = [str(python), "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-               "--input-directory", str(dirs["input"]), "--output-directory", str(dirs["output"]),
-               "--temp-directory", str(work), "--user-directory", str(dirs["user"]),
-               "--database-url", f"sqlite:///{work / 'comfyui.db'}"]
+    command = [
+        str(python),
+        "main.py",
+        "--cpu",
+        "--listen",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--input-directory",
+        str(dirs["input"]),
+        "--output-directory",
+        str(dirs["output"]),
+        "--temp-directory",
+        str(work),
+        "--user-directory",
+        str(dirs["user"]),
+        "--database-url",
+        f"sqlite:///{work / 'comfyui.db'}",
+    ]
     started = time.monotonic()
     with open(log, "wb") as log_file:
-        process = subprocess.Popen(command, cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
     server = Comfy(root, python, port, dirs, log)
     try:
         deadline = time.monotonic() + 120
@@ -323,8 +355,11 @@ def jam(comfy):
     prompt = api_prompt("flowjam_text_live_jam.json")
     if "jam" not in comfy.sessions():
         comfy.run_ok(prompt)
-    comfy.wait_for(lambda: comfy.session("jam")["playhead_s"] >= 3.0 or comfy.session("jam")["ticks"] > 200, 30,
-                   "the jam stream to play 3 s")
+    comfy.wait_for(
+        lambda: comfy.session("jam")["playhead_s"] >= 3.0 or comfy.session("jam")["ticks"] > 200,
+        30,
+        "the jam stream to play 3 s",
+    )
     return prompt
 
 
@@ -348,7 +383,11 @@ def test_object_info_lists_every_flowjam_node_as_declared(comfy):
             kind, options = (inputs["optional"] if param.optional else inputs["required"])[param.name]
             assert kind == param.type, f"{spec.node_id}.{param.name}: {kind} != {param.type}"
             if param.type in ("INT", "FLOAT"):
-                assert (options["default"], options["min"], options["max"]) == (param.default, param.minimum, param.maximum)
+                assert (options["default"], options["min"], options["max"]) == (
+                    param.default,
+                    param.minimum,
+                    param.maximum,
+                )
             if param.type == "COMBO":
                 assert options["options"] == list(param.choices())
     assert len([n for n in info if n.startswith("Flowjam")]) == len(NODE_SPECS) == 17
@@ -376,7 +415,7 @@ def test_shipped_workflow_runs(comfy, name):
     if name == "flowjam_oneshot_render.json":
         saved = [p for p in files if comfy.dirs["output"] in p.parents]
         assert saved and saved[0].name.startswith("flowjam_render") and saved[0].parent.name == "audio"
-        (audio, rate), = comfy.decode(saved[0])
+        ((audio, rate),) = comfy.decode(saved[0])
         assert audio.shape[0] == 2 and abs(audio.shape[1] / rate - 8.0) < 0.05 and np.abs(audio).max() > 0.01
     streams = [n["inputs"]["session_id"] for n in prompt.values() if n["class_type"] == "FlowjamStream"]
     for stream in streams:
@@ -394,10 +433,12 @@ def test_shipped_workflow_runs(comfy, name):
 def test_requeue_updates_the_running_stream_in_place(comfy, jam):
     first = comfy.run_ok(jam)
     before = comfy.session("jam")
-    (capture_1, rate), = comfy.decode(*comfy.saved_files(first))
+    ((capture_1, rate),) = comfy.decode(*comfy.saved_files(first))
 
     changed = json.loads(json.dumps(jam))
-    changed[node_id(changed, "FlowjamTextConditioning", "(A)")]["inputs"]["tags"] = "distorted industrial drums, metallic noise"
+    changed[node_id(changed, "FlowjamTextConditioning", "(A)")]["inputs"]["tags"] = (
+        "distorted industrial drums, metallic noise"
+    )
     changed[node_id(changed, "FlowjamStream")]["inputs"]["prompt_blend"] = 0.6
     shared = changed[node_id(changed, "FlowjamSharedCurve")]["inputs"]
     shared.pop("curve")  # the curve wave no longer drives velocity_scale: the Shared curve's value does
@@ -415,7 +456,7 @@ def test_requeue_updates_the_running_stream_in_place(comfy, jam):
     second = comfy.run_ok(changed)
     later = comfy.session("jam")
     assert later["ticks"] > after["ticks"] and later["errors"] == 0 and comfy.sessions().count("jam") == 1
-    (capture_2, rate_2), = comfy.decode(*comfy.saved_files(second))
+    ((capture_2, rate_2),) = comfy.decode(*comfy.saved_files(second))
     assert rate == rate_2 == 48_000 and capture_1.shape[0] == capture_2.shape[0] == 2
     # a restarted stream could only capture what it played since the restart (about nothing): this one has seconds
     assert capture_1.shape[1] >= 2 * rate and capture_2.shape[1] >= 2 * rate, (capture_1.shape, capture_2.shape)
@@ -449,14 +490,14 @@ def test_knob_route_changes_the_stream_without_queueing(comfy, jam):
         assert status == 200
         wait_ticks(comfy, 3)  # a knob applies on the stream's next tick
         silent = comfy.run_ok(capture_prompt("jam", 2.0, "flowjam_test/silent"))
-        (audio, _rate), = comfy.decode(*comfy.saved_files(silent))
+        ((audio, _rate),) = comfy.decode(*comfy.saved_files(silent))
         assert audio.shape[1] > 0 and np.abs(audio).max() == 0.0
     finally:
         comfy.request("POST", "/flowjam/session/jam/knob", {"name": "volume", "value": 0.8})
         comfy.request("POST", "/flowjam/session/jam/knob", {"name": "velocity_scale", "value": 1.0})
     wait_ticks(comfy, 3)
     loud = comfy.run_ok(capture_prompt("jam", 2.0, "flowjam_test/loud"))
-    (audio, _rate), = comfy.decode(*comfy.saved_files(loud))
+    ((audio, _rate),) = comfy.decode(*comfy.saved_files(loud))
     assert np.abs(audio).max() > 0.01
 
 
@@ -476,11 +517,32 @@ def _model(**changes) -> dict:
 def _generate_prompt(seconds: float = 0.4, **model_changes) -> dict:
     return {
         "1": _model(**model_changes),
-        "2": {"class_type": "FlowjamTextConditioning", "inputs": {
-            "model": ["1", 0], "tags": "test tone", "lyrics": "", "bpm": 0, "key": "", "time_signature": "", "duration": 0.0,
-            "task": "text2music", "language": ""}},
-        "3": {"class_type": "FlowjamGenerate", "inputs": {
-            "model": ["1", 0], "conditioning": ["2", 0], "seconds": seconds, "seed": 1, "steps": 1, "shift": 3.0, "denoise": 1.0}},
+        "2": {
+            "class_type": "FlowjamTextConditioning",
+            "inputs": {
+                "model": ["1", 0],
+                "tags": "test tone",
+                "lyrics": "",
+                "bpm": 0,
+                "key": "",
+                "time_signature": "",
+                "duration": 0.0,
+                "task": "text2music",
+                "language": "",
+            },
+        },
+        "3": {
+            "class_type": "FlowjamGenerate",
+            "inputs": {
+                "model": ["1", 0],
+                "conditioning": ["2", 0],
+                "seconds": seconds,
+                "seed": 1,
+                "steps": 1,
+                "shift": 3.0,
+                "denoise": 1.0,
+            },
+        },
         "4": {"class_type": "PreviewAudio", "inputs": {"audio": ["3", 0]}},
     }
 
@@ -490,13 +552,38 @@ def _source_prompt(file_name: str) -> dict:
         "1": _model(),
         "2": {"class_type": "LoadAudio", "inputs": {"audio": file_name}},
         "3": {"class_type": "FlowjamPrepareSource", "inputs": {"model": ["1", 0], "audio": ["2", 0]}},
-        "4": {"class_type": "FlowjamStream", "inputs": {
-            "model": ["1", 0], "conditioning": ["5", 0], "source": ["3", 0], "session_id": "bad_source", "song_seconds": 4.0,
-            "depth": 1, "steps": 2, "denoise": 0.5, "seed": 1, "shift": 3.0, "prompt_blend": 0.0, "structure": 1.0,
-            "audio_device": "none"}},
-        "5": {"class_type": "FlowjamTextConditioning", "inputs": {
-            "model": ["1", 0], "tags": "cover", "lyrics": "", "bpm": 0, "key": "", "time_signature": "", "duration": 0.0,
-            "task": "cover", "language": ""}},
+        "4": {
+            "class_type": "FlowjamStream",
+            "inputs": {
+                "model": ["1", 0],
+                "conditioning": ["5", 0],
+                "source": ["3", 0],
+                "session_id": "bad_source",
+                "song_seconds": 4.0,
+                "depth": 1,
+                "steps": 2,
+                "denoise": 0.5,
+                "seed": 1,
+                "shift": 3.0,
+                "prompt_blend": 0.0,
+                "structure": 1.0,
+                "audio_device": "none",
+            },
+        },
+        "5": {
+            "class_type": "FlowjamTextConditioning",
+            "inputs": {
+                "model": ["1", 0],
+                "tags": "cover",
+                "lyrics": "",
+                "bpm": 0,
+                "key": "",
+                "time_signature": "",
+                "duration": 0.0,
+                "task": "cover",
+                "language": "",
+            },
+        },
     }
 
 
@@ -523,7 +610,9 @@ def test_bad_inputs_are_refused_and_name_the_input_while_the_stream_plays(comfy,
     status, body = comfy.queue(_generate_prompt(seconds=-1.0))
     assert status == 400, body
     errors = body["node_errors"]["3"]["errors"]
-    assert [e["extra_info"]["input_name"] for e in errors] == ["seconds"] and errors[0]["type"] == "value_smaller_than_min"
+    assert [e["extra_info"]["input_name"] for e in errors] == ["seconds"] and errors[0][
+        "type"
+    ] == "value_smaller_than_min"
 
     message = _error_names(comfy, _source_prompt(FIVE_CHANNELS), "3", "audio")
     assert "5 channels" in message
@@ -531,7 +620,9 @@ def test_bad_inputs_are_refused_and_name_the_input_while_the_stream_plays(comfy,
     assert "4000" in message
     assert "bad_source" not in comfy.sessions()
 
-    message = _error_names(comfy, _generate_prompt(checkpoint="diffusion_models/no_such_acestep.safetensors"), "1", "checkpoint")
+    message = _error_names(
+        comfy, _generate_prompt(checkpoint="diffusion_models/no_such_acestep.safetensors"), "1", "checkpoint"
+    )
     assert "no_such_acestep" in message
     # ComfyUI 0.3.6x does not check V3 combo values in /prompt: flowjam does, naming the input
     message = _error_names(comfy, _generate_prompt(device="tpu"), "1", "device")
@@ -634,8 +725,15 @@ def test_live_panel_shows_the_running_stream_in_the_browser(comfy, jam, tmp_path
     env = dict(os.environ, NODE_PATH=str(PLAYWRIGHT / "node_modules"), FLOWJAM_CHROMIUM=CHROMIUM)
     command = ["node", str(script), comfy.base, str(WORKFLOWS / "flowjam_text_live_jam.json"), str(SCREENSHOT)]
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=PLAYWRIGHT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        cwd=PLAYWRIGHT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = process.communicate(timeout=150)
     except subprocess.TimeoutExpired:
@@ -657,12 +755,17 @@ def test_live_panel_shows_the_running_stream_in_the_browser(comfy, jam, tmp_path
     assert sliders["velocity_scale"] == [pytest.approx(1.25), 0, 2]  # the stream's knob value and range
     assert sliders["denoise"][0] == pytest.approx(0.7) and sliders["volume"][0] == pytest.approx(0.8)
     panel, node = before["panel"], before["node"]
-    assert panel["height"] > 100 and panel["scrollHeight"] <= panel["clientHeight"] + 1, panel  # all of it inside the node
+    assert panel["height"] > 100 and panel["scrollHeight"] <= panel["clientHeight"] + 1, (
+        panel
+    )  # all of it inside the node
     assert node["size"][1] >= node["min"][1] - 1, node
     assert not [e for e in result["errors"] if "flowjam" in e], result["errors"]
     if before["overlaps"]:  # a layout problem of the workflow file, not of the panel: reported, not failed
-        warnings.warn(f"in flowjam_text_live_jam.json the Stream node (grown to {node['size']} to fit its panel) "
-                      f"covers {before['overlaps']}", stacklevel=1)
+        warnings.warn(
+            f"in flowjam_text_live_jam.json the Stream node (grown to {node['size']} to fit its panel) "
+            f"covers {before['overlaps']}",
+            stacklevel=1,
+        )
     assert comfy.session("jam")["knobs"]["velocity_scale"] == pytest.approx(0.9)  # the slider reached the stream
     assert comfy.get("/queue")["queue_pending"] == []
     assert SCREENSHOT.is_file() and SCREENSHOT.stat().st_size > 10_000

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from flowjam.engine.curves import as_curve, combine, constant, from_points, lerp, ramp, resample, wave
 
 
@@ -78,7 +77,9 @@ def test_constant_and_ramp_lengths_and_endpoints():
     assert ramp(1.0, 2.0, 1).tolist() == [1.0]
 
 
-@pytest.mark.parametrize("build", [lambda: constant(1.0, 0), lambda: ramp(0, 1, -3), lambda: wave(0), lambda: resample([1.0], 0)])
+@pytest.mark.parametrize(
+    "build", [lambda: constant(1.0, 0), lambda: ramp(0, 1, -3), lambda: wave(0), lambda: resample([1.0], 0)]
+)
 def test_builders_reject_fewer_than_one_frame(build):
     with pytest.raises(ValueError, match="frames"):
         build()
@@ -86,8 +87,19 @@ def test_builders_reject_fewer_than_one_frame(build):
 
 def test_sine_starts_at_the_middle_rising_and_spans_low_to_high():
     values = wave(8, "sine", low=0.2, high=1.0)
-    assert values.tolist() == pytest.approx([0.6, 0.6 + 0.4 * math.sqrt(0.5), 1.0, 0.6 + 0.4 * math.sqrt(0.5), 0.6,
-                                             0.6 - 0.4 * math.sqrt(0.5), 0.2, 0.6 - 0.4 * math.sqrt(0.5)], abs=1e-6)
+    assert values.tolist() == pytest.approx(
+        [
+            0.6,
+            0.6 + 0.4 * math.sqrt(0.5),
+            1.0,
+            0.6 + 0.4 * math.sqrt(0.5),
+            0.6,
+            0.6 - 0.4 * math.sqrt(0.5),
+            0.2,
+            0.6 - 0.4 * math.sqrt(0.5),
+        ],
+        abs=1e-6,
+    )
     assert wave(4, "sine", phase=0.25).tolist() == pytest.approx([1.0, 0.5, 0.0, 0.5], abs=1e-6)
 
 

@@ -1,11 +1,13 @@
 """DiT decoder: official key set at full size, shapes, the ±128-token sliding window, batching rows at different t."""
 
-import torch
+from dataclasses import replace
 
+import torch
+from flowjam.engine.conditioning import Conditioning
 from flowjam.engine.models.acestep import AceStepModel
 from flowjam.engine.models.dit import DiTDecoder
 from flowjam.engine.models.layers import band_mask
-from flowjam.engine.models.presets import TINY, TURBO_2B, XL, with_overrides
+from flowjam.engine.models.presets import TINY, TURBO_2B, XL
 from spec_keys import official_keys
 
 
@@ -57,7 +59,7 @@ def test_sliding_mask_is_plus_minus_128_tokens():
 def test_sliding_layer_sees_exactly_128_tokens_each_side():
     """A one-layer (sliding) DiT: a token 129 tokens away cannot change the output, one 128 away does."""
     torch.manual_seed(0)
-    config = with_overrides(TINY, num_hidden_layers=1, sliding_window=128)
+    config = replace(TINY, num_hidden_layers=1, sliding_window=128)
     dit = DiTDecoder(config).eval()
     x, context, cond = tiny_inputs(1, 1200)
     poked = x.clone()
@@ -76,7 +78,12 @@ def test_rows_at_different_t_batch_like_single_rows():
     t = torch.tensor([1.0, 0.642857, 0.3])
     with torch.no_grad():
         batched = dit(x, t, context, encoder_hidden_states=cond)
-        single = torch.cat([dit(x[i : i + 1], t[i : i + 1], context[i : i + 1], encoder_hidden_states=cond[i : i + 1]) for i in range(3)])
+        single = torch.cat(
+            [
+                dit(x[i : i + 1], t[i : i + 1], context[i : i + 1], encoder_hidden_states=cond[i : i + 1])
+                for i in range(3)
+            ]
+        )
     torch.testing.assert_close(batched, single, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(batched[0], batched[1])
 
@@ -90,6 +97,30 @@ def test_prebuilt_cross_kv_equals_passing_the_condition():
         direct = dit(x, t, context, encoder_hidden_states=cond)
         cached = dit(x, t, context, cross_kv=dit.build_cross_kv(cond))
     torch.testing.assert_close(direct, cached, atol=0, rtol=0)
+
+
+def test_a_condition_rebuilds_its_cross_kv_for_a_new_decoder_at_a_freed_decoders_address():
+    """CPython often gives a new decoder the address (the `id`) of one just freed: its K/V must still be its own."""
+    condition = Conditioning(tiny_inputs(1, 10)[2])
+    torch.manual_seed(0)  # once: every decoder below draws its own weights from the one stream
+    same_address = 0
+    for attempt in range(20):
+        old = DiTDecoder(TINY).eval()
+        condition.cross_kv(old)
+        freed_address = id(old)
+        del old  # no reference cycle: freed here, and nothing allocated before the next decoder
+        new = DiTDecoder(TINY).eval()
+        same_address += id(new) == freed_address
+        got = condition.cross_kv(new)
+        with torch.no_grad():
+            expected = new.build_cross_kv(condition.encoder_hidden_states)
+        for layer, (k, v, k_new, v_new) in enumerate(
+            zip(got.keys, got.values, expected.keys, expected.values, strict=True)
+        ):
+            assert torch.equal(k, k_new) and torch.equal(v, v_new), (
+                f"attempt {attempt}, layer {layer}: K/V of the freed decoder"
+            )
+    assert same_address, "setup: no new decoder took a freed decoder's address, so the collision was not exercised"
 
 
 def test_folded_time_embed_r_equals_explicit_r_equal_t():

@@ -6,20 +6,50 @@ import sys
 import threading
 
 import pytest
-
-from flowjam.engine.live.knobs import DEFAULT_KNOBS, KnobError, KnobKind, KnobRegistry, KnobSpec
-from flowjam.engine.stream import SHARED_FIELDS, SlotRequest
+from flowjam.engine.live.knobs import KnobError, KnobRegistry
+from flowjam.engine.params import KNOB_SPECS, SHARED_FIELDS, KnobKind, KnobSpec
+from flowjam.engine.stream import SlotRequest
 
 
 def test_default_knobs_name_engine_fields():
-    kinds = {spec.name: spec.kind for spec in DEFAULT_KNOBS}
+    kinds = {spec.name: spec.kind for spec in KNOB_SPECS}
     shared = {name for name, kind in kinds.items() if kind is KnobKind.SHARED}
     assert shared == set(SHARED_FIELDS), f"shared knobs {shared} differ from the stream's {SHARED_FIELDS}"
     request_fields = set(SlotRequest.__dataclass_fields__)
-    for name in ("denoise", "seed", "steps", "shift"):
+    for name in ("denoise", "seed", "steps", "shift", "cfg_mode"):
         assert kinds[name] is KnobKind.REQUEST and name in request_fields, name
     assert {name for name, kind in kinds.items() if kind is KnobKind.GLOBAL} == {"depth", "volume"}
-    assert KnobRegistry().values() == {spec.name: spec.default for spec in DEFAULT_KNOBS}
+    assert KnobRegistry().values() == {spec.name: spec.default for spec in KNOB_SPECS}
+
+
+def test_parameter_registry_is_torch_free_and_names_what_the_engine_has():
+    import subprocess
+
+    code = "import sys, flowjam.engine.params, flowjam.engine.live.knobs; print('torch' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
+    from flowjam.engine import curves, params
+    from flowjam.engine.models.lm import LM_PRESETS
+    from flowjam.engine.models.presets import PRESETS
+
+    assert tuple(PRESETS) == params.PRESET_NAMES and tuple(LM_PRESETS) == params.LM_PRESET_NAMES
+    assert tuple(curves.COMBINE_OPS) == params.CURVE_OPS
+
+
+def test_choice_knob_takes_a_choice_name_or_its_index():
+    knobs = KnobRegistry()
+    spec = knobs.specs["cfg_mode"]
+    assert spec.choice(knobs.get("cfg_mode")) == "off"
+    assert knobs.set("cfg_mode", "full").value == 1.0 and spec.choice(knobs.get("cfg_mode")) == "full"
+    assert knobs.set("cfg_mode", 3).value == 3.0 and spec.choice(3.0) == "self"
+    with pytest.raises(KnobError) as raised:
+        knobs.set("cfg_mode", "loud")
+    assert raised.value.reason == "unknown_choice" and "off, full, initialize, self" in str(raised.value)
+    with pytest.raises(KnobError):
+        knobs.set("guidance", "full")  # only a choice knob takes text
+    assert spec.choice(knobs.get("cfg_mode")) == "self"
 
 
 def test_set_clamps_to_range_and_reports_it():
@@ -43,10 +73,10 @@ def test_integer_knobs_round_half_up_without_counting_as_clamped():
 
 def test_normalized_mapping_both_ways():
     spec = KnobSpec("guidance", 1.0, 10.0, 1.0, KnobKind.SHARED)
-    assert spec.from_normalized(0.0) == 1.0 and spec.from_normalized(1.0) == 10.0
-    assert spec.from_normalized(0.5) == pytest.approx(5.5)
+    assert spec.clamp(spec.unclamped(0.0)) == 1.0 and spec.clamp(spec.unclamped(1.0)) == 10.0
+    assert spec.clamp(spec.unclamped(0.5)) == pytest.approx(5.5)
     assert spec.to_normalized(5.5) == pytest.approx(0.5)
-    assert spec.from_normalized(1.7) == 10.0 and spec.from_normalized(-1) == 1.0
+    assert spec.clamp(spec.unclamped(1.7)) == 10.0 and spec.clamp(spec.unclamped(-1)) == 1.0
     knobs = KnobRegistry()
     change = knobs.set_normalized("apg_momentum", 0.25)
     assert change.value == pytest.approx(-0.75) and knobs.normalized("apg_momentum") == pytest.approx(0.25)
@@ -85,7 +115,7 @@ def test_unknown_name_lists_the_valid_names():
     message = str(raised.value)
     assert raised.value.reason == "unknown_knob"
     assert "'velocity'" in message and "did you mean 'velocity_scale'" in message, message
-    assert all(spec.name in message for spec in DEFAULT_KNOBS), message
+    assert all(spec.name in message for spec in KNOB_SPECS), message
     for call in (knobs.get, knobs.normalized, knobs.reset):
         with pytest.raises(KnobError, match="valid knobs"):
             call("velocity")
@@ -114,7 +144,7 @@ def test_reset_restores_defaults():
     knobs.reset("volume")
     assert knobs.get("volume") == 0.8 and knobs.get("steps") == 20
     knobs.reset()
-    assert knobs.values() == {spec.name: spec.default for spec in DEFAULT_KNOBS}
+    assert knobs.values() == {spec.name: spec.default for spec in KNOB_SPECS}
     assert knobs.changes_since(0)[-1].origin == "reset"
 
 

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pythonosc.udp_client import SimpleUDPClient
-
 from flowjam.engine.audio_io import read_wav
 from flowjam.engine.live.app import LiveApp, LiveConfig
 from flowjam.engine.live.bench import measure_latency
 from flowjam.engine.live.knobs import KnobRegistry
 from flowjam.engine.live.layout import OPEN_STAGE_CONTROL_FILE, open_stage_control_session
-from flowjam.engine.live.runner import RunnerConfig
 from flowjam.engine.session import Session
+from pythonosc.udp_client import SimpleUDPClient
 
 SONG_SECONDS = 4.0
 
@@ -76,8 +74,17 @@ class JackRecorder:
 
 def test_stream_is_heard_through_jack_and_recorded_exactly(session, jack_server, tmp_path):
     record = tmp_path / "played.wav"
-    app = LiveApp(session, LiveConfig(prompt="jack check", song_seconds=SONG_SECONDS, osc_port=None, record=record,
-                                      audio_device="jack", playback_mode="process"))
+    app = LiveApp(
+        session,
+        LiveConfig(
+            prompt="jack check",
+            song_seconds=SONG_SECONDS,
+            osc_port=None,
+            record=record,
+            audio_device="jack",
+            playback_mode="process",
+        ),
+    )
     app.start()
     try:
         wait_for(lambda: app.runner.stats.latents >= 2, what="first latents")
@@ -112,8 +119,16 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
         pytest.skip("liblo-tools not installed")
     feedback_port = free_port()
     dump = subprocess.Popen(["oscdump", "-L", str(feedback_port)], stdout=subprocess.PIPE, text=True, bufsize=1)
-    app = LiveApp(session, LiveConfig(prompt="osc check", song_seconds=SONG_SECONDS, playback_mode="null", osc_port=0,
-                                      osc_feedback=("127.0.0.1", feedback_port)))
+    app = LiveApp(
+        session,
+        LiveConfig(
+            prompt="osc check",
+            song_seconds=SONG_SECONDS,
+            playback_mode="null",
+            osc_port=0,
+            osc_feedback=("127.0.0.1", feedback_port),
+        ),
+    )
     app.start()
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(dump.stdout.readline, "")), daemon=True)
@@ -121,9 +136,14 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
     try:
         wait_for(lambda: app.runner.stats.latents >= 1, what="first latent")
         port = app.osc.address[1]
-        subprocess.run(["oscsend", "localhost", str(port), "/flowjam/default/knob/velocity_scale", "f", "0.25"], check=True)
+        subprocess.run(
+            ["oscsend", "localhost", str(port), "/flowjam/default/knob/velocity_scale", "f", "0.25"], check=True
+        )
         wait_for(lambda: app.registry.get("velocity_scale") == 0.25, what="oscsend to reach the registry")
-        wait_for(lambda: any(r.change.name == "velocity_scale" for r in app.runner.stats.latencies), what="the change to reach the ear")
+        wait_for(
+            lambda: any(r.change.name == "velocity_scale" for r in app.runner.stats.latencies),
+            what="the change to reach the ear",
+        )
         record = next(r for r in app.runner.stats.latencies if r.change.name == "velocity_scale")
         assert record.change.origin == "osc"
         assert record.ticks_started_since_received == 0, "a shared-curve knob must apply on the very next tick"
@@ -133,7 +153,10 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
         wait_for(lambda: abs(app.registry.get("denoise") - 0.5) < 1e-9, what="the normalised alias")
         client.send_message("/flowjam/default/prompt", "bright plucks")
         wait_for(lambda: "bright plucks" in (app.status().get("last_osc") or ""), what="the prompt message")
-        wait_for(lambda: any("/flowjam/default/knob/velocity_scale" in line and "0.25" in line for line in lines), what="oscdump feedback")
+        wait_for(
+            lambda: any("/flowjam/default/knob/velocity_scale" in line and "0.25" in line for line in lines),
+            what="oscdump feedback",
+        )
     finally:
         app.stop()
         dump.terminate()
@@ -163,7 +186,11 @@ def test_bad_osc_input_and_a_flood_never_stop_the_music(session):
         wait_for(lambda: app.runner.stats.latents > latents_before + 3, what="the stream to keep producing")
         assert app.registry.get("denoise") == 1.0
         rejected = app.osc.stats()["rejected"]
-        assert rejected.get("not_a_number", 0) >= 1 and rejected.get("not_finite", 0) >= 2 and rejected.get("unknown_knob", 0) >= 1
+        assert (
+            rejected.get("not_a_number", 0) >= 1
+            and rejected.get("not_finite", 0) >= 2
+            and rejected.get("unknown_knob", 0) >= 1
+        )
         assert app.runner.stats.errors == 0 and app.playback.stats()["underruns"] == 0
     finally:
         app.stop()
@@ -182,8 +209,25 @@ def test_latency_benchmark_orders_shared_before_per_request(session):
 def test_live_cli_exact_form_records_what_was_played(tmp_path):
     feedback_port, osc_port = free_port(), free_port()
     record = tmp_path / "rec.wav"
-    command = [sys.executable, "-m", "flowjam", "live", "--preset", "tiny", "--prompt", "ambient", "--seconds", "6",
-               "--record", str(record), "--osc-port", str(osc_port), "--osc-feedback", f"127.0.0.1:{feedback_port}", "--no-audio"]
+    command = [
+        sys.executable,
+        "-m",
+        "flowjam",
+        "live",
+        "--preset",
+        "tiny",
+        "--prompt",
+        "ambient",
+        "--seconds",
+        "6",
+        "--record",
+        str(record),
+        "--osc-port",
+        str(osc_port),
+        "--osc-feedback",
+        f"127.0.0.1:{feedback_port}",
+        "--no-audio",
+    ]
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
         listener.bind(("127.0.0.1", feedback_port))
         listener.settimeout(0.2)
@@ -195,7 +239,7 @@ def test_live_cli_exact_form_records_what_was_played(tmp_path):
             client.send_message("/flowjam/default/knob/velocity_scale", 1.5)
             try:
                 got += listener.recv(4096)
-            except socket.timeout:
+            except TimeoutError:
                 pass
         out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
@@ -210,8 +254,74 @@ def test_open_stage_control_layout_is_current_and_names_real_knobs():
     assert shipped == open_stage_control_session(), "regenerate with engine.live.layout.write_open_stage_control()"
     registry = KnobRegistry()
     faders = [w for w in shipped["content"]["widgets"] if w["type"] == "fader"]
-    assert {w["id"] for w in faders} == set(registry.specs)
+    switches = [w for w in shipped["content"]["widgets"] if w["type"] == "switch"]
+    assert {w["id"] for w in faders + switches} == set(registry.specs)
     for widget in faders:
         spec = registry.specs[widget["id"]]
         assert widget["address"] == f"/flowjam/default/knob/{spec.name}"
         assert (widget["range"]["min"], widget["range"]["max"]) == (spec.minimum, spec.maximum)
+    for widget in switches:
+        spec = registry.specs[widget["id"]]
+        assert widget["address"] == f"/flowjam/default/knob/{spec.name}"
+        assert [registry.specs[spec.name].choice(v) for v in widget["values"].values()] == list(widget["values"])
+
+
+def test_transport_stop_fades_to_silence_within_20_ms_and_play_resumes(session, tmp_path):
+    """OSC /transport stop: the recording is silent (below -90 dBFS) from 20 ms after the fade starts, the engine keeps
+    ticking; play fades back in at the playhead; both are echoed to the controller and shown in status."""
+    feedback_port = free_port()
+    record = tmp_path / "transport.wav"
+    app = LiveApp(
+        session,
+        LiveConfig(
+            prompt="transport",
+            song_seconds=SONG_SECONDS,
+            playback_mode="null",
+            osc_port=0,
+            osc_feedback=("127.0.0.1", feedback_port),
+            record=record,
+        ),
+    )
+    silent = 10 ** (-90 / 20)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", feedback_port))
+        listener.settimeout(0.1)
+        app.start()
+        try:
+            client = SimpleUDPClient("127.0.0.1", app.osc.address[1])
+            wait_for(
+                lambda: app.runner.stats.latents >= 2 and app.playback.playhead_frames > 24_000, what="audio playing"
+            )
+            before_stop = app.playback.playhead_frames
+            client.send_message("/flowjam/default/transport", "stop")
+            wait_for(lambda: app.buffer.fade_started_frames >= before_stop, what="the stop fade")
+            stop_fade = app.buffer.fade_started_frames
+            wait_for(lambda: app.status()["transport"] == "stopped", what="status to say stopped")
+            ticks = app.runner.stats.ticks
+            time.sleep(0.5)
+            assert app.runner.stats.ticks > ticks, "the engine must stay warm (keep ticking) while stopped"
+            before_play = app.playback.playhead_frames
+            client.send_message("/flowjam/default/transport", "play")
+            wait_for(lambda: app.buffer.fade_started_frames >= before_play, what="the play fade")
+            play_fade = app.buffer.fade_started_frames
+            wait_for(lambda: app.playback.playhead_frames > play_fade + 24_000, what="audio after play")
+            echoes = b""
+            deadline = time.monotonic() + 5
+            while not (b"stop" in echoes and b"play" in echoes) and time.monotonic() < deadline:
+                try:
+                    echoes += listener.recv(4096)
+                except TimeoutError:
+                    pass
+        finally:
+            app.stop()
+    assert b"/flowjam/default/transport" in echoes and b"stop" in echoes and b"play" in echoes, echoes
+    assert stop_fade - before_stop <= 2 * 1024, "the fade must start within the next block or two after the command"
+    played, rate = read_wav(record)
+    played = played.numpy()
+    assert rate == 48_000
+    assert np.abs(played[:, stop_fade - 4800 : stop_fade]).max() > 1e-3, "before the stop the loop must be audible"
+    gap = played[:, stop_fade + 960 : play_fade]
+    assert gap.shape[1] > 12_000 and np.abs(gap).max() < silent, (
+        f"not silent 20 ms after stop: peak {np.abs(gap).max():.2e}"
+    )
+    assert np.abs(played[:, play_fade + 960 : play_fade + 4800]).max() > 1e-3, "play must bring the sound back"

@@ -1,13 +1,10 @@
-"""Our 5 Hz LM (Qwen3ForCausalLM, tied) equals transformers' with identical random weights; cache, compact head, shapes."""
+"""Our 5 Hz LM (Qwen3ForCausalLM, tied) equals transformers' with identical random weights; cache, code head, shapes."""
 
 import pytest
 import torch
+from flowjam.engine.models.lm import AUDIO_CODE_BASE, LM_PRESETS, NUM_CODES, Qwen3LM
+from qwen_reference import greedy, hf_qwen3_config, random_state
 from transformers import Qwen3ForCausalLM
-
-from flowjam.engine.models.lm import (
-    AUDIO_CODE_BASE, EOS_ID, LM_PRESETS, NUM_CODES, Qwen3LM, greedy,
-)
-from qwen_reference import hf_qwen3_config, random_state
 
 TINY = LM_PRESETS["tiny"]
 
@@ -41,10 +38,22 @@ def test_state_dict_keys_are_the_checkpoint_names():
     expected = {"model.embed_tokens.weight", "model.norm.weight"}
     for i in range(TINY.num_hidden_layers):
         p = f"model.layers.{i}."
-        expected |= {p + n + ".weight" for n in (
-            "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-            "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-        )}
+        expected |= {
+            p + n + ".weight"
+            for n in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                "self_attn.q_norm",
+                "self_attn.k_norm",
+                "mlp.gate_proj",
+                "mlp.up_proj",
+                "mlp.down_proj",
+            )
+        }
     assert keys == expected
     assert set(reference_model(TINY).state_dict()) - keys <= {"lm_head.weight"}
 
@@ -99,27 +108,31 @@ def test_greedy_equals_transformers_generate(seed, batch):
     new = 12
     with torch.no_grad():
         expected = reference.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-            min_new_tokens=new, eos_token_id=None, pad_token_id=0,
-        )[:, ids.shape[1]:]
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[:, ids.shape[1] :]
     got = greedy(ours, ids, new)
     assert got.shape == (batch, new)
     assert torch.equal(got, expected), (got, expected)
     assert len(set(got.flatten().tolist())) > 1  # not a degenerate constant sequence
 
 
-def test_compact_logits_are_eos_plus_code_rows():
+def test_code_logits_are_the_code_rows_of_the_full_vocabulary():
     ours, _ = pair(5)
-    assert (EOS_ID, AUDIO_CODE_BASE, NUM_CODES) == (151_645, 151_669, 64_000)  # spec §5.2, not our own constants
+    assert (AUDIO_CODE_BASE, NUM_CODES) == (151_669, 64_000)  # spec §5.2, not our own constants
     hidden = torch.randn(3, TINY.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         full = ours.logits(hidden)
-        compact = ours.compact_logits(hidden)
-    assert compact.shape == (3, NUM_CODES + 1)
-    for index, vocab_id in ((0, 151_645), (1, 151_669), (NUM_CODES, 215_668)):  # EOS, code 0, code 63,999
-        torch.testing.assert_close(compact[:, index], full[:, vocab_id], atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(compact[:, 0], full[:, EOS_ID], atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(compact[:, 1:], full[:, AUDIO_CODE_BASE:AUDIO_CODE_BASE + NUM_CODES], atol=1e-6, rtol=1e-6)
+        codes = ours.code_logits(hidden)
+    assert codes.shape == (3, NUM_CODES)
+    for index, vocab_id in ((0, 151_669), (NUM_CODES - 1, 215_668)):  # code 0, code 63,999
+        torch.testing.assert_close(codes[:, index], full[:, vocab_id], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(codes, full[:, AUDIO_CODE_BASE : AUDIO_CODE_BASE + NUM_CODES], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -143,7 +156,9 @@ def test_fused_decode_weights_keep_the_checkpoint_tensors_and_follow_a_dtype_cha
         expected = reference(input_ids=ids).logits
         ours.setup_cache(2, 12)
         ours.prefill(ids[:, :9])
-        torch.testing.assert_close(ours.decode_step(ids[:, 9], torch.tensor([9, 9])), expected[:, 9], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            ours.decode_step(ids[:, 9], torch.tensor([9, 9])), expected[:, 9], atol=1e-5, rtol=1e-5
+        )
         after = ours.state_dict()
         assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
         ours.to(torch.float64)  # replaces every parameter: the fused tensors must be rebuilt from the new ones

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
-
 from flowjam.engine.checkpoints import CheckpointError
 from flowjam.engine.lm.checkpoint import TEXT_ENCODER_VOCAB, load_lm
-from flowjam.engine.models.lm import AUDIO_CODE_BASE, EOS_ID, LM_PRESETS, Qwen3LM
-from qwen_reference import random_state
+from flowjam.engine.models.lm import AUDIO_CODE_BASE, LM_PRESETS, Qwen3LM
+from qwen_reference import EOS_ID, random_state
+from safetensors.torch import save_file
 
 PROMPT = torch.tensor([[151_644, 872, 198, 9_707, AUDIO_CODE_BASE + 7, AUDIO_CODE_BASE + 63_999, EOS_ID]])
 
@@ -101,8 +100,14 @@ def comfy_all_in_one(state, root):
 
 
 LAYOUTS = [
-    official_folder, official_folder_without_prefix, official_folder_with_tied_head_copy, sharded_folder,
-    parent_of_official_folder, comfy_split_file, comfy_models_folder_beside_text_encoder, comfy_all_in_one,
+    official_folder,
+    official_folder_without_prefix,
+    official_folder_with_tied_head_copy,
+    sharded_folder,
+    parent_of_official_folder,
+    comfy_split_file,
+    comfy_models_folder_beside_text_encoder,
+    comfy_all_in_one,
 ]
 
 
@@ -206,7 +211,9 @@ def test_folder_with_two_lms_asks_which_one(state, tmp_path):
 
 def test_all_in_one_without_the_lm_is_refused(state, tmp_path):
     tensors = {"text_encoders.qwen3_06b.transformer." + k: v for k, v in state.items()}
-    path = write(tmp_path / "aio.safetensors", tensors | {"model.diffusion_model.decoder.norm_out.weight": torch.ones(8)})
+    path = write(
+        tmp_path / "aio.safetensors", tensors | {"model.diffusion_model.decoder.norm_out.weight": torch.ones(8)}
+    )
     with pytest.raises(CheckpointError, match="holds no 5 Hz LM"):
         load_lm(path)
 

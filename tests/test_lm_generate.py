@@ -1,13 +1,12 @@
-"""Batched audio-code generation: CFG on compact logits, sampling, exact lengths, compaction, against transformers."""
+"""Batched audio-code generation: CFG on code logits, sampling, exact lengths, compaction, against transformers."""
 
 import pytest
 import torch
-from transformers import Qwen3ForCausalLM
-
 from flowjam.engine.lm.generate import CodeGenerator, CodeRequest
 from flowjam.engine.lm.sampling import SamplingParams, cfg_logits, sample, uniforms
-from flowjam.engine.models.lm import AUDIO_CODE_BASE, EOS_ID, LM_PRESETS, NUM_CODES, Qwen3LM, greedy
-from qwen_reference import hf_qwen3_config, random_state
+from flowjam.engine.models.lm import AUDIO_CODE_BASE, LM_PRESETS, NUM_CODES, Qwen3LM
+from qwen_reference import EOS_ID, greedy, hf_qwen3_config, random_state
+from transformers import Qwen3ForCausalLM
 
 TINY = LM_PRESETS["tiny"]
 SAMPLED = SamplingParams(temperature=0.85, top_k=0, top_p=0.9, cfg=2.0)
@@ -82,7 +81,9 @@ def test_sequences_leaving_the_batch_give_the_same_codes_as_each_run_alone(model
     ]
     generator = CodeGenerator(ours, SAMPLED)
     together = generator.generate(requests)
-    assert [c.tolist() for c in generator.generate(requests)] == [c.tolist() for c in together], "reused buffers changed the codes"
+    assert [c.tolist() for c in generator.generate(requests)] == [c.tolist() for c in together], (
+        "reused buffers changed the codes"
+    )
     for request, codes in zip(requests, together):
         alone = CodeGenerator(ours, SAMPLED).generate([request])[0]
         assert torch.equal(codes, alone), f"seed {request.seed}: {codes.tolist()} != alone {alone.tolist()}"
@@ -110,23 +111,25 @@ def test_lengths_are_exact_and_codes_valid_even_when_eos_and_unused_slots_domina
             assert codes.dtype == torch.int64 and 0 <= codes.min() and codes.max() < NUM_CODES
 
 
-def test_cfg_on_compact_logits_equals_cfg_on_full_logits_restricted(models):
+def test_cfg_on_code_logits_equals_cfg_on_full_logits_restricted_to_the_codes(models):
     ours, _ = models
     g = torch.Generator().manual_seed(4)
     cond, uncond = torch.randn(2, 5, TINY.hidden_size, generator=g)
     with torch.no_grad():
-        compact = cfg_logits(ours.compact_logits(cond), ours.compact_logits(uncond), 2.5)
+        on_codes = cfg_logits(ours.code_logits(cond), ours.code_logits(uncond), 2.5)
         full_cond, full_uncond = ours.logits(cond), ours.logits(uncond)
         full = full_uncond + 2.5 * (full_cond - full_uncond)
-    restricted = torch.cat([full[:, EOS_ID : EOS_ID + 1], full[:, AUDIO_CODE_BASE : AUDIO_CODE_BASE + NUM_CODES]], dim=1)
-    torch.testing.assert_close(compact, restricted, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(on_codes, full[:, AUDIO_CODE_BASE : AUDIO_CODE_BASE + NUM_CODES], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.7, top_k=1, top_p=1.0),
-    SamplingParams(temperature=1.5, top_k=0, top_p=1e-6),
-    SamplingParams(temperature=0.0, top_k=0, top_p=1.0),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_k=1, top_p=1.0),
+        SamplingParams(temperature=1.5, top_k=0, top_p=1e-6),
+        SamplingParams(temperature=0.0, top_k=0, top_p=1.0),
+    ],
+)
 def test_top_k_one_and_vanishing_top_p_are_argmax(params):
     logits = torch.randn(64, 3000, generator=torch.Generator().manual_seed(1))
     logits[:8, 7] = logits[:8, 1900] = 40.0  # ties: argmax takes the lower index
@@ -172,22 +175,28 @@ def test_random_numbers_depend_only_on_seed_and_step():
     assert abs(many.mean().item() - 0.5) < 0.005 and abs(many.var().item() - 1 / 12) < 0.002
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"cfg": 0.5}, "cfg must be >= 1"),
-    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
-    ({"top_k": -1}, "top_k must be >= 0"),
-    ({"temperature": -0.1}, "temperature must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"cfg": 0.5}, "cfg must be >= 1"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"top_k": -1}, "top_k must be >= 0"),
+        ({"temperature": -0.1}, "temperature must be >= 0"),
+    ],
+)
 def test_bad_sampling_settings_are_refused(models, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("]", r"\]")):
         CodeGenerator(models[0], SamplingParams(**kwargs))
 
 
-@pytest.mark.parametrize("request_, message", [
-    (CodeRequest((), num_codes=5, uncond_ids=(1,)), "non-empty prompt"),
-    (CodeRequest((1, 2), num_codes=0, uncond_ids=(1,)), "num_codes must be >= 1"),
-    (CodeRequest((1, 2), num_codes=5), "unconditional prompt"),
-])
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        (CodeRequest((), num_codes=5, uncond_ids=(1,)), "non-empty prompt"),
+        (CodeRequest((1, 2), num_codes=0, uncond_ids=(1,)), "num_codes must be >= 1"),
+        (CodeRequest((1, 2), num_codes=5), "unconditional prompt"),
+    ],
+)
 def test_bad_requests_are_refused(models, request_, message):
     with pytest.raises(ValueError, match=message):
         CodeGenerator(models[0], SAMPLED).generate([request_])

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from flowjam.engine.lm.bench import random_lm
 from flowjam.engine.lm.generate import CodeGenerator, CodeRequest
 from flowjam.engine.lm.sampling import SamplingParams

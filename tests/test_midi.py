@@ -8,7 +8,6 @@ import time
 
 import mido
 import pytest
-
 from flowjam.engine.live.knobs import KnobError, KnobRegistry
 from flowjam.engine.live.midi import JACK_BACKEND, CCMapping, MidiInput, MidiMapper, MidiStats, list_ports
 
@@ -166,11 +165,14 @@ def test_unmap_forgets_the_control():
     assert registry.get("volume") == 0.8 and mapper.mappings() == []
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(channel=16, cc=1), "channel must be an integer 0..15"),
-    (dict(channel=0, cc=128), "cc must be an integer 0..127"),
-    (dict(channel=0, cc=40, high_resolution=True), "MSB on CC 0..31"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(channel=16, cc=1), "channel must be an integer 0..15"),
+        (dict(channel=0, cc=128), "cc must be an integer 0..127"),
+        (dict(channel=0, cc=40, high_resolution=True), "MSB on CC 0..31"),
+    ],
+)
 def test_bad_mappings_are_rejected(fields, message):
     with pytest.raises(ValueError, match=message):
         CCMapping("volume", **fields)
@@ -194,13 +196,16 @@ def test_save_and_load_round_trip(tmp_path):
     assert MidiMapper.load(path, registry).mappings() == mappings
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"version": 1, "mappings": [', "is not valid JSON"),
-    ('{"mappings": []}', '"version": 1'),
-    ('{"version": 1, "mappings": [{"knob": "volume", "channel": 0}]}', "mapping 0: .*cc"),
-    ('{"version": 1, "mappings": [{"knob": "volume", "channel": 0, "cc": 300}]}', "mapping 0: .*0..127"),
-    ('{"version": 1, "mappings": [{"knob": "loudness", "channel": 0, "cc": 7}]}', "unknown knob 'loudness'"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"version": 1, "mappings": [', "is not valid JSON"),
+        ('{"mappings": []}', '"version": 1'),
+        ('{"version": 1, "mappings": [{"knob": "volume", "channel": 0}]}', "mapping 0: .*cc"),
+        ('{"version": 1, "mappings": [{"knob": "volume", "channel": 0, "cc": 300}]}', "mapping 0: .*0..127"),
+        ('{"version": 1, "mappings": [{"knob": "loudness", "channel": 0, "cc": 7}]}', "unknown knob 'loudness'"),
+    ],
+)
 def test_load_errors_name_the_file_and_the_problem(tmp_path, text, message):
     path = tmp_path / "broken.json"
     path.write_text(text)
@@ -210,11 +215,13 @@ def test_load_errors_name_the_file_and_the_problem(tmp_path, text, message):
 
 
 def test_module_imports_without_mido_and_start_names_the_install_command():
-    code = ("import sys; sys.modules['mido'] = None\n"
-            "from flowjam.engine.live.knobs import KnobRegistry\n"
-            "from flowjam.engine.live.midi import MidiInput, MidiMapper\n"
-            "try:\n    MidiInput(MidiMapper(KnobRegistry())).start()\n"
-            "except ImportError as error:\n    print(error)\n")
+    code = (
+        "import sys; sys.modules['mido'] = None\n"
+        "from flowjam.engine.live.knobs import KnobRegistry\n"
+        "from flowjam.engine.live.midi import MidiInput, MidiMapper\n"
+        "try:\n    MidiInput(MidiMapper(KnobRegistry())).start()\n"
+        "except ImportError as error:\n    print(error)\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "pip install 'flowjam[midi]'" in result.stdout
@@ -305,7 +312,7 @@ def test_jack_fourteen_bit_pairs(connected):
     for index, (msb, lsb) in enumerate(pairs):
         send(cc(1, msb))
         send(cc(33, lsb))
-        wait_for(lambda: mapper.stats().received == 2 * (index + 1), f"pair {index}")
+        wait_for(lambda expected=2 * (index + 1): mapper.stats().received == expected, f"pair {index}")
         assert registry.get("denoise") == pytest.approx(((msb << 7) | lsb) / 16383, abs=1e-4), (msb, lsb)
 
 

@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from flowjam.engine.live import sessions
 from flowjam.nodes import NODE_SPECS
 from flowjam.nodes.comfy_v1 import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
@@ -29,7 +28,9 @@ def node(node_id: str):
 
 @pytest.fixture(scope="module")
 def model():
-    (session,) = node("FlowjamLoadModel").run(preset="tiny", checkpoint="none", device="cpu", dtype="float32", backend="eager")
+    (session,) = node("FlowjamLoadModel").run(
+        preset="tiny", checkpoint="none", device="cpu", dtype="float32", backend="eager"
+    )
     return session
 
 
@@ -48,12 +49,23 @@ def prompt_b(model):
     return text(model, "breakbeat drums, fast, distorted guitar", lyrics="[Verse]\n" + "la la la hey " * 40)
 
 
-STREAM_DEFAULTS = dict(song_seconds=2.0, depth=2, steps=4, denoise=0.7, seed=42, shift=3.0, prompt_blend=0.0, structure=1.0,
-                       audio_device="none")
+STREAM_DEFAULTS = dict(
+    song_seconds=2.0,
+    depth=2,
+    steps=4,
+    denoise=0.7,
+    seed=42,
+    shift=3.0,
+    prompt_blend=0.0,
+    structure=1.0,
+    audio_device="none",
+)
 
 
 def stream(model, conditioning, session_id: str, **values) -> str:
-    (name,) = node("FlowjamStream").run(model=model, conditioning=conditioning, session_id=session_id, **{**STREAM_DEFAULTS, **values})
+    (name,) = node("FlowjamStream").run(
+        model=model, conditioning=conditioning, session_id=session_id, **{**STREAM_DEFAULTS, **values}
+    )
     return name
 
 
@@ -116,18 +128,27 @@ def test_declaration_is_complete_and_consistent(spec):
         where = f"{spec.node_id}.{param.name}"
         assert param.tooltip.strip(), f"{where} needs a tooltip"
         assert param.type in WIDGET_TYPES + SOCKET_TYPES, where
-        assert not (seen_optional and not param.optional), f"{where}: required inputs come first (the frontend's widget order)"
+        assert not (seen_optional and not param.optional), (
+            f"{where}: required inputs come first (the frontend's widget order)"
+        )
         seen_optional |= param.optional
         if param.type in SOCKET_TYPES:
-            assert param.default is None and param.minimum is None and param.maximum is None and not param.choices(), where
+            assert param.default is None and param.minimum is None and param.maximum is None and not param.choices(), (
+                where
+            )
             continue
         assert not param.optional, f"{where}: widgets are required (workflows store every value)"
         if param.type in NUMERIC:
             assert param.minimum is not None and param.maximum is not None and param.minimum < param.maximum, where
-            assert param.minimum <= param.default <= param.maximum, f"{where}: default {param.default} outside its range"
+            assert param.minimum <= param.default <= param.maximum, (
+                f"{where}: default {param.default} outside its range"
+            )
             assert param.step is not None and param.step > 0, where
             if param.type == "INT":
-                assert all(isinstance(v, int) and not isinstance(v, bool) for v in (param.default, param.minimum, param.maximum, param.step)), where
+                assert all(
+                    isinstance(v, int) and not isinstance(v, bool)
+                    for v in (param.default, param.minimum, param.maximum, param.step)
+                ), where
         elif param.type == "COMBO":
             choices = param.choices()
             assert choices and len(set(choices)) == len(choices) and all(isinstance(c, str) for c in choices), where
@@ -157,14 +178,19 @@ def test_classic_class_is_well_formed(node_id):
         else:
             assert kind == param.type
         if param.type in NUMERIC:
-            assert (options["default"], options["min"], options["max"], options["step"]) == (param.default, param.minimum, param.maximum, param.step)
+            assert (options["default"], options["min"], options["max"], options["step"]) == (
+                param.default,
+                param.minimum,
+                param.maximum,
+                param.step,
+            )
         if param.type == "STRING":
             assert options["default"] == param.default and options["multiline"] is param.multiline
         if param.type in SOCKET_TYPES:
             assert "default" not in options
     assert cls.RETURN_TYPES == tuple(o.type for o in spec.outputs)
     assert len(cls.RETURN_NAMES) == len(cls.RETURN_TYPES) == len(cls.OUTPUT_TOOLTIPS)
-    assert cls.FUNCTION == "run" and callable(getattr(cls(), "run"))
+    assert cls.FUNCTION == "run" and callable(cls().run)
     assert cls.CATEGORY == spec.category and cls.DESCRIPTION == spec.description and cls.OUTPUT_NODE is spec.output_node
     assert NODE_DISPLAY_NAME_MAPPINGS[node_id] == spec.display_name
     if spec.always_run:
@@ -211,7 +237,9 @@ print(tuple(audio["waveform"].shape), audio["sample_rate"], tuple(latent["sample
 
 def test_generate_returns_comfyui_audio_and_audio_latent(model, prompt_a):
     audio, latent = generate(model, prompt_a, seconds=2.0)
-    assert set(audio) == {"waveform", "sample_rate"} and audio["sample_rate"] == RATE and type(audio["sample_rate"]) is int
+    assert (
+        set(audio) == {"waveform", "sample_rate"} and audio["sample_rate"] == RATE and type(audio["sample_rate"]) is int
+    )
     waveform = audio["waveform"]
     assert waveform.shape == (1, 2, 2 * RATE) and waveform.dtype == torch.float32 and waveform.device.type == "cpu"
     assert torch.isfinite(waveform).all() and waveform.abs().max() <= 1.0 and waveform.square().mean() > 1e-4
@@ -259,7 +287,13 @@ def test_requeued_stream_updates_the_running_session_in_place(model, prompt_a):
     assert app.runner.stats.ticks >= ticks
     wait_ticks(app, 5)
     values = app.registry.values()
-    assert (values["denoise"], values["seed"], values["depth"], values["steps"], values["prompt_blend"]) == (0.4, 7, 3, 3, 0.25)
+    assert (values["denoise"], values["seed"], values["depth"], values["steps"], values["prompt_blend"]) == (
+        0.4,
+        7,
+        3,
+        3,
+        0.25,
+    )
     assert values["velocity_scale"] == 1.3
     wait_for(lambda: app.runner.stream.pipeline.depth == 3, 5, "depth 3 to apply")
     assert app.runner.stream.pipeline.shared_curves()["velocity_scale"].flatten().tolist() == [pytest.approx(1.3)]
@@ -267,6 +301,47 @@ def test_requeued_stream_updates_the_running_session_in_place(model, prompt_a):
     assert node("FlowjamStreamStop").run(stream="requeue") == ("stopped requeue",)
     assert sessions.get("requeue") is None and not app.runner.alive
     assert node("FlowjamStreamStop").run(stream="requeue") == ("no stream named requeue",)
+
+
+def guided_latent(model, conditioning, session_id: str, **values) -> torch.Tensor:
+    """The newest latent of a stream (depth 1, denoise 1: every generation is the same render) with guidance 4 on the
+    Shared curve, once generations that started after the curve have finished; the stream is stopped."""
+    stream(model, conditioning, session_id, depth=1, denoise=1.0, **values)
+    app = sessions.get(session_id)
+    node("FlowjamSharedCurve").run(stream=session_id, knob="guidance", value=4.0)
+    finished = app.runner.stats.latents
+    wait_for(lambda: app.runner.stats.latents >= finished + 3, 30, f"three more generations of {session_id!r}")
+    assert app.runner.stats.errors == 0, app.runner.stats.last_error
+    latest = app.runner.latest.clone()
+    node("FlowjamStreamStop").run(stream=session_id)
+    return latest
+
+
+def test_cfg_mode_and_the_negative_change_what_the_stream_generates(model, prompt_a, prompt_b):
+    render = generate(model, prompt_a)[1]["samples"].transpose(1, 2)  # the stream's settings, turbo's own way
+    off = guided_latent(model, prompt_a, "cfg-off", cfg_mode="off")
+    full = guided_latent(model, prompt_a, "cfg-full", cfg_mode="full")
+    away_from_b = guided_latent(model, prompt_a, "cfg-negative", cfg_mode="full", negative=prompt_b)
+    torch.testing.assert_close(off, render, msg="cfg_mode off must generate turbo's own render: guidance has no say")
+    assert (full - off).abs().mean() > 0.05, "cfg_mode full with guidance 4 generated what cfg_mode off does"
+    assert (away_from_b - full).abs().mean() > 0.05, "a connected negative did not change what full guidance generates"
+
+
+def test_a_connected_negative_reaches_the_runner_and_a_disconnected_one_goes_back_to_none(model, prompt_a, prompt_b):
+    stream(model, prompt_a, "negative", cfg_mode="full", negative=prompt_b)
+    app = sessions.get("negative")
+    wait_ticks(app, 2)
+    assert app.runner._prompts["negative"] is prompt_b, "the connected negative is not the runner's negative"
+    assert app.runner.status()["cfg_mode"] == "full", "a new stream starts in the node's cfg_mode"
+    stream(model, prompt_a, "negative", cfg_mode="initialize")
+    wait_for(
+        lambda: app.runner._prompts["negative"] is None,
+        10,
+        "the disconnected negative to go back to the null condition",
+    )
+    assert app.runner.status()["cfg_mode"] == "initialize", "a re-queue sets cfg_mode"
+    assert sessions.get("negative") is app and app.runner.stats.errors == 0
+    node("FlowjamStreamStop").run(stream="negative")
 
 
 def loop_audio(model, latent: dict) -> np.ndarray:
@@ -288,7 +363,13 @@ def distance(capture: np.ndarray, loop: np.ndarray, block: int = 32, candidates:
     n = capture.shape[1] // block * block
     got = capture[:, :n].astype(np.float64).reshape(2, -1, block).transpose(1, 0, 2).reshape(-1, 2 * block)
     for offset in np.argsort(correlation)[-candidates:]:
-        want = np.roll(loop, -int(offset), axis=1)[:, :n].astype(np.float64).reshape(2, -1, block).transpose(1, 0, 2).reshape(-1, 2 * block)
+        want = (
+            np.roll(loop, -int(offset), axis=1)[:, :n]
+            .astype(np.float64)
+            .reshape(2, -1, block)
+            .transpose(1, 0, 2)
+            .reshape(-1, 2 * block)
+        )
         gain = (got * want).sum(1) / ((want * want).sum(1) + 1e-20)
         steady = np.abs(gain / np.median(gain) - 1) < 1e-3
         if steady.mean() < 0.3:
@@ -321,7 +402,9 @@ def heard(app, loop: np.ndarray, what: str, timeout: float = 30.0) -> np.ndarray
 
     def settled() -> bool:
         wait_played(app, 1.0)
-        captures.append(node("FlowjamStreamCapture").run(stream=app.config.session_name, seconds=1.0)[0]["waveform"][0].numpy())
+        captures.append(
+            node("FlowjamStreamCapture").run(stream=app.config.session_name, seconds=1.0)[0]["waveform"][0].numpy()
+        )
         return captures[-1].shape == (2, RATE) and distance(captures[-1], loop) < 1e-5
 
     wait_for(settled, timeout, f"the output to be {what}")
@@ -352,29 +435,97 @@ def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, promp
     (curve,) = node("FlowjamCurveConstant").run(value=1.0, seconds=1.0)
     good_stream = dict(STREAM_DEFAULTS, model=model, conditioning=prompt_b, seed=9, denoise=0.2)
     cases = [
-        ("checkpoint", "FlowjamLoadModel", dict(preset="tiny", checkpoint=str(tmp_path / "missing" / "ace_step_1.5.safetensors"),
-                                                 device="cpu", dtype="float32", backend="eager")),
-        ("preset", "FlowjamLoadModel", dict(preset="huge", checkpoint="none", device="cpu", dtype="float32", backend="eager")),
-        ("audio", "FlowjamPrepareSource", dict(model=model, audio={"waveform": torch.randn(1, 2, 300), "sample_rate": 3})),
-        ("audio", "FlowjamPrepareSource", dict(model=model, audio={"waveform": torch.randn(1, 5, RATE), "sample_rate": RATE})),
-        ("audio", "FlowjamPrepareSource", dict(model=model, audio={"waveform": torch.randn(2, RATE), "sample_rate": RATE})),
-        ("audio", "FlowjamPrepareSource", dict(model=model, audio={"waveform": torch.full((1, 2, RATE), math.nan), "sample_rate": RATE})),
-        ("seconds", "FlowjamGenerate", dict(model=model, conditioning=prompt_a, seconds=-1.0, seed=1, steps=2, shift=3.0, denoise=1.0)),
-        ("denoise", "FlowjamGenerate", dict(model=model, conditioning=prompt_a, seconds=1.0, seed=1, steps=2, shift=3.0, denoise=0.5)),
+        (
+            "checkpoint",
+            "FlowjamLoadModel",
+            dict(
+                preset="tiny",
+                checkpoint=str(tmp_path / "missing" / "ace_step_1.5.safetensors"),
+                device="cpu",
+                dtype="float32",
+                backend="eager",
+            ),
+        ),
+        (
+            "preset",
+            "FlowjamLoadModel",
+            dict(preset="huge", checkpoint="none", device="cpu", dtype="float32", backend="eager"),
+        ),
+        (
+            "audio",
+            "FlowjamPrepareSource",
+            dict(model=model, audio={"waveform": torch.randn(1, 2, 300), "sample_rate": 3}),
+        ),
+        (
+            "audio",
+            "FlowjamPrepareSource",
+            dict(model=model, audio={"waveform": torch.randn(1, 5, RATE), "sample_rate": RATE}),
+        ),
+        (
+            "audio",
+            "FlowjamPrepareSource",
+            dict(model=model, audio={"waveform": torch.randn(2, RATE), "sample_rate": RATE}),
+        ),
+        (
+            "audio",
+            "FlowjamPrepareSource",
+            dict(model=model, audio={"waveform": torch.full((1, 2, RATE), math.nan), "sample_rate": RATE}),
+        ),
+        (
+            "seconds",
+            "FlowjamGenerate",
+            dict(model=model, conditioning=prompt_a, seconds=-1.0, seed=1, steps=2, shift=3.0, denoise=1.0),
+        ),
+        (
+            "denoise",
+            "FlowjamGenerate",
+            dict(model=model, conditioning=prompt_a, seconds=1.0, seed=1, steps=2, shift=3.0, denoise=0.5),
+        ),
         ("seconds", "FlowjamStreamCapture", dict(stream="steady", seconds=-2.0)),
         ("seconds", "FlowjamCurveWave", dict(kind="sine", cycles=1.0, low=0.0, high=1.0, seconds=-1.0)),
         ("points", "FlowjamCurvePoints", dict(points="loud, quiet", seconds=1.0)),
-        ("tags", "FlowjamTextConditioning", dict(model=model, tags="  \n", lyrics="", bpm=0, key="", time_signature="", duration=0.0,
-                                                 task="text2music", language="")),
-        ("task", "FlowjamTextConditioning", dict(model=model, tags="pads", lyrics="", bpm=0, key="", time_signature="", duration=0.0,
-                                                 task="remix", language="")),
+        (
+            "tags",
+            "FlowjamTextConditioning",
+            dict(
+                model=model,
+                tags="  \n",
+                lyrics="",
+                bpm=0,
+                key="",
+                time_signature="",
+                duration=0.0,
+                task="text2music",
+                language="",
+            ),
+        ),
+        (
+            "task",
+            "FlowjamTextConditioning",
+            dict(
+                model=model,
+                tags="pads",
+                lyrics="",
+                bpm=0,
+                key="",
+                time_signature="",
+                duration=0.0,
+                task="remix",
+                language="",
+            ),
+        ),
         ("amount", "FlowjamConditioningBlend", dict(model=model, a=prompt_a, b=prompt_b, amount=1.5)),
         ("knob", "FlowjamSharedCurve", dict(stream="steady", knob="velocity_scael", value=1.2, curve=curve)),
         ("value", "FlowjamSharedCurve", dict(stream="steady", knob="velocity_scale", value=math.inf)),
         ("session_id", "FlowjamStream", dict(good_stream, session_id="  ")),
         ("song_seconds", "FlowjamStream", dict(good_stream, session_id="steady", song_seconds=-4.0)),
+        ("cfg_mode", "FlowjamStream", dict(good_stream, session_id="steady", cfg_mode="fullest")),
         ("port", "FlowjamOscBridge", dict(stream="steady", port=0, feedback="", host="127.0.0.1")),
-        ("feedback", "FlowjamOscBridge", dict(stream="steady", port=free_udp_port(), feedback="localhost", host="127.0.0.1")),
+        (
+            "feedback",
+            "FlowjamOscBridge",
+            dict(stream="steady", port=free_udp_port(), feedback="localhost", host="127.0.0.1"),
+        ),
     ]
     for name, node_id, values in cases:
         with pytest.raises(NodeInputError, match=f"input '{name}'"):
@@ -422,7 +573,9 @@ def test_a_rejected_source_leaves_the_prompts_alone(model, prompt_a, prompt_b):
     """Stream used to queue the new prompts before a source of the wrong length was refused."""
     stream(model, prompt_a, "cover", song_seconds=2.0)
     app = sessions.get("cover")
-    (short,) = node("FlowjamPrepareSource").run(model=model, audio={"waveform": 0.1 * torch.randn(1, 2, RATE), "sample_rate": RATE})
+    (short,) = node("FlowjamPrepareSource").run(
+        model=model, audio={"waveform": 0.1 * torch.randn(1, 2, RATE), "sample_rate": RATE}
+    )
     with pytest.raises(NodeInputError, match="input 'source'"):
         stream(model, prompt_b, "cover", source=short)
     wait_ticks(app, 3)
@@ -450,28 +603,49 @@ def test_a_requeued_osc_feedback_address_applies(model, prompt_a):
         listener.bind(("127.0.0.1", 0))
         listener.settimeout(2)
         node("FlowjamOscBridge").run(stream="feedback", port=port, feedback="127.0.0.1:9", host="127.0.0.1")
-        node("FlowjamOscBridge").run(stream="feedback", port=port, feedback="127.0.0.1:%d" % listener.getsockname()[1], host="127.0.0.1")
+        node("FlowjamOscBridge").run(
+            stream="feedback", port=port, feedback=f"127.0.0.1:{listener.getsockname()[1]}", host="127.0.0.1"
+        )
         sessions.get("feedback").registry.set("volume", 0.5)
         assert b"/flowjam/feedback/knob/volume" in listener.recvfrom(4096)[0]
 
 
 def lm_structure(model, **values):
-    defaults = dict(caption="dark techno, rolling bass", seconds=10.0, lyrics="", bpm=0, key="", time_signature="", seed=0,
-                    cfg=2.0, temperature=0.85, top_p=0.9, lm_checkpoint="none", lm_preset="tiny")
+    defaults = dict(
+        caption="dark techno, rolling bass",
+        seconds=10.0,
+        lyrics="",
+        bpm=0,
+        key="",
+        time_signature="",
+        seed=0,
+        cfg=2.0,
+        temperature=0.85,
+        top_p=0.9,
+        lm_checkpoint="none",
+        lm_preset="tiny",
+    )
     return node("FlowjamLMStructure").run(model=model, **{**defaults, **values})
 
 
 def test_lm_structure_keeps_given_fields_and_lets_the_lm_fill_the_rest(model):
     structure, metadata = lm_structure(model, bpm=100, seconds=10.0)
     assert len(structure.codes) == 50 and structure.seconds == 10.0
-    assert "bpm: 100" in metadata and "keyscale: " in metadata and "timesignature: " in metadata and "duration: 10" in metadata
+    assert (
+        "bpm: 100" in metadata
+        and "keyscale: " in metadata
+        and "timesignature: " in metadata
+        and "duration: 10" in metadata
+    )
     again, _ = lm_structure(model, bpm=100, seconds=10.0)
     assert torch.equal(again.codes, structure.codes), "same seed, same structure"
 
 
 def test_lm_structure_and_its_consumers_name_bad_inputs(model, prompt_a, tmp_path):
     structure, _ = lm_structure(model, seconds=10.0)
-    (source,) = node("FlowjamPrepareSource").run(model=model, audio={"waveform": torch.randn(1, 2, RATE), "sample_rate": RATE})
+    (source,) = node("FlowjamPrepareSource").run(
+        model=model, audio={"waveform": torch.randn(1, 2, RATE), "sample_rate": RATE}
+    )
     cases = [
         (lambda: lm_structure(model, caption="  "), "the prompt is empty"),
         (lambda: lm_structure(model, seconds=5.0), "'seconds'"),
@@ -481,7 +655,10 @@ def test_lm_structure_and_its_consumers_name_bad_inputs(model, prompt_a, tmp_pat
         (lambda: lm_structure(model, lm_checkpoint=str(tmp_path / "nope.safetensors")), "text_encoders"),
         (lambda: generate(model, prompt_a, seconds=12.0, structure=structure), "'structure' covers 10 s but 12 s"),
         (lambda: generate(model, prompt_a, structure=structure, source=source), "either 'source'"),
-        (lambda: stream(model, prompt_a, "lm-bad", lm_structure=structure, song_seconds=20.0), "'structure' covers 10 s"),
+        (
+            lambda: stream(model, prompt_a, "lm-bad", lm_structure=structure, song_seconds=20.0),
+            "'structure' covers 10 s",
+        ),
     ]
     for call, message in cases:
         with pytest.raises(NodeInputError, match=message):

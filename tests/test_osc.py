@@ -13,13 +13,12 @@ import threading
 import time
 
 import pytest
+from flowjam.engine.live.knobs import KnobRegistry
+from flowjam.engine.live.osc import ECHO_HOLD_S, OscBridge, OscConfig
 from pythonosc.osc_bundle_builder import IMMEDIATELY, OscBundleBuilder
 from pythonosc.osc_message import OscMessage
 from pythonosc.osc_message_builder import OscMessageBuilder
 from pythonosc.udp_client import SimpleUDPClient
-
-from flowjam.engine.live.knobs import KnobRegistry
-from flowjam.engine.live.osc import ECHO_HOLD_S, OscBridge, OscConfig
 
 KNOB = "/flowjam/default/knob/"
 NORM = "/flowjam/default/norm/"
@@ -57,7 +56,7 @@ def received(client_or_socket, quiet_s=0.3) -> list[tuple[float, str, list]]:
     while True:
         try:
             message = OscMessage(sock.recv(65536))
-        except socket.timeout:
+        except TimeoutError:
             return messages
         messages.append((time.perf_counter(), message.address, message.params))
 
@@ -123,8 +122,9 @@ def controller():
 def test_liblo_oscsend_sets_a_knob(registry, make_bridge):
     require("oscsend")
     bridge = make_bridge()
-    subprocess.run(["oscsend", "localhost", str(bridge.address[1]), KNOB + "velocity_scale", "f", "1.5"],
-                   check=True, timeout=5)
+    subprocess.run(
+        ["oscsend", "localhost", str(bridge.address[1]), KNOB + "velocity_scale", "f", "1.5"], check=True, timeout=5
+    )
     wait_until(lambda: registry.get("velocity_scale") == 1.5, what="oscsend's velocity_scale 1.5 to apply")
     change = registry.changes_since(0)[-1]
     assert change.origin == "osc" and change.sent_at is not None and change.sent_at <= change.received_at
@@ -132,8 +132,11 @@ def test_liblo_oscsend_sets_a_knob(registry, make_bridge):
 
 def test_python_client_plays_knobs_prompts_transport_and_reads_status(registry, make_bridge, controller):
     prompts, transport = [], []
-    bridge = make_bridge(on_prompt=lambda slot, text: prompts.append((slot, text)), on_transport=transport.append,
-                         status=lambda: {"playing": bool(transport), "prompts": prompts})
+    bridge = make_bridge(
+        on_prompt=lambda slot, text: prompts.append((slot, text)),
+        on_transport=transport.append,
+        status=lambda: {"playing": bool(transport), "prompts": prompts},
+    )
     client = controller(bridge)
     client.send_message(KNOB + "velocity_scale", 1.5)
     client.send_message(NORM + "guidance", 0.5)
@@ -169,8 +172,9 @@ def test_feedback_reaches_a_liblo_oscdump_listener(registry, make_bridge, contro
     require("oscdump")
     port = free_udp_port()
     lines, printed = queue.Queue(), []
-    with subprocess.Popen(["oscdump", "-L", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as dump:
+    with subprocess.Popen(
+        ["oscdump", "-L", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as dump:
         reader = threading.Thread(target=read_lines, args=(dump.stdout, lines), daemon=True)
         reader.start()
         try:
@@ -274,13 +278,21 @@ def test_bad_input_is_counted_logged_once_and_a_flood_keeps_the_last_value(regis
             time.sleep(0.025)
             counts.append(bridge.stats()["received"])
     stats = bridge.stats()
-    assert stats["received"] == sent, (f"{sent - stats['received']} of {sent} datagrams not received: lost "
-                                       f"(receive buffer {stats['receive_buffer_bytes']} bytes) or the receiver died")
+    assert stats["received"] == sent, (
+        f"{sent - stats['received']} of {sent} datagrams not received: lost "
+        f"(receive buffer {stats['receive_buffer_bytes']} bytes) or the receiver died"
+    )
     assert registry.get("volume") == float32(0.4321), "the flood must leave the last value sent"
     assert registry.get("guidance") == 10.0 and stats["clamped"] == 2
     assert stats["rejected"] == {
-        "not_a_number": 2, "unknown_knob": 2, "not_finite": 2, "wrong_arguments": 4, "unknown_address": 4,
-        "unknown_transport": 2, "malformed": 6, "timetag_too_far": 2,
+        "not_a_number": 2,
+        "unknown_knob": 2,
+        "not_finite": 2,
+        "wrong_arguments": 4,
+        "unknown_address": 4,
+        "unknown_transport": 2,
+        "malformed": 6,
+        "timetag_too_far": 2,
     }, stats["rejected"]
     logged = [record.getMessage() for record in caplog.records if "logged once" in record.getMessage()]
     reasons = [message.rsplit("[", 1)[1].split(":")[0] for message in logged]

@@ -2,18 +2,25 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import torch
-
 from flowjam.engine.models.acestep import AceStepModel
-from flowjam.engine.models.presets import TINY, with_overrides
+from flowjam.engine.models.presets import TINY
 from flowjam.engine.session import Session
 from spec_keys import official_keys
 
-TINY_XL = with_overrides(
-    TINY, hidden_size=96, intermediate_size=192, num_attention_heads=8, num_key_value_heads=2,
-    encoder_hidden_size=64, encoder_intermediate_size=128, encoder_num_attention_heads=4,
-    encoder_num_key_value_heads=2, timbre_cls_token=True,
+TINY_XL = replace(
+    TINY,
+    hidden_size=96,
+    intermediate_size=192,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    encoder_hidden_size=64,
+    encoder_intermediate_size=128,
+    encoder_num_attention_heads=4,
+    encoder_num_key_value_heads=2,
+    timbre_cls_token=True,
 )
 
 
@@ -35,8 +42,17 @@ def test_xl_shaped_model_uses_a_cls_token_for_timbre_and_embeds_a_narrower_condi
         before = model.encoder.timbre_encoder(refs)
         model.encoder.timbre_encoder.special_token.add_(1.0)
         after = model.encoder.timbre_encoder(refs)
-        states, _ = model.encoder(torch.randn(1, 5, 32), torch.ones(1, 5), torch.randn(1, 4, 32), torch.ones(1, 4), refs[:1], torch.zeros(1, dtype=torch.long))
-        velocity = model.decoder(torch.randn(1, 31, 64), torch.tensor([0.5]), torch.randn(1, 31, 128), encoder_hidden_states=states)
+        states, _ = model.encoder(
+            torch.randn(1, 5, 32),
+            torch.ones(1, 5),
+            torch.randn(1, 4, 32),
+            torch.ones(1, 4),
+            refs[:1],
+            torch.zeros(1, dtype=torch.long),
+        )
+        velocity = model.decoder(
+            torch.randn(1, 31, 64), torch.tensor([0.5]), torch.randn(1, 31, 128), encoder_hidden_states=states
+        )
     assert not torch.allclose(before, after), "XL timbre must read its CLS token"
     assert states.shape == (1, 10, 64) and velocity.shape == (1, 31, 64)
 

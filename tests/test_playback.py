@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from flowjam.engine.audio_io import read_wav
 from flowjam.engine.live.loop_buffer import PLAYED, LoopBuffer
 from flowjam.engine.live.playback import Playback, PlaybackError, find_device, list_devices
@@ -77,7 +76,11 @@ class JackRecorder:
         self.written += count
 
     def connect_portaudio(self) -> None:
-        sources = sorted(port.name for port in self.client.get_ports(is_output=True, is_audio=True) if not port.name.startswith("system:"))
+        sources = sorted(
+            port.name
+            for port in self.client.get_ports(is_output=True, is_audio=True)
+            if not port.name.startswith("system:")
+        )
         assert len(sources) == 2, f"expected PortAudio's two output ports, JACK has {sources}"
         for source, port in zip(sources, self.inputs):
             self.client.connect(source, port)
@@ -97,13 +100,19 @@ def test_patch_wraps_past_the_loop_end_with_equal_power_edges():
         ones_under_zeros.patch(1900, torch.zeros(2, 300), fade_frames=50)  # 1900 % 1000 = 900: wraps to 0..199
         zeros_under_ones.patch(1900, np.ones(300, np.float32), fade_frames=50)  # 1-D: the same on every channel
         audio, new_weight = ones_under_zeros.snapshot(), zeros_under_ones.snapshot()
-        assert np.all(audio[:, 950:] == 0) and np.all(audio[:, :150] == 0), "new audio is not fully in between the fades"
+        assert np.all(audio[:, 950:] == 0) and np.all(audio[:, :150] == 0), (
+            "new audio is not fully in between the fades"
+        )
         assert np.all(audio[:, 200:900] == 1), "the patch touched frames outside its span"
         for edge in (slice(900, 950), slice(150, 200)):
             old_weight = audio[:, edge]
             assert np.all(np.abs(np.diff(old_weight)) < 0.05), f"fade at {edge} is not smooth"
-            np.testing.assert_allclose(old_weight + new_weight[:, edge], 1.0, atol=1e-5, err_msg="fade is not equal-gain")
-        assert np.all(np.diff(audio[0, 900:950]) < 0) and np.all(np.diff(audio[0, 150:200]) > 0), "old audio does not fade out/in"
+            np.testing.assert_allclose(
+                old_weight + new_weight[:, edge], 1.0, atol=1e-5, err_msg="fade is not equal-gain"
+            )
+        assert np.all(np.diff(audio[0, 900:950]) < 0) and np.all(np.diff(audio[0, 150:200]) > 0), (
+            "old audio does not fade out/in"
+        )
 
 
 def test_patch_rejects_more_frames_than_the_loop_and_the_wrong_channel_count():
@@ -175,8 +184,10 @@ def test_tone_plays_bit_exact_without_gaps_or_underruns(jack_server, loop, mode)
     assert heard.size, "nothing arrived at the JACK recorder"
     onset = int(heard[0])
     onset_latency_s = (recorder.first_frame_time + onset - push_frame) / SR
-    print(f"\n{mode}: onset latency {1000 * onset_latency_s:.1f} ms, underruns {underruns}, "
-          f"playhead rate {played / (elapsed_s * SR):.4f} x real time")
+    print(
+        f"\n{mode}: onset latency {1000 * onset_latency_s:.1f} ms, underruns {underruns}, "
+        f"playhead rate {played / (elapsed_s * SR):.4f} x real time"
+    )
     assert 0 <= onset_latency_s < 0.2, f"sound started {1000 * onset_latency_s:.0f} ms after the gain went up"
     steady = captured[onset + BLOCK :]  # the first block ramps the gain up
     assert len(steady) > SR, f"only {len(steady)} frames were captured after the onset"
@@ -184,7 +195,9 @@ def test_tone_plays_bit_exact_without_gaps_or_underruns(jack_server, loop, mode)
     assert block_peaks.min() > 0.1, f"{np.sum(block_peaks <= 0.1)} silent 256-frame blocks inside the played span"
     assert abs(peak_hz(steady[:SR, 0]) - 440.0) <= 2.0, f"recorded tone is at {peak_hz(steady[:SR, 0]):.1f} Hz"
     expected = loop_excerpt(loop.snapshot(), loop_offset(steady, loop.snapshot()), len(steady))
-    assert np.abs(steady - expected).max() <= 1e-6, f"captured audio differs from the loop by {np.abs(steady - expected).max()}"
+    assert np.abs(steady - expected).max() <= 1e-6, (
+        f"captured audio differs from the loop by {np.abs(steady - expected).max()}"
+    )
     assert underruns == 0, f"{underruns} output underflows"
     assert abs(played / (elapsed_s * SR) - 1) < 0.1, f"playhead advanced {played} frames in {elapsed_s:.2f} s"
 
@@ -199,7 +212,11 @@ def test_patch_ahead_of_the_playhead_is_heard_where_expected_with_smooth_edges(j
         start = playhead + SR // 4
         old_at_start = loop.snapshot()[:, start % loop.frames]
         # a 660 Hz cosine starting against the old audio's sign: a hard cut would jump by ~0.8
-        new = 0.8 * np.cos(2 * np.pi * 660 * np.arange(patch_frames) / SR)[None].repeat(2, 0) * -np.sign(old_at_start)[:, None]
+        new = (
+            0.8
+            * np.cos(2 * np.pi * 660 * np.arange(patch_frames) / SR)[None].repeat(2, 0)
+            * -np.sign(old_at_start)[:, None]
+        )
         loop.patch(start, new, fade_frames=fade)
         time.sleep(1.0)
         captured = recorder.stop()
@@ -209,7 +226,9 @@ def test_patch_ahead_of_the_playhead_is_heard_where_expected_with_smooth_edges(j
     heard_start = (start % loop.frames - offset) % loop.frames + first_heard
     expected_start = push_frame - recorder.first_frame_time + (start - playhead)
     print(f"\npatch heard {heard_start - expected_start} frames after playhead + lead")
-    assert abs(heard_start - expected_start) < 2 * BLOCK, f"patch heard at {heard_start}, expected near {expected_start}"
+    assert abs(heard_start - expected_start) < 2 * BLOCK, (
+        f"patch heard at {heard_start}, expected near {expected_start}"
+    )
     span = captured[heard_start - fade : heard_start + patch_frames + fade]
     assert len(span) == patch_frames + 2 * fade, "the recording ended before the patch was played"
     assert abs(peak_hz(captured[heard_start + fade : heard_start + patch_frames - fade, 0]) - 660) <= 2
@@ -233,8 +252,14 @@ def test_recording_written_by_stop_equals_what_jack_heard(jack_server, loop, tmp
     assert rate == SR and len(recorded_pcm) == playback.playhead_frames, "the WAV does not hold every played frame"
     heard = captured[np.flatnonzero(np.any(captured != 0, axis=1))[0] :]
     heard_pcm = np.round(heard * 32767).astype(np.int32)
-    offset = int(np.argmax(np.correlate(recorded_pcm[:, 0].astype(np.float64), heard_pcm[:SR // 4, 0].astype(np.float64), "valid")))
-    assert np.array_equal(recorded_pcm[offset : offset + len(heard_pcm)], heard_pcm), "the WAV differs from the JACK capture"
+    offset = int(
+        np.argmax(
+            np.correlate(recorded_pcm[:, 0].astype(np.float64), heard_pcm[: SR // 4, 0].astype(np.float64), "valid")
+        )
+    )
+    assert np.array_equal(recorded_pcm[offset : offset + len(heard_pcm)], heard_pcm), (
+        "the WAV differs from the JACK capture"
+    )
 
 
 def test_null_mode_plays_in_real_time_and_records_exactly_what_it_played(loop, tmp_path):
@@ -249,7 +274,9 @@ def test_null_mode_plays_in_real_time_and_records_exactly_what_it_played(loop, t
     recorded, _ = read_wav(wav)
     assert recorded.shape[1] == playback.playhead_frames, "WAV length differs from the frames played"
     expected = np.round(loop_excerpt(loop.snapshot(), 0, recorded.shape[1]) * 32767)
-    assert np.array_equal(np.round(recorded.numpy().T * 32768), expected), "null mode recorded other audio than the loop"
+    assert np.array_equal(np.round(recorded.numpy().T * 32768), expected), (
+        "null mode recorded other audio than the loop"
+    )
 
 
 def test_killed_output_process_is_reported_and_stop_still_works(jack_server, loop):
@@ -269,8 +296,12 @@ def test_killed_output_process_is_reported_and_stop_still_works(jack_server, loo
 def test_jack_server_stopping_under_the_output_process_is_reported(jack_server, loop, monkeypatch):
     server = f"flowjam-vanishing-{os.getpid()}"
     env = dict(os.environ, JACK_DEFAULT_SERVER=server, JACK_NO_AUDIO_RESERVATION="1")
-    jackd = subprocess.Popen(["jackd", "--no-realtime", "-d", "dummy", "-r", str(SR), "-p", str(BLOCK)],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    jackd = subprocess.Popen(
+        ["jackd", "--no-realtime", "-d", "dummy", "-r", str(SR), "-p", str(BLOCK)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while subprocess.run(["jack_wait", "-c"], env=env, capture_output=True, text=True).stdout.strip() != "running":
@@ -287,11 +318,14 @@ def test_jack_server_stopping_under_the_output_process_is_reported(jack_server, 
         while playback.running and time.monotonic() < deadline:
             time.sleep(0.01)
         stats = playback.stats()
-        assert not stats["running"] and "stopped on its own" in (stats["error"] or ""), f"vanished server not reported: {stats}"
+        assert not stats["running"] and "stopped on its own" in (stats["error"] or ""), (
+            f"vanished server not reported: {stats}"
+        )
         started = time.monotonic()
         playback.stop()
-        assert time.monotonic() - started < 2 and playback._process.exitcode == 0, \
+        assert time.monotonic() - started < 2 and playback._process.exitcode == 0, (
             f"output process did not exit cleanly (exit code {playback._process.exitcode})"
+        )
     finally:
         if jackd.poll() is None:
             jackd.kill()
@@ -305,7 +339,9 @@ def test_thread_mode_reports_a_stream_closed_under_it(jack_server, loop):
     playback.start()
     playback._stream.abort()
     stats = playback.stats()
-    assert not stats["running"] and "stopped on its own" in (stats["error"] or ""), f"closed stream not reported: {stats}"
+    assert not stats["running"] and "stopped on its own" in (stats["error"] or ""), (
+        f"closed stream not reported: {stats}"
+    )
     playback.stop()
 
 
@@ -325,6 +361,10 @@ def test_process_mode_keeps_playing_while_python_threads_hog_the_gil(jack_server
         stop.set()
         for spinner in spinners:
             spinner.join()
-        played, elapsed_s, underruns = playback.playhead_frames - start_frames, time.monotonic() - started, playback.underruns
+        played, elapsed_s, underruns = (
+            playback.playhead_frames - start_frames,
+            time.monotonic() - started,
+            playback.underruns,
+        )
     assert underruns == 0, f"{underruns} underflows while two Python threads were busy"
     assert played / (elapsed_s * SR) > 0.95, f"played only {played} frames in {elapsed_s:.2f} s"

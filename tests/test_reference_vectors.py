@@ -4,10 +4,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from flowjam.engine.models.acestep import AceStepModel
 from flowjam.engine.models.presets import TINY
+from safetensors.torch import load_file
 
 REFERENCE = Path(__file__).parent / "data" / "acestep15_tiny_reference.safetensors"
 

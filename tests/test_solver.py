@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from flowjam.engine.solver import (
     apg,
     blend_velocities,
@@ -23,7 +22,6 @@ from flowjam.engine.solver import (
     predict_x0,
     scale_velocity,
     sde_curve_step,
-    sde_step,
     step_range_active,
 )
 
@@ -49,7 +47,7 @@ def test_straight_path_steps_on_worked_numbers():
     velocity = noise - x0
     close(predict_x0(x_t, velocity, 0.25), x0)
     close(euler_step(x_t, velocity, 0.25, 0.0), x0)
-    close(sde_step(x_t, velocity, 0.25, 0.5, frames(5.0)), frames(3.0))
+    close(noised(predict_x0(x_t, velocity, 0.25), frames(5.0), 0.5), frames(3.0))  # the SDE step: re-noise x0 to t'
 
 
 def test_velocity_scale_per_frame_curve_scales_each_frame():
@@ -70,7 +68,7 @@ def test_sde_curve_step_one_is_the_plain_sde_step_and_zero_follows_source():
     torch.manual_seed(0)
     x_t, velocity, noise, source = (torch.randn(1, 5, 3) for _ in range(4))
     x0 = predict_x0(x_t, velocity, 0.8)
-    assert torch.equal(sde_curve_step(x0, source, noise, 0.5, 1.0), sde_step(x_t, velocity, 0.8, 0.5, noise))
+    assert torch.equal(sde_curve_step(x0, source, noise, 0.5, 1.0), noised(predict_x0(x_t, velocity, 0.8), noise, 0.5))
     assert torch.equal(sde_curve_step(x0, source, noise, 0.5, 0.0), noised(source, noise, 0.5))
 
 

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-
 from flowjam.engine.models.dit import CrossGroup
 from flowjam.engine.session import Session
 from flowjam.engine.stream import DCW, StreamPipeline
@@ -41,11 +40,22 @@ def test_stream_equals_one_shot_generation_bitwise(session, prompts, source):
     a, b, null = prompts
     others = [
         session.make_request(b, SECONDS, seed=1),
-        session.make_request(a, SECONDS, source=source, seed=2, denoise=0.75, cfg_mode="initialize", negative=null, guidance=3.0),
+        session.make_request(
+            a, SECONDS, source=source, seed=2, denoise=0.75, cfg_mode="initialize", negative=null, guidance=3.0
+        ),
         session.make_request(b, SECONDS, seed=3, cfg_mode="self", guidance=1.5, solver="sde"),
     ]
-    target = dict(seconds=SECONDS, source=source, seed=5, denoise=0.6, cfg_mode="full", negative=null, guidance=2.0,
-                  velocity_scale=torch.linspace(0.8, 1.2, FRAMES), dcw=DCW())
+    target = dict(
+        seconds=SECONDS,
+        source=source,
+        seed=5,
+        denoise=0.6,
+        cfg_mode="full",
+        negative=null,
+        guidance=2.0,
+        velocity_scale=torch.linspace(0.8, 1.2, FRAMES),
+        dcw=DCW(),
+    )
     pipeline = StreamPipeline(session.models.acestep.decoder, depth=4)
     delivered = []
     for request in others:
@@ -137,17 +147,36 @@ def test_fused_cfg_rows_equal_separate_calls(session, prompts):
     embeddings = [decoder.timestep_modulation(torch.tensor([t])) for t in (1.0, 0.9, 0.5)]
     temb, mod = torch.cat([e[0] for e in embeddings]), torch.cat([e[1] for e in embeddings])
     with torch.no_grad():
-        fused = decoder.forward_rows(x, temb, mod, context, [CrossGroup(a.cross_kv(decoder), torch.tensor([0, 1])), CrossGroup(null.cross_kv(decoder), torch.tensor([2]))])
-        positive = decoder.forward_rows(x[:2], temb[:2], mod[:2], context[:2], [CrossGroup(a.cross_kv(decoder), torch.tensor([0, 1]))])
-        negative = decoder.forward_rows(x[2:], temb[2:], mod[2:], context[2:], [CrossGroup(null.cross_kv(decoder), torch.tensor([0]))])
+        fused = decoder.forward_rows(
+            x,
+            temb,
+            mod,
+            context,
+            [
+                CrossGroup(a.cross_kv(decoder), torch.tensor([0, 1])),
+                CrossGroup(null.cross_kv(decoder), torch.tensor([2])),
+            ],
+        )
+        positive = decoder.forward_rows(
+            x[:2], temb[:2], mod[:2], context[:2], [CrossGroup(a.cross_kv(decoder), torch.tensor([0, 1]))]
+        )
+        negative = decoder.forward_rows(
+            x[2:], temb[2:], mod[2:], context[2:], [CrossGroup(null.cross_kv(decoder), torch.tensor([0]))]
+        )
     assert torch.equal(fused[:2], positive) and torch.equal(fused[2:], negative)
 
 
-@pytest.mark.parametrize("mode, expected", [("off", [0] * 8), ("full", [1] * 8), ("initialize", [1] + [0] * 7), ("self", [0] * 8)])
+@pytest.mark.parametrize(
+    "mode, expected", [("off", [0] * 8), ("full", [1] * 8), ("initialize", [1] + [0] * 7), ("self", [0] * 8)]
+)
 def test_cfg_modes_make_the_documented_negative_rows(session, prompts, mode, expected):
     a, _, null = prompts
     pipeline = StreamPipeline(session.models.acestep.decoder, depth=1)
-    pipeline.submit(session.make_request(a, SECONDS, cfg_mode=mode, negative=None if mode in ("off", "self") else null, guidance=2.0))
+    pipeline.submit(
+        session.make_request(
+            a, SECONDS, cfg_mode=mode, negative=None if mode in ("off", "self") else null, guidance=2.0
+        )
+    )
     counts = []
     for _ in range(8):
         pipeline.tick()
@@ -170,7 +199,11 @@ def test_same_seed_same_stream_output_sde_and_ode_noise_included(session, prompt
     def run():
         pipeline = StreamPipeline(session.models.acestep.decoder, depth=3)
         out = []
-        for seed, options in ((1, dict(solver="sde")), (2, dict(ode_noise=0.3)), (3, dict(sde_denoise=torch.linspace(0, 1, FRAMES), source=source, denoise=0.8))):
+        for seed, options in (
+            (1, dict(solver="sde")),
+            (2, dict(ode_noise=0.3)),
+            (3, dict(sde_denoise=torch.linspace(0, 1, FRAMES), source=source, denoise=0.8)),
+        ):
             pipeline.submit(session.make_request(prompts[0], SECONDS, seed=seed, **options))
             out += pipeline.tick()
         return [f.latent for f in out + pipeline.drain()]
@@ -270,7 +303,9 @@ def test_compiled_backend_matches_eager(session, prompts):
         outputs[backend] = [f.latent for f in pipeline.drain()]
     for eager, compiled in zip(outputs["eager"], outputs["compile"]):
         torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
-    assert decoder_forward(session.models.acestep.decoder, "compile") is decoder_forward(session.models.acestep.decoder, "compile")
+    assert decoder_forward(session.models.acestep.decoder, "compile") is decoder_forward(
+        session.models.acestep.decoder, "compile"
+    )
     with pytest.raises(ValueError, match="unknown backend"):
         StreamPipeline(session.models.acestep.decoder, backend="tensorrt-please")
 
@@ -278,5 +313,8 @@ def test_compiled_backend_matches_eager(session, prompts):
 def test_decode_margin_must_cover_the_vae_receptive_field(session, prompts):
     latent = session.generate(prompts[0], SECONDS, seed=4)
     full = session.decode(latent)[:, 100 * 1920 : 110 * 1920]
-    error = {m: (session.decode(latent, t_start=4.0, window_s=0.4, margin_frames=m) - full).abs().max().item() for m in (2, 9)}
+    error = {
+        m: (session.decode(latent, t_start=4.0, window_s=0.4, margin_frames=m) - full).abs().max().item()
+        for m in (2, 9)
+    }
     assert error[9] < 1e-5 < 1e-3 < error[2], error

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from flowjam.engine.session import Session
 from flowjam.engine.stream import DCW, StreamPipeline
 

@@ -1,11 +1,10 @@
 """Our Qwen3 text encoder equals transformers' Qwen3Model with identical random weights."""
 
 import torch
-from transformers import Qwen3Model
-
 from flowjam.engine.models.presets import QWEN3_EMBEDDING_06B, QWEN3_TINY
 from flowjam.engine.models.text_encoder import Qwen3TextEncoder
 from qwen_reference import hf_qwen3_config, random_state
+from transformers import Qwen3Model
 
 
 def reference_model(config) -> Qwen3Model:

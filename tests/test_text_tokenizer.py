@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from flowjam.engine import prompts
 from flowjam.engine.models import text_tokenizer
 from flowjam.engine.models.text_tokenizer import (
-    ENDOFTEXT_ID,
     NUM_BPE_RANKS,
     QWEN3_SPECIAL_TOKENS,
     Qwen3Tokenizer,
@@ -28,6 +26,7 @@ from flowjam.engine.models.text_tokenizer import (
     byte_level_alphabet,
 )
 
+ENDOFTEXT_ID = 151_643  # <|endoftext|>: Qwen3-Embedding's appended EOS and its padding id
 GOLDEN = json.loads((Path(__file__).parent / "data" / "qwen3_tokenizer_golden.json").read_text(encoding="utf-8"))
 GOLDEN_CASES = {case["name"]: case for case in GOLDEN["cases"]}
 
@@ -71,12 +70,25 @@ def derived_folder(tmp_path_factory) -> Path:
     )
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
     added = {
-        str(token_id): {"content": token, "lstrip": False, "normalized": False, "rstrip": False,
-                        "single_word": False, "special": token.startswith("<|")}
+        str(token_id): {
+            "content": token,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": token.startswith("<|"),
+        }
         for token, token_id in QWEN3_SPECIAL_TOKENS.items()
     }
-    config = {"tokenizer_class": "Qwen2Tokenizer", "added_tokens_decoder": added, "eos_token": "<|im_end|>",
-              "pad_token": "<|endoftext|>", "unk_token": None, "bos_token": None, "errors": "replace"}
+    config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "added_tokens_decoder": added,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "bos_token": None,
+        "errors": "replace",
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     return folder
 
@@ -99,8 +111,20 @@ def _random_strings(count: int, seed: int) -> list[str]:
     pieces = [
         *"aZéñßØıüΩяж中文夜のア한한عשअก🎶🔥07٣½²",  # the three jamo after 한 compose to 한 under NFC
         *"'-,.!¿—…#[]:/<>|\\$_\t\n\u00a0\u3000\u0338\u0301\u200b\x00\x7f",
-        "e\u0301", "u\u0308", "👩🏽\u200d🎤", " ", "  ", "\r\n", "\n\n", "'s", "'LL", "'d",
-        "<|endoftext|>", "<|im_start|>", "<think>", "</think>",
+        "e\u0301",
+        "u\u0308",
+        "👩🏽\u200d🎤",
+        " ",
+        "  ",
+        "\r\n",
+        "\n\n",
+        "'s",
+        "'LL",
+        "'d",
+        "<|endoftext|>",
+        "<|im_start|>",
+        "<think>",
+        "</think>",
     ]
     rng = random.Random(seed)
     return ["".join(rng.choices(pieces, k=rng.randrange(0, 40))) for _ in range(count)]

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from flowjam.engine.models.vae import VAE_FULL, VAE_TINY, OobleckConfig, OobleckVAE
 
 diffusers = pytest.importorskip("diffusers")

@@ -11,16 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from pythonosc.osc_message import OscMessage
-from pythonosc.udp_client import SimpleUDPClient
-
 from flowjam.engine.audio_io import read_wav, write_wav
 from flowjam.engine.live import sessions
+from pythonosc.osc_message import OscMessage
+from pythonosc.udp_client import SimpleUDPClient
 from workflow_runner import CONTROL_VALUES, WorkflowRunner, load_workflow, to_api_format, with_widget
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
 NAMES = (
-    "flowjam_oneshot_render.json", "flowjam_text_live_jam.json", "flowjam_cover_live.json", "flowjam_prompt_blend_osc.json",
+    "flowjam_oneshot_render.json",
+    "flowjam_text_live_jam.json",
+    "flowjam_cover_live.json",
+    "flowjam_prompt_blend_osc.json",
     "flowjam_lm_structure_render.json",
 )
 RATE = 48_000
@@ -33,8 +35,12 @@ def comfy_dirs(tmp_path_factory):
     """ComfyUI's input/output/temp folders; the input holds the example song (a 4 s stereo chord at 44.1 kHz)."""
     root = tmp_path_factory.mktemp("comfyui")
     t = torch.arange(int(44_100 * EXAMPLE_SECONDS)) / 44_100
-    chord = 0.3 * torch.stack([torch.sin(2 * math.pi * 220 * t) + torch.sin(2 * math.pi * 277 * t),
-                               torch.sin(2 * math.pi * 330 * t) + torch.sin(2 * math.pi * 165 * t)])
+    chord = 0.3 * torch.stack(
+        [
+            torch.sin(2 * math.pi * 220 * t) + torch.sin(2 * math.pi * 277 * t),
+            torch.sin(2 * math.pi * 330 * t) + torch.sin(2 * math.pi * 165 * t),
+        ]
+    )
     write_wav(root / "input" / EXAMPLE, chord, 44_100)
     return root
 
@@ -99,7 +105,9 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 def assert_audio(audio, samples: int | None = None, minimum: int | None = None, maximum: int | None = None) -> None:
     """ComfyUI AUDIO at 48 kHz, stereo, finite and audible, of the given length (or within bounds)."""
-    assert set(audio) == {"waveform", "sample_rate"} and audio["sample_rate"] == RATE and type(audio["sample_rate"]) is int
+    assert (
+        set(audio) == {"waveform", "sample_rate"} and audio["sample_rate"] == RATE and type(audio["sample_rate"]) is int
+    )
     waveform = audio["waveform"]
     assert isinstance(waveform, torch.Tensor) and waveform.dtype == torch.float32 and waveform.shape[:2] == (1, 2)
     if samples is not None:
@@ -137,7 +145,13 @@ def test_workflow_loads_as_comfyui_would(name, runner):
     order = {n["id"]: n["order"] for n in wf["nodes"]}
     assert all(order[link[1]] < order[link[3]] for link in wf["links"]), "order must list producers first"
     for model in nodes_of(wf, "FlowjamLoadModel"):
-        assert widgets(runner, model) == {"preset": "tiny", "checkpoint": "none", "device": "cpu", "dtype": "float32", "backend": "eager"}
+        assert widgets(runner, model) == {
+            "preset": "tiny",
+            "checkpoint": "none",
+            "device": "cpu",
+            "dtype": "float32",
+            "backend": "eager",
+        }
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -190,7 +204,12 @@ def test_text_live_jam_graph(runner):
     wf = workflow("flowjam_text_live_jam.json")
     (stream,) = nodes_of(wf, "FlowjamStream")
     values = widgets(runner, stream)
-    assert (values["session_id"], values["audio_device"], values["song_seconds"], values["depth"]) == ("jam", "", 20.0, 4)
+    assert (values["session_id"], values["audio_device"], values["song_seconds"], values["depth"]) == (
+        "jam",
+        "",
+        20.0,
+        4,
+    )
     a, b = source_of(wf, stream, "conditioning"), source_of(wf, stream, "conditioning_b")
     assert a["type"] == b["type"] == "FlowjamTextConditioning" and a is not b
     assert widgets(runner, a)["tags"] != widgets(runner, b)["tags"]
@@ -243,17 +262,42 @@ def test_runner_rejects_what_comfyui_would_reject(runner):
         return runner.problems(wf)
 
     node = lambda wf, kind: nodes_of(wf, kind)[0]  # noqa: E731
-    assert any("unknown node type" in p for p in broken(lambda wf: node(wf, "FlowjamCurveWave").update(type="FlowjamCurveWobble")))
+    assert any(
+        "unknown node type" in p
+        for p in broken(lambda wf: node(wf, "FlowjamCurveWave").update(type="FlowjamCurveWobble"))
+    )
     assert any("typed FLOWJAM_STREAM" in p for p in broken(lambda wf: wf["links"][-1].__setitem__(5, "FLOWJAM_STREAM")))
-    assert any("has 10 values" in p for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].pop()))
-    assert any("'depth'" in p and "outside" in p for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].__setitem__(2, 9)))
-    assert any("'kind'" in p for p in broken(lambda wf: node(wf, "FlowjamCurveWave")["widgets_values"].__setitem__(0, "wobble")))
-    assert any("'session_id'" in p for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].__setitem__(0, 7)))
-    assert any("control_after_generate" in p for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].__setitem__(6, 42)))
-    assert any("required input 'conditioning'" in p for p in broken(lambda wf: disconnect(wf, node(wf, "FlowjamStream"), "conditioning")))
-    assert any("does not list it" in p for p in broken(lambda wf: node(wf, "FlowjamLoadModel")["outputs"][0]["links"].pop()))
-    assert any("'checkpoint'" in p for p in broken(lambda wf: node(wf, "FlowjamLoadModel")["widgets_values"].__setitem__(1, "ace.safetensors")))
-    assert "control_after_generate" in [w.name for w in runner.definition("FlowjamGenerate").widgets] and CONTROL_VALUES[0] == "fixed"
+    assert any("has 11 values" in p for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].pop()))
+    assert any(
+        "'depth'" in p and "outside" in p
+        for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].__setitem__(2, 9))
+    )
+    assert any(
+        "'kind'" in p
+        for p in broken(lambda wf: node(wf, "FlowjamCurveWave")["widgets_values"].__setitem__(0, "wobble"))
+    )
+    assert any(
+        "'session_id'" in p for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].__setitem__(0, 7))
+    )
+    assert any(
+        "control_after_generate" in p
+        for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].__setitem__(6, 42))
+    )
+    assert any(
+        "required input 'conditioning'" in p
+        for p in broken(lambda wf: disconnect(wf, node(wf, "FlowjamStream"), "conditioning"))
+    )
+    assert any(
+        "does not list it" in p for p in broken(lambda wf: node(wf, "FlowjamLoadModel")["outputs"][0]["links"].pop())
+    )
+    assert any(
+        "'checkpoint'" in p
+        for p in broken(lambda wf: node(wf, "FlowjamLoadModel")["widgets_values"].__setitem__(1, "ace.safetensors"))
+    )
+    assert (
+        "control_after_generate" in [w.name for w in runner.definition("FlowjamGenerate").widgets]
+        and CONTROL_VALUES[0] == "fixed"
+    )
 
 
 @pytest.mark.parametrize("frontend", ["1.27", "1.58", "old"])
@@ -261,7 +305,9 @@ def test_runner_accepts_the_layouts_real_frontends_save(frontend, runner):
     """Re-saved from the browser, the cover graph gets a few frontend-only values; it still loads and converts the same."""
     shipped = workflow("flowjam_cover_live.json")
     resaved = json.loads(json.dumps(shipped))
-    load, stream, prepare = (nodes_of(resaved, kind)[0] for kind in ("LoadAudio", "FlowjamStream", "FlowjamPrepareSource"))
+    load, stream, prepare = (
+        nodes_of(resaved, kind)[0] for kind in ("LoadAudio", "FlowjamStream", "FlowjamPrepareSource")
+    )
     load["widgets_values"] = {"1.27": [EXAMPLE, None, ""], "1.58": [EXAMPLE, ""], "old": [EXAMPLE]}[frontend]
     stream["widgets_values"].append("")  # web/flowjam.js's live panel
     del prepare["widgets_values"]  # a node without widgets saves none
@@ -336,7 +382,9 @@ def run_live(wf: dict, runner: WorkflowRunner, session: str, played_s: float):
     assert app is not None and app.runner.alive
     wait_for(lambda: app.buffer.playhead_frames >= played_s * RATE, 30, f"{played_s} s of '{session}' to play")
     second = runner.execute(wf)
-    assert sessions.get(session) is app and app.runner.alive, "a re-queue must update the running stream, not replace it"
+    assert sessions.get(session) is app and app.runner.alive, (
+        "a re-queue must update the running stream, not replace it"
+    )
     ticks = app.runner.stats.ticks
     wait_for(lambda: app.runner.stats.ticks > ticks + 1, 10, "the stream to keep ticking (and take the new values)")
     return first, second, app
@@ -351,12 +399,16 @@ def test_text_live_jam_runs_and_captures_8_seconds(runner):
     wf = live(workflow("flowjam_text_live_jam.json"), runner)
     first, second, app = run_live(wf, runner, "jam", played_s=8.3)
     early = captured(wf, first, "PreviewAudio")
-    assert early["waveform"].shape[:2] == (1, 2) and early["waveform"].shape[2] < 8 * RATE, "only what has played so far"
+    assert early["waveform"].shape[:2] == (1, 2) and early["waveform"].shape[2] < 8 * RATE, (
+        "only what has played so far"
+    )
     assert_audio(captured(wf, second, "PreviewAudio"), samples=8 * RATE)
     (text_a,) = [n for n in wf["nodes"] if n.get("title", "").endswith("(A)")]
     assert app.registry.get("velocity_scale") == 1.0 and app.registry.get("depth") == 4
     assert app.runner.frames == 20 * 25 and app.runner.stats.errors == 0
-    assert app.runner._prompts["a"] is second.outputs[text_a["id"]][0], "the re-queued prompt A is the stream's prompt A"
+    assert app.runner._prompts["a"] is second.outputs[text_a["id"]][0], (
+        "the re-queued prompt A is the stream's prompt A"
+    )
 
 
 def test_cover_live_runs_on_the_loaded_song(runner, comfy_dirs):
@@ -380,7 +432,7 @@ def test_prompt_blend_osc_runs_and_a_controller_can_play_it(runner):
     feedback.settimeout(5)
     wf = live(workflow("flowjam_prompt_blend_osc.json"), runner)
     wf = with_widget(wf, "FlowjamOscBridge", "port", port, runner)  # 9000 may be taken on a CI machine
-    wf = with_widget(wf, "FlowjamOscBridge", "feedback", "127.0.0.1:%d" % feedback.getsockname()[1], runner)
+    wf = with_widget(wf, "FlowjamOscBridge", "feedback", f"127.0.0.1:{feedback.getsockname()[1]}", runner)
     with feedback:
         first, second, app = run_live(wf, runner, "blend", played_s=8.3)
         assert_audio(captured(wf, second, "PreviewAudio"), samples=8 * RATE)

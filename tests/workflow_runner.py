@@ -126,8 +126,16 @@ def definition_of(node_type: str, cls: type) -> NodeDef:
         alternatives.append(widgets + list(EXTENSION_WIDGETS[node_type]))
     outputs = tuple(cls.RETURN_TYPES)
     names = tuple(getattr(cls, "RETURN_NAMES", None) or outputs)
-    return NodeDef(node_type, tuple(sockets), tuple(widgets), outputs, names, bool(getattr(cls, "OUTPUT_NODE", False)), cls,
-                   tuple(tuple(layout) for layout in alternatives))
+    return NodeDef(
+        node_type,
+        tuple(sockets),
+        tuple(widgets),
+        outputs,
+        names,
+        bool(getattr(cls, "OUTPUT_NODE", False)),
+        cls,
+        tuple(tuple(layout) for layout in alternatives),
+    )
 
 
 # ---- stand-ins for ComfyUI's audio nodes ---------------------------------------------------------------------------
@@ -141,7 +149,9 @@ def _check_audio(node: str, audio: Any) -> None:
         raise TypeError(f"{node}: AUDIO must be a dict with waveform and sample_rate, got {type(audio).__name__}")
     waveform, rate = audio["waveform"], audio["sample_rate"]
     if not isinstance(waveform, torch.Tensor) or waveform.dim() != 3 or waveform.shape[1] not in (1, 2):
-        raise TypeError(f"{node}: AUDIO waveform must be a [batch, 1 or 2, samples] tensor, got {getattr(waveform, 'shape', waveform)!r}")
+        raise TypeError(
+            f"{node}: AUDIO waveform must be a [batch, 1 or 2, samples] tensor, got {getattr(waveform, 'shape', waveform)!r}"
+        )
     if not waveform.dtype.is_floating_point:
         raise TypeError(f"{node}: AUDIO waveform must be float, got {waveform.dtype}")
     if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
@@ -158,7 +168,9 @@ def comfy_standins(input_dir: Path | None, output_dir: Path | None, temp_dir: Pa
 
         @classmethod
         def INPUT_TYPES(cls):
-            files = sorted(f for f in os.listdir(input_dir) if f.lower().endswith(AUDIO_EXTENSIONS)) if input_dir else []
+            files = (
+                sorted(f for f in os.listdir(input_dir) if f.lower().endswith(AUDIO_EXTENSIONS)) if input_dir else []
+            )
             return {"required": {"audio": (files, {"audio_upload": True})}}
 
         def load(self, audio: str):
@@ -215,7 +227,9 @@ def comfy_standins(input_dir: Path | None, output_dir: Path | None, temp_dir: Pa
 @dataclass
 class Execution:
     outputs: dict[int, tuple] = field(default_factory=dict)  # node id -> the node's outputs
-    inputs: dict[int, dict[str, Any]] = field(default_factory=dict)  # node id -> the keyword arguments it was called with
+    inputs: dict[int, dict[str, Any]] = field(
+        default_factory=dict
+    )  # node id -> the keyword arguments it was called with
     ui: dict[int, dict] = field(default_factory=dict)  # output nodes' "ui" results (saved files)
     order: list[int] = field(default_factory=list)  # node ids in execution order
 
@@ -265,7 +279,10 @@ class WorkflowRunner:
             except WorkflowError as error:
                 problems.append(f"node {node['id']}: {error}")
                 continue
-            problems += [f"node {node['id']} ({node['type']}): {p}" for p in self._node_problems(node, definitions[node["id"]], links)]
+            problems += [
+                f"node {node['id']} ({node['type']}): {p}"
+                for p in self._node_problems(node, definitions[node["id"]], links)
+            ]
         for link_id, (_, source, source_slot, target, target_slot, link_type) in links.items():
             where = f"link {link_id}"
             if source not in definitions or target not in definitions:
@@ -292,16 +309,22 @@ class WorkflowRunner:
             if consumed is None:
                 problems.append(f"{where}: {definition.type} has no input {entry.get('name')!r}")
             elif not link_type == produced[source_slot] == consumed:
-                problems.append(f"{where} is typed {link_type} from a {produced[source_slot]} output into a {consumed} input "
-                                f"({nodes[source]['type']} -> {definition.type}.{entry.get('name')})")
+                problems.append(
+                    f"{where} is typed {link_type} from a {produced[source_slot]} output into a {consumed} input "
+                    f"({nodes[source]['type']} -> {definition.type}.{entry.get('name')})"
+                )
         for node in workflow["nodes"]:
             for entry in node.get("inputs") or []:
                 if entry.get("link") is not None and entry["link"] not in links:
-                    problems.append(f"node {node['id']} input {entry.get('name')!r} points at missing link {entry['link']}")
+                    problems.append(
+                        f"node {node['id']} input {entry.get('name')!r} points at missing link {entry['link']}"
+                    )
             for slot, output in enumerate(node.get("outputs") or []):
                 for link_id in output.get("links") or []:
                     if link_id not in links or links[link_id][1] != node["id"] or links[link_id][2] != slot:
-                        problems.append(f"node {node['id']} output {slot} lists link {link_id}, which does not start there")
+                        problems.append(
+                            f"node {node['id']} output {slot} lists link {link_id}, which does not start there"
+                        )
         if not problems:
             try:
                 self.order(workflow)
@@ -328,15 +351,19 @@ class WorkflowRunner:
             elif socket is not None and entry.get("type") != socket.type:
                 problems.append(f"input {name!r} is typed {entry.get('type')!r}, the node takes {socket.type}")
             elif widget is not None and entry.get("widget", {}).get("name") != name:
-                problems.append(f"input {name!r} is a widget: it needs \"widget\": {{\"name\": {name!r}}}")
+                problems.append(f'input {name!r} is a widget: it needs "widget": {{"name": {name!r}}}')
         for socket in definition.sockets:
             if not socket.optional and entries.get(socket.name, {}).get("link") is None:
                 problems.append(f"required input {socket.name!r} ({socket.type}) is not connected")
         outputs = node.get("outputs") or []
         if [o.get("type") for o in outputs] != list(definition.outputs):
-            problems.append(f"outputs are typed {[o.get('type') for o in outputs]}, the node returns {list(definition.outputs)}")
+            problems.append(
+                f"outputs are typed {[o.get('type') for o in outputs]}, the node returns {list(definition.outputs)}"
+            )
         elif [o.get("name") for o in outputs] != list(definition.output_names):
-            problems.append(f"outputs are named {[o.get('name') for o in outputs]}, the node names them {list(definition.output_names)}")
+            problems.append(
+                f"outputs are named {[o.get('name') for o in outputs]}, the node names them {list(definition.output_names)}"
+            )
         values = node.get("widgets_values", [])
         if not isinstance(values, list):
             return problems + [f"widgets_values must be a list, got {type(values).__name__}"]
@@ -392,7 +419,9 @@ class WorkflowRunner:
                 run.ui[node_id] = result.get("ui", {})
                 result = tuple(result.get("result", ()))
             if not isinstance(result, tuple) or len(result) != len(definition.outputs):
-                raise WorkflowError(f"node {node_id} ({node['type']}) returned {type(result).__name__} for {len(definition.outputs)} outputs")
+                raise WorkflowError(
+                    f"node {node_id} ({node['type']}) returned {type(result).__name__} for {len(definition.outputs)} outputs"
+                )
             run.inputs[node_id], run.outputs[node_id] = kwargs, result
         return run
 
@@ -402,7 +431,11 @@ def widget_problem(widget: Widget, value: Any) -> str | None:
     if widget.type == "CONTROL":
         return None if value in CONTROL_VALUES else f"{value!r} is not one of {', '.join(CONTROL_VALUES)}"
     if widget.type in ("BUTTON", "DOM"):
-        return None if value in ("", None) else f"a frontend-only {widget.type.lower()} widget saves '' or null, got {value!r}"
+        return (
+            None
+            if value in ("", None)
+            else f"a frontend-only {widget.type.lower()} widget saves '' or null, got {value!r}"
+        )
     if widget.type == "COMBO":
         return None if value in widget.choices else f"{value!r} is not among the options {list(widget.choices)}"
     if widget.type == "STRING":

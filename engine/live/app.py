@@ -12,13 +12,13 @@ import numpy as np
 import torch
 
 from ..audio_io import read_wav
-from ..models.presets import LATENT_RATE_HZ
 from ..conditioning import Conditioning
 from ..lm.song import lm_duration
-from ..session import Session, Source, seconds_to_frames
+from ..params import LATENT_RATE_HZ, seconds_to_frames
+from ..session import Session, Source
 from .knobs import KnobRegistry
 from .loop_buffer import LoopBuffer
-from .osc import OscBridge, OscConfig
+from .osc import TRANSPORT_COMMANDS, OscBridge, OscConfig
 from .playback import Playback
 from .runner import LiveRunner, RunnerConfig
 
@@ -29,6 +29,7 @@ log = logging.getLogger("flowjam.live")
 class LiveConfig:
     prompt: str
     prompt_b: str | None = None
+    negative: str | None = None  # what CFG guides away from; None: the null condition (official default)
     source: Path | None = None
     song_seconds: float = 30.0
     session_name: str = "default"
@@ -49,7 +50,7 @@ class LiveConfig:
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
-    """"127.0.0.1:9111" -> ("127.0.0.1", 9111), with an error naming the expected form."""
+    """ "127.0.0.1:9111" -> ("127.0.0.1", 9111), with an error naming the expected form."""
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"expected HOST:PORT such as 127.0.0.1:9111, got {text!r}")
@@ -82,11 +83,15 @@ class LiveApp:
         if initial is not None:
             self.buffer.fill(initial[:, : frames * hop])
         self.playback = Playback(
-            self.buffer, device=config.audio_device, mode=config.playback_mode,
+            self.buffer,
+            device=config.audio_device,
+            mode=config.playback_mode,
             record_path=None if config.record is None else str(config.record),
         )
         prompts = initial_conditionings or (config.prompt, config.prompt_b)
-        self.runner = LiveRunner(session, self.registry, self.buffer, prompts[0], prompts[1], source, config.runner)
+        self.runner = LiveRunner(
+            session, self.registry, self.buffer, prompts[0], prompts[1], source, config.runner, config.negative
+        )
         if config.lm:
             if source is not None:
                 raise ValueError("--lm writes the structure from the text; a --source brings its own: use one of them")
@@ -107,11 +112,19 @@ class LiveApp:
         session, config = self.session, self.config
         if session.song_writer is None:
             session.attach_lm(config.lm_checkpoint, config.lm_preset)
-        song = session.generate_codes(config.prompt, lm_duration(frames / LATENT_RATE_HZ), seeds=(int(self.registry.get("seed")),))
+        song = session.generate_codes(
+            config.prompt, lm_duration(frames / LATENT_RATE_HZ), seeds=(int(self.registry.get("seed")),)
+        )
         log.info("LM structure: %d codes, %s", song.codes.shape[1], song.metadata.cot().replace("\n", ", "))
         return session.codes_context(song.codes[0], frames)
 
-    def enable_osc(self, port: int, host: str = "127.0.0.1", feedback: tuple[str, int] | None = None, allow: tuple[str, ...] | None = None) -> OscBridge:
+    def enable_osc(
+        self,
+        port: int,
+        host: str = "127.0.0.1",
+        feedback: tuple[str, int] | None = None,
+        allow: tuple[str, ...] | None = None,
+    ) -> OscBridge:
         """Add (or replace) the OSC bridge; started at once if the app already runs. If the new bridge cannot start
         (a busy port), the old one keeps serving and the error is raised."""
         old = self.osc
@@ -122,7 +135,8 @@ class LiveApp:
             self.registry,
             OscConfig(session=self.config.session_name, host=host, port=port, feedback=feedback, allow_hosts=allow),
             on_prompt=self.runner.set_prompt,
-            on_transport=self._transport,
+            on_transport=self.transport,
+            on_target=self.target,
             status=self.status,
         )
         if self._started:
@@ -159,11 +173,30 @@ class LiveApp:
             self.mapper.learn(knob)
             log.warning("MIDI learn: move the control for %r", knob)
 
-    def _transport(self, command: str) -> None:
+    def transport(self, command: str) -> None:
+        """play: fade in at the playhead; stop: fade to silence within 10 ms, the engine keeps running (warm);
+        reset: every knob back to its default. The new state is echoed to OSC controllers."""
         if command == "reset":
             self.registry.reset()
-        elif command not in ("play", "stop"):
-            raise ValueError(f"unknown transport command {command!r}: play, stop or reset")
+            return
+        if command not in TRANSPORT_COMMANDS:
+            raise ValueError(f"unknown transport command {command!r}: {', '.join(TRANSPORT_COMMANDS)}")
+        self.buffer.playing = command == "play"
+        if self.osc is not None:
+            self.osc.announce("transport", command)
+
+    def target(self, command: str) -> None:
+        """capture: the loop as it sounds now becomes the x0 target; clear: back to the source (or none)."""
+        if command == "capture":
+            if self.runner.latest is None:
+                raise ValueError(
+                    "nothing to capture yet: the first generation has not finished; capture again in a moment"
+                )
+            self.runner.capture_target()
+        elif command == "clear":
+            self.runner.clear_target()
+        else:
+            raise ValueError(f"unknown target command {command!r}: capture or clear")
 
     def start(self) -> None:
         """Start playback (falling back to a silent real-time clock when no audio device can be opened and none
@@ -173,8 +206,12 @@ class LiveApp:
         except Exception as error:
             if self.config.audio_device is not None or self.config.playback_mode == "null":
                 raise
-            log.warning("no audio output (%s); running without sound%s", error, ", recording only" if self.config.record else "")
-            self.playback = Playback(self.buffer, mode="null", record_path=None if self.config.record is None else str(self.config.record))
+            log.warning(
+                "no audio output (%s); running without sound%s", error, ", recording only" if self.config.record else ""
+            )
+            self.playback = Playback(
+                self.buffer, mode="null", record_path=None if self.config.record is None else str(self.config.record)
+            )
             self.playback.start()
         self.runner.start()
         self._started = True
@@ -211,7 +248,11 @@ class LiveApp:
             self._arm_next_learn()
         status = self.runner.status()
         playback = self.playback.stats()
-        status.update(underruns=playback.get("underruns"), playing=self.playback.running)
+        status.update(
+            underruns=playback.get("underruns"),
+            playing=self.playback.running,
+            transport="playing" if self.buffer.playing else "stopped",
+        )
         if self.osc is not None:
             status["last_osc"] = self.osc.stats().get("last_message")
         status["knobs"] = self.registry.values()

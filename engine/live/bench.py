@@ -12,7 +12,6 @@ from pathlib import Path
 from ..session import Session
 from .app import LiveApp, LiveConfig
 from .knobs import KnobRegistry
-from .runner import RunnerConfig
 
 
 def _rss_mb() -> float:
@@ -49,16 +48,34 @@ def _summarize(knob: str, kind: str, records) -> LatencySummary:
     def p95(values):
         return values[min(len(values) - 1, int(0.95 * len(values)))]
 
-    return LatencySummary(knob, kind, len(records), statistics.median(ticks), p95(ticks), statistics.median(ears), p95(ears))
+    return LatencySummary(
+        knob, kind, len(records), statistics.median(ticks), p95(ticks), statistics.median(ears), p95(ears)
+    )
 
 
-def measure_latency(session: Session, trials: int = 12, song_seconds: float = 10.0, depth: int = 4, playback_mode: str = "null") -> list[LatencySummary]:
-    """Turn a shared-curve knob (velocity_scale) and a per-request knob (denoise) `trials` times each; follow every
-    change to the first tick that used it and to the moment the playhead reaches audio made with it."""
+def _registry(depth: int, cfg_mode: str) -> KnobRegistry:
     registry = KnobRegistry()
     registry.set("depth", depth, origin="bench")
-    app = LiveApp(session, LiveConfig(prompt="latency probe", song_seconds=song_seconds, playback_mode=playback_mode, osc_port=None,
-                                      runner=RunnerConfig(depth=depth)), registry)
+    registry.set("cfg_mode", cfg_mode, origin="bench")
+    return registry
+
+
+def measure_latency(
+    session: Session,
+    trials: int = 12,
+    song_seconds: float = 10.0,
+    depth: int = 4,
+    playback_mode: str = "null",
+    cfg_mode: str = "off",
+) -> list[LatencySummary]:
+    """Turn a shared-curve knob (velocity_scale) and a per-request knob (denoise) `trials` times each; follow every
+    change to the first tick that used it and to the moment the playhead reaches audio made with it."""
+    registry = _registry(depth, cfg_mode)
+    app = LiveApp(
+        session,
+        LiveConfig(prompt="latency probe", song_seconds=song_seconds, playback_mode=playback_mode, osc_port=None),
+        registry,
+    )
     app.start()
     try:
         if not _wait(lambda: app.runner.stats.latents > 0, 120):
@@ -68,7 +85,7 @@ def measure_latency(session: Session, trials: int = 12, song_seconds: float = 10
             records = []
             for trial in range(trials):
                 change = registry.set(knob, values[trial % 2], origin="bench")
-                if not _wait(lambda: any(r.change.seq == change.seq for r in app.runner.stats.latencies), 60):
+                if not _wait(lambda seq=change.seq: any(r.change.seq == seq for r in app.runner.stats.latencies), 60):
                     raise RuntimeError(f"a {knob} change never reached the ear")
                 records.append(next(r for r in app.runner.stats.latencies if r.change.seq == change.seq))
                 time.sleep(0.05)
@@ -92,15 +109,29 @@ class SoakReport:
     errors: int
 
 
-def soak(session: Session, minutes: float, song_seconds: float = 10.0, depth: int = 4, playback_mode: str = "null", seed: int = 0) -> SoakReport:
-    """Play for `minutes` under a knob storm (~200 sets/s over every knob) with a prompt swap every 5 s."""
+def soak(
+    session: Session,
+    minutes: float,
+    song_seconds: float = 10.0,
+    depth: int = 4,
+    playback_mode: str = "null",
+    seed: int = 0,
+    cfg_mode: str = "off",
+) -> SoakReport:
+    """Play for `minutes` under a knob storm (~200 sets/s over every knob but steps, depth and cfg_mode) with a
+    prompt swap every 5 s."""
     rng = random.Random(seed)
-    registry = KnobRegistry()
-    app = LiveApp(session, LiveConfig(prompt="soak a", prompt_b="soak b", song_seconds=song_seconds, playback_mode=playback_mode,
-                                      osc_port=None, runner=RunnerConfig(depth=depth)), registry)
+    registry = _registry(depth, cfg_mode)
+    app = LiveApp(
+        session,
+        LiveConfig(
+            prompt="soak a", prompt_b="soak b", song_seconds=song_seconds, playback_mode=playback_mode, osc_port=None
+        ),
+        registry,
+    )
     stop = threading.Event()
     counts = {"knobs": 0, "prompts": 0}
-    names = [name for name, spec in registry.specs.items() if name not in ("steps", "depth")]
+    names = [name for name in registry.specs if name not in ("steps", "depth", "cfg_mode")]
 
     def storm() -> None:
         last_prompt = time.monotonic()

@@ -13,55 +13,14 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from numbers import Real
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping
+
+from ..params import KNOB_SPECS, KnobSpec
 
 log = logging.getLogger("flowjam.knobs")
-
-
-class KnobKind(str, Enum):
-    """When a change is felt."""
-
-    SHARED = "shared"  # a shared curve: every in-flight slot, from the next tick
-    REQUEST = "request"  # per request: felt once the next request is scheduled
-    GLOBAL = "global"  # engine/playback-wide (ring depth, volume)
-
-
-@dataclass(frozen=True)
-class KnobSpec:
-    name: str
-    minimum: float
-    maximum: float
-    default: float
-    kind: KnobKind
-    unit: str = ""
-    integer: bool = False
-    description: str = ""
-
-    def __post_init__(self):
-        if not self.minimum < self.maximum:
-            raise ValueError(f"knob {self.name!r}: minimum {self.minimum} must be below maximum {self.maximum}")
-        if not self.minimum <= self.default <= self.maximum:
-            raise ValueError(f"knob {self.name!r}: default {self.default} is outside [{self.minimum}, {self.maximum}]")
-
-    def clamp(self, value: float) -> float:
-        """The value limited to [minimum, maximum]; integer knobs round half up."""
-        value = min(max(float(value), self.minimum), self.maximum)
-        return float(math.floor(value + 0.5)) if self.integer else value
-
-    def to_normalized(self, value: float) -> float:
-        """The value as 0..1 of the knob's range (what a controller fader shows)."""
-        return (self.clamp(value) - self.minimum) / (self.maximum - self.minimum)
-
-    def from_normalized(self, unit: float) -> float:
-        """A 0..1 controller value mapped onto the range (clamped, rounded for integer knobs)."""
-        return self.clamp(self._unclamped(unit))
-
-    def _unclamped(self, unit: float) -> float:
-        return self.minimum + float(unit) * (self.maximum - self.minimum)
 
 
 @dataclass(frozen=True)
@@ -86,34 +45,13 @@ class KnobError(ValueError):
         self.reason = reason
 
 
-S, R, G = KnobKind.SHARED, KnobKind.REQUEST, KnobKind.GLOBAL
-DEFAULT_KNOBS: tuple[KnobSpec, ...] = (
-    KnobSpec("velocity_scale", 0.0, 2.0, 1.0, S, description="scales the predicted velocity of every step"),
-    KnobSpec("ode_noise", 0.0, 1.0, 0.0, S, description="fresh noise injected after each ODE step"),
-    KnobSpec("sde_denoise", 0.0, 1.0, 1.0, S, description="per-frame source blend in SDE mode"),
-    KnobSpec("x0_target_strength", 0.0, 1.0, 0.0, S, description="pull of the predicted clean latent toward a target"),
-    KnobSpec("guidance", 1.0, 10.0, 1.0, S, description="APG guidance scale (only with CFG on)"),
-    KnobSpec("cfg_rescale", 0.0, 1.0, 0.0, S, description="rescales the guided velocity toward the positive one's std"),
-    KnobSpec("apg_momentum", -1.0, 0.0, -0.75, S, description="APG momentum of the guidance difference"),
-    KnobSpec("denoise", 0.0, 1.0, 0.7, R, description="how far from the source each window starts (1 = from noise)"),
-    KnobSpec("seed", 0.0, float(2**31 - 1), 42.0, R, integer=True, description="noise seed of the next request"),
-    KnobSpec("steps", 1.0, 50.0, 8.0, R, unit="steps", integer=True, description="denoising steps per request"),
-    KnobSpec("shift", 1.0, 10.0, 3.0, R, description="timestep schedule shift"),
-    KnobSpec("prompt_blend", 0.0, 1.0, 0.0, R, description="blend between prompt A (0) and prompt B (1)"),
-    KnobSpec("structure", 0.0, 1.0, 1.0, R, description="steering by the structure hints (source audio or LM codes); 0 = silent context"),
-    KnobSpec("depth", 1.0, 8.0, 4.0, G, unit="slots", integer=True, description="in-flight requests in the ring"),
-    KnobSpec("volume", 0.0, 1.0, 0.8, G, description="playback gain"),
-)
-del S, R, G
-
-
 class KnobRegistry:
     """Thread-safe knob values; the latest write wins.
 
     Subscribers run on the setter's thread after the lock is released, so callbacks from different threads may
     arrive out of order: compare `change.seq` to keep the newest."""
 
-    def __init__(self, specs: Iterable[KnobSpec] = DEFAULT_KNOBS):
+    def __init__(self, specs: Iterable[KnobSpec] = KNOB_SPECS):
         specs = tuple(specs)
         self.specs: Mapping[str, KnobSpec] = MappingProxyType({spec.name: spec for spec in specs})
         if len(self.specs) != len(specs):
@@ -125,9 +63,16 @@ class KnobRegistry:
         self._subscribers: tuple[Callable[[KnobChange], None], ...] = ()
         self._failed_subscribers: set[int] = set()
 
-    def set(self, name: str, value: float, origin: str = "api", sent_at: float | None = None) -> KnobChange:
+    def set(self, name: str, value: float | str, origin: str = "api", sent_at: float | None = None) -> KnobChange:
+        """Set in the knob's own units; a choice knob also takes the name of a choice ("full")."""
         spec = self._spec(name)
-        requested = _finite_number(name, value)
+        if isinstance(value, str) and spec.choices:
+            try:
+                requested = spec.index_of(value.strip())
+            except ValueError as error:
+                raise KnobError(str(error), name, "unknown_choice") from None
+        else:
+            requested = _finite_number(name, value)
         return self._apply(spec, requested, origin, sent_at)
 
     def set_normalized(
@@ -135,7 +80,7 @@ class KnobRegistry:
     ) -> KnobChange:
         """Set from a 0..1 controller value; values outside 0..1 are clamped to the range's ends."""
         spec = self._spec(name)
-        requested = spec._unclamped(_finite_number(name, unit_value))
+        requested = spec.unclamped(_finite_number(name, unit_value))
         return self._apply(spec, requested, origin, sent_at)
 
     def get(self, name: str) -> float:
@@ -185,8 +130,14 @@ class KnobRegistry:
         with self._lock:
             self._seq += 1
             change = KnobChange(
-                spec.name, value, requested, not spec.minimum <= requested <= spec.maximum,
-                origin, self._seq, time.perf_counter(), sent_at,
+                spec.name,
+                value,
+                requested,
+                not spec.minimum <= requested <= spec.maximum,
+                origin,
+                self._seq,
+                time.perf_counter(),
+                sent_at,
             )
             self._values[spec.name] = value
             self._latest[spec.name] = change
@@ -197,8 +148,11 @@ class KnobRegistry:
             except Exception:
                 if id(callback) not in self._failed_subscribers:  # once per subscriber; later errors stay silent
                     self._failed_subscribers.add(id(callback))
-                    log.exception("knob subscriber %r failed on %s; set() goes on, further errors are not logged",
-                                  callback, spec.name)
+                    log.exception(
+                        "knob subscriber %r failed on %s; set() goes on, further errors are not logged",
+                        callback,
+                        spec.name,
+                    )
         return change
 
     def _spec(self, name: str) -> KnobSpec:
@@ -216,13 +170,16 @@ def _finite_number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise KnobError(
             f"knob {name!r} needs a number, got {type(value).__name__} {value!r}; "
-            "send a float or an int (convert text with float(...))", name, "not_a_number",
+            "send a float or an int (convert text with float(...))",
+            name,
+            "not_a_number",
         )
     try:
         number = float(value)
     except OverflowError:  # an int too large for a float
         number = math.inf
     if not math.isfinite(number):
-        raise KnobError(f"knob {name!r} needs a finite number, got {number}; send a value inside its range",
-                        name, "not_finite")
+        raise KnobError(
+            f"knob {name!r} needs a finite number, got {number}; send a value inside its range", name, "not_finite"
+        )
     return number

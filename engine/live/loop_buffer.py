@@ -27,20 +27,28 @@ CALLBACKS = 6
 RUNNING = 7  # 1 while an output stream plays this buffer
 STOP = 8  # set by Playback to ask the output process to stop
 RECORDED = 9  # frames written to the recording ring since the recording started
+FADE_STARTED = 10  # PLAYED at the first frame of the newest transport fade (stop or play), -1 before any
 # Slots of LoopBuffer.reals (float64).
 GAIN = 0  # target volume, linear
 APPLIED_GAIN = 1  # volume the callback used at the end of its last block (it ramps from here to GAIN)
 LATENCY_S = 2  # output latency reported by PortAudio
+TRANSPORT = 3  # 1 = playing, 0 = stopped (the callback fades to it)
+APPLIED_TRANSPORT = 4  # transport gain at the end of the callback's last block
+TRANSPORT_FADE_FRAMES = 480  # a stop or play fades over 10 ms at 48 kHz
 
 
 class LoopBuffer:
     """A looping float32 buffer of `frames` x `channels` in shared memory, stored interleaved ([frames, channels],
     the layout PortAudio wants, so the callback copies contiguous rows); the API speaks [channels, frames]."""
 
-    def __init__(self, frames: int, channels: int = 2, sample_rate: int = 48_000, name: str | None = None, create: bool = True):
+    def __init__(
+        self, frames: int, channels: int = 2, sample_rate: int = 48_000, name: str | None = None, create: bool = True
+    ):
         if create:
             if frames <= 0 or channels <= 0 or sample_rate <= 0:
-                raise ValueError(f"frames, channels and sample_rate must be positive, got {frames}, {channels}, {sample_rate}")
+                raise ValueError(
+                    f"frames, channels and sample_rate must be positive, got {frames}, {channels}, {sample_rate}"
+                )
             size = _HEADER_BYTES + 4 * frames * channels
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         else:
@@ -53,8 +61,9 @@ class LoopBuffer:
         if create:
             self.counters[:] = 0
             self.counters[[0, FRAMES, CHANNELS, SAMPLE_RATE]] = (_MAGIC, frames, channels, sample_rate)
+            self.counters[FADE_STARTED] = -1
             self.reals[:] = 0.0
-            self.reals[[GAIN, APPLIED_GAIN]] = 1.0
+            self.reals[[GAIN, APPLIED_GAIN, TRANSPORT, APPLIED_TRANSPORT]] = 1.0
         elif self.counters[0] != _MAGIC:
             self.counters = self.reals = None
             self._shm.close()
@@ -66,7 +75,7 @@ class LoopBuffer:
             self.data[:] = 0.0
 
     @classmethod
-    def attach(cls, name: str) -> "LoopBuffer":
+    def attach(cls, name: str) -> LoopBuffer:
         """Open an existing buffer by name from another process; close() it there, never unlink(). Attach from
         processes started by multiprocessing: they share the creator's resource tracker, whereas an unrelated
         Python process would have its own tracker unlink the memory when it exits."""
@@ -171,6 +180,21 @@ class LoopBuffer:
             raise ValueError(f"gain must be a finite number >= 0, got {value}")
         self.reals[GAIN] = float(value)
 
+    @property
+    def playing(self) -> bool:
+        """Transport state: False after stop (the output fades to silence while the clock runs on)."""
+        return bool(self.reals[TRANSPORT])
+
+    @playing.setter
+    def playing(self, value: bool) -> None:
+        """Stop fades the output to silence over TRANSPORT_FADE_FRAMES, play fades it back in at the playhead."""
+        self.reals[TRANSPORT] = 1.0 if value else 0.0
+
+    @property
+    def fade_started_frames(self) -> int:
+        """The playhead at the start of the newest transport fade (-1 before any)."""
+        return int(self.counters[FADE_STARTED])
+
     # --- lifetime ----------------------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -194,7 +218,7 @@ class LoopBuffer:
                 pass
         self.close()
 
-    def __enter__(self) -> "LoopBuffer":
+    def __enter__(self) -> LoopBuffer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -25,10 +25,11 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from .knobs import KnobChange, KnobError, KnobRegistry
 
@@ -58,8 +59,9 @@ class CCMapping:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
                 raise ValueError(f"mapping of {self.knob!r}: {field_name} must be an integer 0..{top}, got {value!r}")
         if not isinstance(self.high_resolution, bool):
-            raise ValueError(f"mapping of {self.knob!r}: high_resolution must be true or false, "
-                             f"got {self.high_resolution!r}")
+            raise ValueError(
+                f"mapping of {self.knob!r}: high_resolution must be true or false, got {self.high_resolution!r}"
+            )
         if self.high_resolution and self.cc >= _LSB_OFFSET:
             raise ValueError(
                 f"mapping of {self.knob!r}: a 14-bit control has its MSB on CC 0..31 (LSB on CC+32), got CC {self.cc}"
@@ -109,8 +111,11 @@ class MidiMapper:
         for mapping in mappings:
             taken = [self._by_cc[key].mapping for key in mapping.controls if key in self._by_cc]
             if mapping.knob in self._controls or taken:
-                clash = f"knob {mapping.knob!r} is mapped twice" if mapping.knob in self._controls else (
-                    f"channel {mapping.channel} CC {mapping.cc} is also used by {taken[0]}")
+                clash = (
+                    f"knob {mapping.knob!r} is mapped twice"
+                    if mapping.knob in self._controls
+                    else (f"channel {mapping.channel} CC {mapping.cc} is also used by {taken[0]}")
+                )
                 raise ValueError(f"conflicting MIDI mappings: {clash}")
             self.map(mapping)
 
@@ -209,11 +214,12 @@ class MidiMapper:
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(f"MIDI map {path} is not valid JSON: {error}") from None
         if not isinstance(document, dict) or document.get("version") != MAP_FILE_VERSION:
-            raise ValueError(f"MIDI map {path}: expected an object with \"version\": {MAP_FILE_VERSION}, "
-                             "as written by MidiMapper.save")
+            raise ValueError(
+                f'MIDI map {path}: expected an object with "version": {MAP_FILE_VERSION}, as written by MidiMapper.save'
+            )
         entries = document.get("mappings")
         if not isinstance(entries, list):
-            raise ValueError(f"MIDI map {path}: \"mappings\" must be a list")
+            raise ValueError(f'MIDI map {path}: "mappings" must be a list')
         mappings = []
         for index, entry in enumerate(entries):
             try:
@@ -273,8 +279,14 @@ class MidiInput:
     `backend` is a mido backend such as "mido.backends.rtmidi/UNIX_JACK" (None: mido's default, or $MIDO_BACKEND);
     `client_name` names the MIDI client of a virtual port (python-rtmidi backends only)."""
 
-    def __init__(self, mapper: MidiMapper, port_name: str | None = None, backend: str | None = None,
-                 virtual: bool = False, client_name: str = "flowjam"):
+    def __init__(
+        self,
+        mapper: MidiMapper,
+        port_name: str | None = None,
+        backend: str | None = None,
+        virtual: bool = False,
+        client_name: str = "flowjam",
+    ):
         self.mapper = mapper
         self.port_name = port_name
         self.backend = backend
@@ -300,8 +312,9 @@ class MidiInput:
                 name = self.port_name or "midi in"
             else:
                 name = _resolve_port(self.port_name, _midi_call(backend, backend.get_input_names), backend)
-            self._port = _midi_call(backend, partial(
-                backend.open_input, name, virtual=self.virtual, callback=self._on_message, **extra))
+            self._port = _midi_call(
+                backend, partial(backend.open_input, name, virtual=self.virtual, callback=self._on_message, **extra)
+            )
             log.info("MIDI input open: %s", self._port.name)
             return self
 
@@ -362,8 +375,10 @@ def _midi_call(backend: Any, call: Callable[[], Any]) -> Any:
 
 def _resolve_port(wanted: str | None, available: list[str], backend: Any) -> str:
     if not available:
-        raise ValueError(f"no MIDI input ports found (backend {backend.name}); plug in a controller, "
-                         "or open a virtual port (virtual=True) and connect your controller to it")
+        raise ValueError(
+            f"no MIDI input ports found (backend {backend.name}); plug in a controller, "
+            "or open a virtual port (virtual=True) and connect your controller to it"
+        )
     if wanted is None:
         return available[0]
     if wanted in available:

@@ -3,8 +3,12 @@
 Address space under `/flowjam/<session>/`:
     knob/<name> <number>    set a knob in its own units (clamped to its range); no argument = ask its value
     norm/<name> <0..1>      set a knob from a controller's 0..1 fader; no argument = ask its 0..1 value
-    prompt <text>           prompt A (`prompt/a` too); `prompt/b <text>` sets prompt B
-    transport <command>     play | stop | reset
+    prompt <text>           prompt A (`prompt/a` too); `prompt/b <text>` sets prompt B; `prompt/negative <text>`
+                            the negative prompt that CFG guides away from ("" = the null condition)
+    transport <command>     play (fade in at the playhead) | stop (fade to silence, engine stays warm) | reset
+                            (every knob to its default); play and stop are echoed as `transport <command>`
+    target/capture          the loop as it sounds now becomes the target x0_target_strength pulls toward
+    target/clear            back to the default target (the source audio, or none)
     status                  reply `status <json>` to the sender and the feedback port (arguments are ignored,
                             so a push button that sends 1 works)
 
@@ -38,8 +42,8 @@ import sys
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from pythonosc.osc_bundle import OscBundle
 from pythonosc.osc_message import OscMessage
@@ -56,6 +60,8 @@ MAX_SCHEDULED = 10_000
 MAX_REPLIES = 1024
 RECEIVE_POLL_S = 0.05  # how often the receive loop looks at the stop flag
 TRANSPORT_COMMANDS = ("play", "stop", "reset")
+TARGET_COMMANDS = ("capture", "clear")
+PROMPT_PATHS = {"prompt": "a", "prompt/a": "a", "prompt/b": "b", "prompt/negative": "negative"}
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform.startswith("linux") else None)
 
 Address = tuple[str, int]
@@ -72,8 +78,10 @@ class OscConfig:
 
     def __post_init__(self):
         if not self.session or any(c in self.session for c in " #*,/?[]{}"):
-            raise ValueError(f"OSC session {self.session!r} must be a non-empty word without / or OSC pattern "
-                             "characters (' #*,?[]{}'), e.g. 'default'")
+            raise ValueError(
+                f"OSC session {self.session!r} must be a non-empty word without / or OSC pattern "
+                "characters (' #*,?[]{}'), e.g. 'default'"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"OSC port {self.port} must be in 0..65535 (0 = any free port)")
 
@@ -90,12 +98,14 @@ class OscBridge:
         config: OscConfig,
         on_prompt: Callable[[str, str], None] | None = None,
         on_transport: Callable[[str], None] | None = None,
+        on_target: Callable[[str], None] | None = None,
         status: Callable[[], dict] | None = None,
     ):
         self.registry = registry
         self.config = config
         self._on_prompt = on_prompt
         self._on_transport = on_transport
+        self._on_target = on_target
         self._status = status
         self._prefix = f"/flowjam/{config.session}/"
         self._lifecycle = threading.Lock()
@@ -147,13 +157,17 @@ class OscBridge:
             self._socket = sock
             self._address = sock.getsockname()[:2]
             if not _is_loopback(self._address[0]):
-                log.warning("OSC bridge listens on %s:%d, reachable from other machines%s", *self._address,
-                            "" if self._allowed else "; set allow_hosts to choose who may play")
+                log.warning(
+                    "OSC bridge listens on %s:%d, reachable from other machines%s",
+                    *self._address,
+                    "" if self._allowed else "; set allow_hosts to choose who may play",
+                )
             self._stopping = threading.Event()
             self._unsubscribe = self.registry.subscribe(self._on_change)
             loops = {"receive": self._receive_loop, "schedule": self._schedule_loop, "send": self._send_loop}
-            self._threads = [threading.Thread(target=loop, name=f"flowjam-osc-{name}", daemon=True)
-                             for name, loop in loops.items()]
+            self._threads = [
+                threading.Thread(target=loop, name=f"flowjam-osc-{name}", daemon=True) for name, loop in loops.items()
+            ]
             for thread in self._threads:
                 thread.start()
 
@@ -215,7 +229,7 @@ class OscBridge:
         while not self._stopping.is_set():
             try:
                 datagram, sender = sock.recvfrom(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError as error:
                 if not self._stopping.is_set():
@@ -228,14 +242,16 @@ class OscBridge:
         self._count("received")
         if self._allowed is not None and sender[0] not in self._allowed:
             self._count("dropped_hosts")
-            self._log_once("dropped_hosts", f"OSC from {sender[0]} dropped: not in allow_hosts "
-                                            f"{self.config.allow_hosts}")
+            self._log_once(
+                "dropped_hosts", f"OSC from {sender[0]} dropped: not in allow_hosts {self.config.allow_hosts}"
+            )
             return
         try:
             packet = _parse(datagram)
         except Exception as error:
-            self._reject("malformed", f"OSC datagram from {_show(sender)} is not valid OSC ({len(datagram)} bytes): "
-                                      f"{error}")
+            self._reject(
+                "malformed", f"OSC datagram from {_show(sender)} is not valid OSC ({len(datagram)} bytes): {error}"
+            )
             return
         self._last_sender = sender
         if isinstance(packet, OscBundle):
@@ -252,8 +268,11 @@ class OscBridge:
             elif ahead_s <= 0:
                 self._on_message(content, sender, received_at)
             elif ahead_s > MAX_AHEAD_S:
-                self._reject("timetag_too_far", f"OSC bundle from {_show(sender)} is timetagged {ahead_s:.0f} s "
-                                                f"ahead (limit {MAX_AHEAD_S:.0f} s): is the sender's clock set?")
+                self._reject(
+                    "timetag_too_far",
+                    f"OSC bundle from {_show(sender)} is timetagged {ahead_s:.0f} s "
+                    f"ahead (limit {MAX_AHEAD_S:.0f} s): is the sender's clock set?",
+                )
             else:
                 self._schedule(received_at + ahead_s, content, sender)
 
@@ -278,25 +297,32 @@ class OscBridge:
     def _dispatch(self, address: str, args: list, sender: Address, received_at: float) -> None:
         with self._stats_lock:
             self._last_message = " ".join([address, *map(repr, args), "from", _show(sender)])
-        path = address[len(self._prefix):] if address.startswith(self._prefix) else None
+        path = address[len(self._prefix) :] if address.startswith(self._prefix) else None
         kind, _, name = (path or "").partition("/")
         if kind in ("knob", "norm") and name:
             self._on_knob(kind, name, args, sender, received_at)
-        elif path in ("prompt", "prompt/a", "prompt/b"):
+        elif path in PROMPT_PATHS:
             if self._one_string(address, args):
-                self._call("prompt", self._on_prompt, "b" if path == "prompt/b" else "a", args[0])
+                self._call("prompt", self._on_prompt, PROMPT_PATHS[path], args[0])
+        elif kind == "target" and name in TARGET_COMMANDS:
+            self._call("target", self._on_target, name)
         elif path == "transport":
             if self._one_string(address, args):
                 if args[0] in TRANSPORT_COMMANDS:
                     self._call("transport", self._on_transport, args[0])
                 else:
-                    self._reject("unknown_transport", f"OSC {address} {args[0]!r}: commands are "
-                                                      f"{', '.join(TRANSPORT_COMMANDS)}")
+                    self._reject(
+                        "unknown_transport", f"OSC {address} {args[0]!r}: commands are {', '.join(TRANSPORT_COMMANDS)}"
+                    )
         elif path == "status":
             self._on_status(sender)
         else:
-            self._reject("unknown_address", f"unknown OSC address {address!r}: this bridge answers {self._prefix}"
-                                            "knob/<name>, norm/<name>, prompt, prompt/b, transport, status")
+            self._reject(
+                "unknown_address",
+                f"unknown OSC address {address!r}: this bridge answers {self._prefix}"
+                "knob/<name>, norm/<name>, prompt, prompt/b, prompt/negative, transport, "
+                "target/capture, target/clear, status",
+            )
 
     def _on_knob(self, kind: str, name: str, args: list, sender: Address, received_at: float) -> None:
         if len(args) > 1:
@@ -313,13 +339,25 @@ class OscBridge:
                 if change.clamped:
                     self._count("clamped")
                     spec = self.registry.specs[name]
-                    self._log_once("clamped", f"OSC {kind}/{name} {args[0]!r} is outside the range and was clamped "
-                                              f"to {change.value:g} (knob range [{spec.minimum:g}, {spec.maximum:g}], "
-                                              "norm range [0, 1])")
+                    self._log_once(
+                        "clamped",
+                        f"OSC {kind}/{name} {args[0]!r} is outside the range and was clamped "
+                        f"to {change.value:g} (knob range [{spec.minimum:g}, {spec.maximum:g}], "
+                        "norm range [0, 1])",
+                    )
         except KnobError as error:
             self._reject(error.reason, f"OSC {self._prefix}{kind}/{name}: {error}")
             return
         self._count("applied")
+
+    def announce(self, path: str, value: str | float) -> None:
+        """Send `/flowjam/<session>/<path> <value>` to the feedback address and the last sender (state a
+        controller shows, such as the transport)."""
+        if self._socket is None:
+            return
+        datagram = _message(self._prefix + path, value)
+        for target in self._targets(self._last_sender):
+            self._reply(datagram, target)
 
     def _on_status(self, sender: Address) -> None:
         try:
@@ -488,8 +526,11 @@ def _set_receive_buffer(sock: socket.socket, size_bytes: int) -> int:
         except OSError:
             pass
     if granted < size_bytes:
-        log.warning("OSC receive buffer is %d bytes, not the %d asked for: bursts may lose messages "
-                    "(raise net.core.rmem_max)", granted, size_bytes)
+        log.warning(
+            "OSC receive buffer is %d bytes, not the %d asked for: bursts may lose messages (raise net.core.rmem_max)",
+            granted,
+            size_bytes,
+        )
     return granted
 
 

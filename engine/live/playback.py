@@ -26,10 +26,25 @@ from pathlib import Path
 
 import numpy as np
 
-from .loop_buffer import APPLIED_GAIN, CALLBACKS, GAIN, LATENCY_S, PLAYED, RECORDED, RUNNING, STOP, UNDERRUNS, LoopBuffer
+from .loop_buffer import (
+    APPLIED_GAIN,
+    APPLIED_TRANSPORT,
+    CALLBACKS,
+    FADE_STARTED,
+    GAIN,
+    LATENCY_S,
+    PLAYED,
+    RECORDED,
+    RUNNING,
+    STOP,
+    TRANSPORT,
+    TRANSPORT_FADE_FRAMES,
+    UNDERRUNS,
+    LoopBuffer,
+)
 
 MODES = ("process", "thread", "null")
-LIST_HINT = "run with --list-devices to see the outputs, or --audio null to run without sound"
+LIST_HINT = "run with --list-devices to see the outputs, or --no-audio to run without sound"
 log = logging.getLogger("flowjam.playback")
 _START_TIMEOUT_S = 30.0
 
@@ -48,12 +63,16 @@ def list_devices() -> str:
     for index, device in enumerate(sd.query_devices()):
         if device["max_output_channels"] > 0:
             mark = "*" if index == default_output else ""
-            rows.append(f"{mark:2}{index:>5}  {device['name'][:32]:32}  {apis[device['hostapi']]['name'][:28]:28}  "
-                        f"{device['max_output_channels']:>6}  {device['default_samplerate']:>6.0f}")
+            rows.append(
+                f"{mark:2}{index:>5}  {device['name'][:32]:32}  {apis[device['hostapi']]['name'][:28]:28}  "
+                f"{device['max_output_channels']:>6}  {device['default_samplerate']:>6.0f}"
+            )
     if len(rows) == 1:
         names = ", ".join(api["name"] for api in apis) or "none"
-        return (f"no audio outputs (PortAudio host APIs: {names}). Start a JACK server before flowjam "
-                "(e.g. `jackd -d dummy -r 48000`) or play with --audio null.")
+        return (
+            f"no audio outputs (PortAudio host APIs: {names}). Start a JACK server before flowjam "
+            "(e.g. `jackd -d dummy -r 48000`) or run with --no-audio."
+        )
     return "\n".join(rows + ["* = default output"])
 
 
@@ -105,11 +124,35 @@ class _Renderer:
         self.buffer, self.counters, self.reals, self.record = buffer, buffer.counters, buffer.reals, record
         self.unit_ramp = ((np.arange(blocksize, dtype=np.float32) + 1) / blocksize)[:, None]
         self.gain_curve = np.empty_like(self.unit_ramp)
+        self.fade_steps = (np.arange(blocksize, dtype=np.float32) + 1)[:, None] / TRANSPORT_FADE_FRAMES
+        self.fade_curve = np.empty_like(self.fade_steps)
 
     def callback(self, outdata: np.ndarray, frames: int, time_info, status) -> None:
         if status.output_underflow:
             self.counters[UNDERRUNS] += 1
         self.render(outdata, frames)
+
+    def apply_transport(self, out: np.ndarray, frames: int, played: int) -> None:
+        """Fade toward the transport state at 1/TRANSPORT_FADE_FRAMES per frame; stopped means exact zeros."""
+        reals = self.reals
+        target, applied = float(reals[TRANSPORT]), float(reals[APPLIED_TRANSPORT])
+        if target != applied and frames == self.fade_steps.shape[0]:
+            if applied in (0.0, 1.0):
+                self.counters[FADE_STARTED] = played
+            curve = self.fade_curve
+            np.multiply(self.fade_steps, 1.0 if target > applied else -1.0, out=curve)
+            curve += applied
+            np.clip(curve, 0.0, 1.0, out=curve)
+            out *= curve
+            reals[APPLIED_TRANSPORT] = float(curve[-1, 0])
+            return
+        if target != applied:  # an odd-sized block: no ramp to fit, jump
+            self.counters[FADE_STARTED] = played
+            reals[APPLIED_TRANSPORT] = applied = target
+        if applied == 0.0:
+            out.fill(0.0)
+        elif applied != 1.0:
+            out *= applied
 
     def render(self, out: np.ndarray, frames: int) -> None:
         counters, reals = self.counters, self.reals
@@ -123,6 +166,7 @@ class _Renderer:
         elif target != 1.0:
             out *= target
         reals[APPLIED_GAIN] = target
+        self.apply_transport(out, frames, played)
         if self.record is not None:
             size, written = self.record.shape[0], int(counters[RECORDED])
             start = written % size
@@ -141,10 +185,19 @@ def _open_stream(renderer: _Renderer, device, blocksize: int):
     buffer = renderer.buffer
     try:
         index = find_device(device)
-        stream = sd.OutputStream(samplerate=buffer.sample_rate, blocksize=blocksize, device=index,
-                                 channels=buffer.channels, dtype="float32", latency="low", callback=renderer.callback)
+        stream = sd.OutputStream(
+            samplerate=buffer.sample_rate,
+            blocksize=blocksize,
+            device=index,
+            channels=buffer.channels,
+            dtype="float32",
+            latency="low",
+            callback=renderer.callback,
+        )
     except (ValueError, sd.PortAudioError) as error:
-        raise PlaybackError(f"cannot open audio output {device!r}: {error}" + ("" if LIST_HINT in str(error) else f". {LIST_HINT}")) from error
+        raise PlaybackError(
+            f"cannot open audio output {device!r}: {error}" + ("" if LIST_HINT in str(error) else f". {LIST_HINT}")
+        ) from error
     try:
         stream.start()
     except sd.PortAudioError as error:
@@ -157,7 +210,9 @@ def _open_stream(renderer: _Renderer, device, blocksize: int):
     return stream, name
 
 
-def _output_process_main(buffer_name: str, device, blocksize: int, record_name: str | None, record_frames: int, conn) -> None:
+def _output_process_main(
+    buffer_name: str, device, blocksize: int, record_name: str | None, record_frames: int, conn
+) -> None:
     """Entry of the output process: play until Playback sets STOP, the parent dies, or the stream dies."""
     buffer = LoopBuffer.attach(buffer_name)
     record_shm = shared_memory.SharedMemory(name=record_name) if record_name else None
@@ -193,13 +248,26 @@ class Playback:
     record_path: stop() writes exactly the frames that were played (the newest record_seconds_max seconds at
     most) as a 16-bit WAV at the buffer's rate."""
 
-    def __init__(self, buffer: LoopBuffer, device: str | int | None = None, blocksize: int = 1024, mode: str = "process",
-                 record_path: str | None = None, record_seconds_max: float = 3600):
+    def __init__(
+        self,
+        buffer: LoopBuffer,
+        device: str | int | None = None,
+        blocksize: int = 1024,
+        mode: str = "process",
+        record_path: str | None = None,
+        record_seconds_max: float = 3600,
+    ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if blocksize <= 0:
             raise ValueError(f"blocksize must be positive, got {blocksize}")
-        self.buffer, self.device, self.blocksize, self.mode, self.record_path = buffer, device, blocksize, mode, record_path
+        self.buffer, self.device, self.blocksize, self.mode, self.record_path = (
+            buffer,
+            device,
+            blocksize,
+            mode,
+            record_path,
+        )
         self.record_frames = max(blocksize, int(record_seconds_max * buffer.sample_rate)) if record_path else 0
         self.device_name: str | None = None
         self.error: str | None = None
@@ -216,19 +284,24 @@ class Playback:
             raise RuntimeError("this Playback was already started; make a new one")
         self._started = True
         if self.mode == "process" and not _importable_by_name():
-            log.warning("this package was loaded from a file path (as ComfyUI does): the audio callback runs in a thread")
+            log.warning(
+                "this package was loaded from a file path (as ComfyUI does): the audio callback runs in a thread"
+            )
             self.mode = "thread"
         counters = self.buffer.counters
         counters[[STOP, RECORDED, UNDERRUNS, CALLBACKS, RUNNING]] = 0
         self.buffer.reals[LATENCY_S] = 0.0
         self.buffer.reals[APPLIED_GAIN] = self.buffer.reals[GAIN]  # no fade-in from a stale volume
+        self.buffer.reals[APPLIED_TRANSPORT] = self.buffer.reals[TRANSPORT]
         if self.record_path:
             self._allocate_recording()
         try:
             if self.mode == "process":
                 self._start_process()
             elif self.mode == "thread":
-                self._stream, self.device_name = _open_stream(_Renderer(self.buffer, self.blocksize, self._record), self.device, self.blocksize)
+                self._stream, self.device_name = _open_stream(
+                    _Renderer(self.buffer, self.blocksize, self._record), self.device, self.blocksize
+                )
             else:
                 self.device_name = "null (no audio device)"
                 self._clock = threading.Thread(target=self._clock_main, name="flowjam-null-clock", daemon=True)
@@ -248,8 +321,10 @@ class Playback:
             except OSError:  # no /dev/shm (not Linux): nothing to check
                 free = needed
             if free < needed:
-                raise PlaybackError(f"recording {shape[0] / self.buffer.sample_rate:.0f} s needs {needed >> 20} MiB of shared "
-                                    f"memory but /dev/shm has {free >> 20} MiB free; lower record_seconds_max")
+                raise PlaybackError(
+                    f"recording {shape[0] / self.buffer.sample_rate:.0f} s needs {needed >> 20} MiB of shared "
+                    f"memory but /dev/shm has {free >> 20} MiB free; lower record_seconds_max"
+                )
             self._record_shm = shared_memory.SharedMemory(create=True, size=4 * shape[0] * shape[1])
             self._record = np.ndarray(shape, np.float32, self._record_shm.buf)
         else:
@@ -260,8 +335,12 @@ class Playback:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=False)
         record_name = self._record_shm.name if self._record_shm else None
-        self._process = context.Process(target=_output_process_main, name="flowjam-audio-output", daemon=True,
-                                        args=(self.buffer.name, self.device, self.blocksize, record_name, self.record_frames, child_conn))
+        self._process = context.Process(
+            target=_output_process_main,
+            name="flowjam-audio-output",
+            daemon=True,
+            args=(self.buffer.name, self.device, self.blocksize, record_name, self.record_frames, child_conn),
+        )
         self._process.start()
         child_conn.close()
         if not self._conn.poll(_START_TIMEOUT_S):
@@ -271,7 +350,9 @@ class Playback:
             kind, text = self._conn.recv()
         except EOFError:
             self._end_process()
-            raise PlaybackError(f"the audio output process died while starting (exit code {self._process.exitcode}). {LIST_HINT}") from None
+            raise PlaybackError(
+                f"the audio output process died while starting (exit code {self._process.exitcode}). {LIST_HINT}"
+            ) from None
         if kind == "error":
             self._end_process()
             raise PlaybackError(text)
@@ -397,7 +478,7 @@ class Playback:
             "error": self.error,
         }
 
-    def __enter__(self) -> "Playback":
+    def __enter__(self) -> Playback:
         self.start()
         return self
 

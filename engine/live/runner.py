@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from ..conditioning import Conditioning
-from ..models.presets import LATENT_RATE_HZ
+from ..params import KNOBS_BY_NAME, LATENT_RATE_HZ, KnobKind
 from ..session import Session, Source
-from .knobs import KnobChange, KnobKind, KnobRegistry
+from .knobs import KnobChange, KnobRegistry
 from .loop_buffer import LoopBuffer
 
 log = logging.getLogger("flowjam.runner")
@@ -30,15 +30,68 @@ log = logging.getLogger("flowjam.runner")
 FADE_FRAMES = 480  # 10 ms equal-gain edges on every patch
 LEAD_MARGIN_S = 0.05
 EMA_WEIGHT = 0.2
+PROMPT_SLOTS = ("a", "b", "negative")  # prompt A, prompt B, and the negative prompt that CFG guides away from
 
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    depth: int = 4
     backend: str | None = None  # None: the session's own backend
     window_s: float = 0.4  # audio kept per write
     min_lead_s: float = 0.05
     max_lead_s: float = 2.0
+
+
+# ---- messages: what other threads ask of the runner; applied between ticks, in order ---------------------------
+
+
+@dataclass(frozen=True)
+class PromptText:
+    """Encode `text` as a prompt slot; an empty negative prompt means the null condition."""
+
+    slot: str
+    text: str
+
+
+@dataclass(frozen=True)
+class PromptConditioning:
+    """An already encoded condition for a prompt slot (None for the negative: back to the null condition)."""
+
+    slot: str
+    conditioning: Conditioning | None
+
+
+@dataclass(frozen=True)
+class CurveOverride:
+    """A per-frame shared curve for every in-flight slot; None falls back to the knob's value."""
+
+    name: str
+    curve: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class SourceSwap:
+    source: Source | None
+
+
+@dataclass(frozen=True)
+class StructureSwap:
+    context: torch.Tensor | None  # [1, frames, 128] context latents, or None for plain text2music
+
+
+@dataclass(frozen=True)
+class TargetCapture:
+    """Make the loop as it sounds now the x0 target (`x0_target_strength` pulls toward it)."""
+
+
+@dataclass(frozen=True)
+class TargetClear:
+    """Back to the default target: the source's latents, or none for a text-only loop."""
+
+
+Message = PromptText | PromptConditioning | CurveOverride | SourceSwap | StructureSwap | TargetCapture | TargetClear
+
+
+# ---- latency bookkeeping --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -48,7 +101,9 @@ class LatencyRecord:
     change: KnobChange
     kind: KnobKind
     applied_tick: int = 0  # index of the tick whose knob pass applied it
-    ticks_started_since_received: int = 0  # ticks that began after the change arrived but before it applied (0 = next tick)
+    ticks_started_since_received: int = (
+        0  # ticks that began after the change arrived but before it applied (0 = next tick)
+    )
     tick_done_at: float | None = None  # end of the first tick that used the new value
     ear_at: float | None = None  # when the playhead reaches the first audio made with it
 
@@ -59,6 +114,51 @@ class LatencyRecord:
     @property
     def knob_to_ear_ms(self) -> float | None:
         return None if self.ear_at is None else (self.ear_at - self.change.received_at) * 1000.0
+
+
+class LatencyTracker:
+    """Follows knob changes from their arrival to the first tick that used them and to the ear.
+
+    A shared knob is in the very next tick; a per-request knob is in the first finished latent whose request was
+    made after it (requests carry the registry's sequence number as their tag)."""
+
+    def __init__(self, keep: int = 256):
+        self.keep = keep
+        self.done: list[LatencyRecord] = []
+        self._pending: list[LatencyRecord] = []
+        self._tick_starts: list[float] = []
+        self._lock = threading.Lock()
+
+    def tick_started(self, at: float) -> None:
+        self._tick_starts.append(at)
+        del self._tick_starts[:-64]
+
+    def track(self, change: KnobChange, kind: KnobKind, tick: int) -> None:
+        waited = sum(start > change.received_at for start in self._tick_starts)
+        with self._lock:
+            self._pending.append(LatencyRecord(change, kind, tick, waited))
+
+    def tick_done(self, at: float, fresh_from: int | None) -> None:
+        """A tick ended at `at`; `fresh_from` is the tag of the request it finished (None if none finished)."""
+        for record in self._pending:
+            if record.tick_done_at is not None:
+                continue
+            if record.kind is KnobKind.SHARED or (fresh_from is not None and fresh_from >= record.change.seq):
+                record.tick_done_at = at
+
+    def heard(self, ear_at: float, fresh_from: int | None) -> None:
+        """Audio of a latent from request `fresh_from` reaches the playhead at `ear_at`; a gap-fill re-decode of an
+        older latent (None) carries no new change."""
+        if fresh_from is None:
+            return
+        with self._lock:
+            for record in self._pending:
+                if record.ear_at is None and record.tick_done_at is not None:
+                    if record.kind is KnobKind.SHARED or fresh_from >= record.change.seq:
+                        record.ear_at = ear_at
+            finished = [r for r in self._pending if r.ear_at is not None]
+            self._pending = [r for r in self._pending if r.ear_at is None][-self.keep :]
+            self.done = (self.done + finished)[-self.keep :]
 
 
 @dataclass
@@ -73,7 +173,12 @@ class RunnerStats:
     window_s: float = 0.4
     last_error: str | None = None
     errors: int = 0
-    latencies: list[LatencyRecord] = field(default_factory=list)
+    latency: LatencyTracker = field(default_factory=LatencyTracker)
+
+    @property
+    def latencies(self) -> list[LatencyRecord]:
+        """Changes that have reached the ear, oldest first (the newest 256)."""
+        return self.latency.done
 
 
 class LiveRunner:
@@ -86,57 +191,76 @@ class LiveRunner:
         prompt_b: str | Conditioning | None = None,
         source: Source | None = None,
         config: RunnerConfig = RunnerConfig(),
+        negative: str | Conditioning | None = None,
     ):
+        """`negative`: what CFG guides away from (None or "": the null condition, as the official pipeline)."""
         self.session, self.registry, self.buffer, self.config = session, registry, buffer, config
         self.frames = buffer.frames // session.models.vae.hop_samples
         if self.frames < 1:
             raise ValueError("the loop buffer is shorter than one latent frame")
         self.stream = session.stream(depth=int(registry.get("depth")), backend=config.backend)
         buffer.gain = registry.get("volume")
-        self._messages: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._messages: queue.Queue[Message] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seq_applied = 0
-        encode = lambda p: p if isinstance(p, Conditioning) else session.encode_text(p)  # noqa: E731
-        self._prompts = {"a": encode(prompt), "b": encode(prompt_b if prompt_b is not None else prompt)}
+        self._prompts: dict[str, Conditioning | None] = {
+            "a": self._encode(prompt),
+            "b": self._encode(prompt_b if prompt_b is not None else prompt),
+            "negative": self._encode(negative) if negative else None,
+        }
         self._blends: OrderedDict[float, Conditioning] = OrderedDict()
+        self._null_conditions: dict[int, Conditioning] = {}  # condition length -> its null condition
         self._silence_context = session.context_latents(self.frames, None)
+        self._captured_target: torch.Tensor | None = None
         self._set_source(source)
         self._latest: torch.Tensor | None = None
-        self._pending: list[LatencyRecord] = []
-        self._tick_starts: list[float] = []
+        self._latest_seq = 0
         self.stats = RunnerStats(window_s=config.window_s)
-        self._lock = threading.Lock()
+
+    def _encode(self, prompt: str | Conditioning) -> Conditioning:
+        return prompt if isinstance(prompt, Conditioning) else self.session.encode_text(prompt)
 
     # ---- messages (any thread) -------------------------------------------------------------------------------
 
     def set_prompt(self, which: str, text: str) -> None:
-        if which not in ("a", "b"):
-            raise ValueError(f"prompt slot must be 'a' or 'b', got {which!r}")
-        self._messages.put(("prompt", (which, text)))
+        """Prompt text for slot "a", "b" or "negative" (an empty negative goes back to the null condition)."""
+        self._messages.put(PromptText(_prompt_slot(which), text))
 
-    def set_conditioning(self, which: str, conditioning: Conditioning) -> None:
-        """Use an already encoded condition as prompt A or B (from a ComfyUI graph, say)."""
-        if which not in ("a", "b"):
-            raise ValueError(f"prompt slot must be 'a' or 'b', got {which!r}")
-        self._messages.put(("conditioning", (which, conditioning)))
+    def set_conditioning(self, which: str, conditioning: Conditioning | None) -> None:
+        """Use an already encoded condition as prompt A, B or the negative (from a ComfyUI graph, say)."""
+        if conditioning is None and which != "negative":
+            raise ValueError(f"prompt {which!r} needs a condition; only the negative can be None (the null condition)")
+        self._messages.put(PromptConditioning(_prompt_slot(which), conditioning))
 
     def set_curve(self, name: str, curve: torch.Tensor | None) -> None:
         """A per-frame shared curve (or None to fall back to the knob's scalar) for every in-flight slot."""
-        self._messages.put(("curve", (name, curve)))
+        self._messages.put(CurveOverride(name, curve))
 
     def set_structure(self, context: torch.Tensor | None) -> None:
         """Text-only structure: context latents [1, frames, 128] (e.g. `session.codes_context` of LM codes) that the
         `structure` knob fades in, with no source audio; None goes back to plain text2music."""
         if context is not None and tuple(context.shape) != (1, self.frames, self._silence_context.shape[-1]):
-            raise ValueError(f"structure context must be [1, {self.frames}, {self._silence_context.shape[-1]}], got {tuple(context.shape)}")
-        self._messages.put(("structure", context))
+            raise ValueError(
+                f"structure context must be [1, {self.frames}, {self._silence_context.shape[-1]}], got {tuple(context.shape)}"
+            )
+        self._messages.put(StructureSwap(context))
 
     def swap_source(self, source: Source | None) -> None:
         """Replace the source (None: text-only). Its length must match the loop buffer."""
         if source is not None and source.frames != self.frames:
-            raise ValueError(f"source has {source.frames} frames but the loop has {self.frames}; trim or pad it to the loop length")
-        self._messages.put(("source", source))
+            raise ValueError(
+                f"source has {source.frames} frames but the loop has {self.frames}; trim or pad it to the loop length"
+            )
+        self._messages.put(SourceSwap(source))
+
+    def capture_target(self) -> None:
+        """The loop as it sounds now becomes what `x0_target_strength` pulls toward."""
+        self._messages.put(TargetCapture())
+
+    def clear_target(self) -> None:
+        """Back to the default x0 target: the source's latents, or none for a text-only loop."""
+        self._messages.put(TargetClear())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="flowjam-runner", daemon=True)
@@ -152,6 +276,24 @@ class LiveRunner:
         return self._source
 
     @property
+    def latest(self) -> torch.Tensor | None:
+        """The newest finished latent [1, T, 64] (what the loop is being rewritten with), None before the first."""
+        return self._latest
+
+    @property
+    def latest_seq(self) -> int:
+        """The knob registry's sequence number when the newest latent's request was made: the latent carries every
+        knob change up to it."""
+        return self._latest_seq
+
+    @property
+    def target(self) -> torch.Tensor | None:
+        """The x0 target requests carry: a captured loop, else the source's latents, else None."""
+        if self._captured_target is not None:
+            return self._captured_target
+        return None if self._source is None else self._source.latents
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -162,79 +304,103 @@ class LiveRunner:
             try:
                 self.step()
             except Exception as error:  # a bad message or knob must never stop the music
-                self.stats.errors += 1
-                if str(error) != self.stats.last_error:
-                    log.exception("runner step failed; the stream keeps playing")
-                self.stats.last_error = str(error)
+                self._count_error(error)
                 time.sleep(0.01)
+
+    def _count_error(self, error: Exception) -> None:
+        self.stats.errors += 1
+        if str(error) != self.stats.last_error:
+            log.error("runner: %s; the stream keeps playing", error, exc_info=not isinstance(error, ValueError))
+        self.stats.last_error = str(error)
 
     def step(self) -> None:
         """One tick: messages, knobs, submit, tick, write the window ahead of the playhead."""
         self._drain_messages()
         self._apply_knobs()
+        latency = self.stats.latency
         started = time.perf_counter()
-        self._tick_starts.append(started)
-        del self._tick_starts[:-64]
+        latency.tick_started(started)
         self.stream.submit(self._request())
         finished = self.stream.tick()
         tick_done = time.perf_counter()
         self.stats.ticks += 1
         self.stats.tick_ms = (tick_done - started) * 1000.0
-        for record in self._pending:
-            if record.tick_done_at is None and record.kind is KnobKind.SHARED:
-                record.tick_done_at = tick_done
         fresh_from: int | None = None
         if finished:
             self._latest = finished[-1].latent
-            fresh_from = finished[-1].request.tag
+            fresh_from = self._latest_seq = finished[-1].request.tag
             self.stats.latents += len(finished)
-            for record in self._pending:
-                if record.tick_done_at is None and record.kind is KnobKind.REQUEST and fresh_from >= record.change.seq:
-                    record.tick_done_at = tick_done
+        latency.tick_done(tick_done, fresh_from)
         if self._latest is not None:
             self._write_ahead(started, fresh_from)
 
     def _drain_messages(self) -> None:
+        """Apply every waiting message in order; of several prompt texts for one slot only the newest is encoded."""
+        messages: list[Message] = []
         while True:
             try:
-                kind, payload = self._messages.get_nowait()
+                messages.append(self._messages.get_nowait())
             except queue.Empty:
-                return
-            if kind == "prompt":
-                which, text = payload
-                self._prompts[which] = self.session.encode_text(text)
-                self._blends.clear()
-            elif kind == "conditioning":
-                which, conditioning = payload
-                self._prompts[which] = conditioning
-                self._blends.clear()
-            elif kind == "curve":
-                name, curve = payload
-                self.stream.set_shared_curve(name, curve if curve is not None else self.registry.get(name))
-            elif kind == "source":
-                self._set_source(payload)
-                self._latest = None  # the next generation starts from the new source, not the old loop
-            elif kind == "structure":
-                self._source = None
-                self._hints_context = None if payload is None else payload.to(self.session.device, self.session.dtype)
+                break
+        newest_text = {m.slot: i for i, m in enumerate(messages) if isinstance(m, PromptText)}
+        for index, message in enumerate(messages):
+            if isinstance(message, PromptText) and newest_text[message.slot] != index:
+                continue  # a newer text for the same slot is waiting: encode only that one
+            try:
+                self._apply_message(message)
+            except Exception as error:  # one bad message must not drop the ones after it
+                self._count_error(error)
+
+    def _apply_message(self, message: Message) -> None:
+        if isinstance(message, PromptText):
+            empty_negative = message.slot == "negative" and not message.text.strip()
+            self._set_prompt(message.slot, None if empty_negative else self.session.encode_text(message.text))
+        elif isinstance(message, PromptConditioning):
+            self._set_prompt(message.slot, message.conditioning)
+        elif isinstance(message, CurveOverride):
+            if message.curve is None:
+                self._apply_shared(message.name, self.registry.get(message.name))
+            else:
+                self.stream.set_shared_curve(message.name, message.curve)
+        elif isinstance(message, SourceSwap):
+            self._set_source(message.source)
+            self._latest = None  # the next generation starts from the new source, not the old loop
+        elif isinstance(message, StructureSwap):
+            self._source = None
+            self._hints_context = (
+                None if message.context is None else message.context.to(self.session.device, self.session.dtype)
+            )
+        elif isinstance(message, TargetCapture):
+            if self._latest is None:
+                raise ValueError(
+                    "target capture ignored: the first generation has not finished yet; capture again in a moment"
+                )
+            self._captured_target = self._latest
+        elif isinstance(message, TargetClear):
+            self._captured_target = None
+
+    def _set_prompt(self, slot: str, conditioning: Conditioning | None) -> None:
+        self._prompts[slot] = conditioning
+        if slot != "negative":
+            self._blends.clear()
 
     def _apply_knobs(self) -> None:
         for change in self.registry.changes_since(self._seq_applied):
             spec = self.registry.specs[change.name]
             if spec.kind is KnobKind.SHARED:
-                self.stream.set_shared_curve(change.name, change.value)
+                self._apply_shared(change.name, change.value)
             elif change.name == "depth":
                 self.stream.set_depth(int(change.value))
             elif change.name == "volume":
                 self.buffer.gain = change.value
             if spec.kind is not KnobKind.GLOBAL:
-                self._track(change, spec.kind)
+                self.stats.latency.track(change, spec.kind, self.stats.ticks + 1)
             self._seq_applied = max(self._seq_applied, change.seq)
 
-    def _track(self, change: KnobChange, kind: KnobKind) -> None:
-        waited = sum(start > change.received_at for start in self._tick_starts)
-        with self._lock:
-            self._pending.append(LatencyRecord(change, kind, self.stats.ticks + 1, waited))
+    def _apply_shared(self, name: str, value: float) -> None:
+        """A shared knob at its default lets every slot run its own request's value (the default too), so the
+        stream takes exactly the path it takes when the knob was never touched."""
+        self.stream.set_shared_curve(name, None if value == KNOBS_BY_NAME[name].default else value)
 
     def _set_source(self, source: Source | None) -> None:
         """Switch source; its context latents are built here once, not on every tick."""
@@ -251,16 +417,37 @@ class LiveRunner:
                 self._blends.popitem(last=False)
         return cached
 
+    def _negative(self, condition: Conditioning) -> Conditioning:
+        """The negative prompt, or the null condition at the condition's length (built once per length)."""
+        if self._prompts["negative"] is not None:
+            return self._prompts["negative"]
+        null = self._null_conditions.get(condition.length)
+        if null is None:
+            null = self._null_conditions[condition.length] = self.session.null_conditioning(condition)
+        return null
+
     def _request(self):
         knobs = self.registry
         seconds = self.frames / LATENT_RATE_HZ
-        options: dict[str, Any] = dict(seed=int(knobs.get("seed")), steps=int(knobs.get("steps")), shift=knobs.get("shift"), tag=knobs.seq)
+        condition = self._condition()
+        cfg_mode = knobs.specs["cfg_mode"].choice(knobs.get("cfg_mode"))
+        options: dict[str, Any] = dict(
+            seed=int(knobs.get("seed")),
+            steps=int(knobs.get("steps")),
+            shift=knobs.get("shift"),
+            tag=knobs.seq,
+            cfg_mode=cfg_mode,
+            negative=None if cfg_mode == "off" else self._negative(condition),
+            x0_target=self.target,
+        )
         if self._hints_context is not None:
             options["context_latents"] = torch.lerp(self._silence_context, self._hints_context, knobs.get("structure"))
         start = self._latest if self._latest is not None else (None if self._source is None else self._source.latents)
         if start is None:
-            return self.session.make_request(self._condition(), seconds, **options)
-        return self.session.make_request(self._condition(), seconds, denoise=knobs.get("denoise"), source_latents=start, **options)
+            return self.session.make_request(condition, seconds, **options)
+        return self.session.make_request(
+            condition, seconds, denoise=knobs.get("denoise"), source_latents=start, **options
+        )
 
     def _write_ahead(self, started: float, fresh_from: int | None) -> None:
         """Decode the window at playhead + lead and patch it into the loop buffer."""
@@ -270,7 +457,9 @@ class LiveRunner:
         lead_samples = int(self.stats.lead_s * rate)
         frame = -(-(playhead + lead_samples) // hop) % self.frames
         decode_started = time.perf_counter()
-        audio = self.session.decode(self._latest, t_start=frame / LATENT_RATE_HZ, window_s=self.stats.window_s, cyclic=True)
+        audio = self.session.decode(
+            self._latest, t_start=frame / LATENT_RATE_HZ, window_s=self.stats.window_s, cyclic=True
+        )
         now = time.perf_counter()
         self.buffer.patch(frame * hop, audio, FADE_FRAMES)
         self.stats.decode_ms = (now - decode_started) * 1000.0
@@ -278,27 +467,16 @@ class LiveRunner:
         self._adapt(now - started)
         playhead_now = self.buffer.playhead_frames
         ahead_s = ((frame * hop - playhead_now) % self.buffer.frames) / rate
-        self._resolve_ear(now + ahead_s, fresh_from)
+        self.stats.latency.heard(now + ahead_s, fresh_from)
 
     def _adapt(self, interval_s: float) -> None:
         stats, config = self.stats, self.config
-        stats.interval_s = interval_s if stats.writes <= 1 else (1 - EMA_WEIGHT) * stats.interval_s + EMA_WEIGHT * interval_s
+        stats.interval_s = (
+            interval_s if stats.writes <= 1 else (1 - EMA_WEIGHT) * stats.interval_s + EMA_WEIGHT * interval_s
+        )
         stats.lead_s = min(config.max_lead_s, max(config.min_lead_s, 1.5 * stats.interval_s + LEAD_MARGIN_S))
         song_s = self.buffer.frames / self.buffer.sample_rate
         stats.window_s = min(song_s, max(config.window_s, stats.lead_s + 2 * stats.interval_s))
-
-    def _resolve_ear(self, ear_at: float, fresh_from: int | None) -> None:
-        with self._lock:
-            for record in self._pending:
-                if record.ear_at is not None or record.tick_done_at is None:
-                    continue
-                if fresh_from is None:
-                    continue  # a gap-fill re-decode of an older latent: the change is not in it yet
-                if record.kind is KnobKind.SHARED or fresh_from >= record.change.seq:
-                    record.ear_at = ear_at
-            done = [r for r in self._pending if r.ear_at is not None]
-            self._pending = [r for r in self._pending if r.ear_at is None][-256:]
-            self.stats.latencies = (self.stats.latencies + done)[-256:]
 
     def status(self) -> dict[str, Any]:
         stats = self.stats
@@ -313,4 +491,15 @@ class LiveRunner:
             "errors": stats.errors,
             "last_error": stats.last_error,
             "depth": self.stream.pipeline.depth,
+            "cfg_mode": self.registry.specs["cfg_mode"].choice(self.registry.get("cfg_mode")),
+            "negative": "null condition" if self._prompts["negative"] is None else self._prompts["negative"].caption,
+            "target": "captured"
+            if self._captured_target is not None
+            else ("source" if self._source is not None else None),
         }
+
+
+def _prompt_slot(which: str) -> str:
+    if which not in PROMPT_SLOTS:
+        raise ValueError(f"prompt slot must be one of {', '.join(PROMPT_SLOTS)}, got {which!r}")
+    return which

@@ -1,1 +1,2 @@
-"""Audio-code generation with the 5 Hz LM: prompt strings, sampling math, the batched decode engine, metadata."""
+"""Everything around the 5 Hz LM network (models/lm.py): checkpoint loading, vocabulary, prompt strings, sampling
+math, Phase 1 metadata, the batched Phase 2 code engine, the song writer that chains them, and its benchmark."""

@@ -67,7 +67,12 @@ def bench_requests(batch: int, tokens: int) -> list[CodeRequest]:
 
 
 def time_ours(
-    lm: Qwen3LM, requests: list[CodeRequest], sampling: SamplingParams, cuda_graphs: bool, repeats: int, compile_layers: bool = False
+    lm: Qwen3LM,
+    requests: list[CodeRequest],
+    sampling: SamplingParams,
+    cuda_graphs: bool,
+    repeats: int,
+    compile_layers: bool = False,
 ) -> LMBenchResult:
     generator = CodeGenerator(lm, sampling, cuda_graphs=cuda_graphs, compile_layers=compile_layers)
     warm_start = time.perf_counter()
@@ -82,7 +87,9 @@ def time_ours(
         _sync(device)
         best = min(best, time.perf_counter() - start)
     tokens = requests[0].num_codes
-    label = "flowjam" + (" + torch.compile" if compile_layers else "") + (" + CUDA graphs" if cuda_graphs else " (eager)")
+    label = (
+        "flowjam" + (" + torch.compile" if compile_layers else "") + (" + CUDA graphs" if cuda_graphs else " (eager)")
+    )
     return LMBenchResult(label, 1000 * best / tokens, len(requests) * tokens / best, best, warm_s)
 
 
@@ -90,14 +97,22 @@ def time_transformers(lm: Qwen3LM, requests: list[CodeRequest], sampling: Sampli
     """transformers' `generate` on the same weights, cond + uncond rows stacked into one batch (left-padded), the
     same number of new tokens, sampling with the same temperature / top-p; CFG mixing itself is not applied
     (that only flatters the baseline)."""
-    from transformers import Qwen3Config as HFConfig, Qwen3ForCausalLM
+    from transformers import Qwen3Config as HFConfig
+    from transformers import Qwen3ForCausalLM
 
     c = lm.config
     config = HFConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
-        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=True,
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        rope_theta=c.rope_theta,
+        rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=True,
         attn_implementation="sdpa",
     )
     weight = lm.model.embed_tokens.weight
@@ -109,12 +124,19 @@ def time_transformers(lm: Qwen3LM, requests: list[CodeRequest], sampling: Sampli
     ids = torch.zeros(len(rows), length, dtype=torch.long, device=weight.device)
     mask = torch.zeros_like(ids)
     for i, row in enumerate(rows):
-        ids[i, length - len(row):] = torch.tensor(row, device=weight.device)
-        mask[i, length - len(row):] = 1
+        ids[i, length - len(row) :] = torch.tensor(row, device=weight.device)
+        mask[i, length - len(row) :] = 1
     tokens = requests[0].num_codes
     options = dict(
-        input_ids=ids, attention_mask=mask, do_sample=sampling.temperature > 0, temperature=sampling.temperature or None,
-        top_p=sampling.top_p, top_k=sampling.top_k or None, max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0,
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=sampling.temperature > 0,
+        temperature=sampling.temperature or None,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k or None,
+        max_new_tokens=tokens,
+        min_new_tokens=tokens,
+        pad_token_id=0,
     )
     with torch.no_grad():
         reference.generate(**{**options, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
@@ -127,8 +149,15 @@ def time_transformers(lm: Qwen3LM, requests: list[CodeRequest], sampling: Sampli
 
 
 def run_lm_bench(
-    preset: str = "lm-1.7b", batch: int = 8, cfg: float = 2.0, tokens: int = 300, device: str = "cuda",
-    dtype: torch.dtype = torch.bfloat16, repeats: int = 3, baseline: bool = True, compile_layers: bool = False,
+    preset: str = "lm-1.7b",
+    batch: int = 8,
+    cfg: float = 2.0,
+    tokens: int = 300,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 3,
+    baseline: bool = True,
+    compile_layers: bool = False,
 ) -> dict:
     """Time every variant and print one table; returns the numbers."""
     sampling = SamplingParams(cfg=cfg)
@@ -149,17 +178,23 @@ def run_lm_bench(
     bandwidth = copy_bandwidth(lm.model.embed_tokens.weight.device)
     bound_ms = 1000 * weight_bytes / bandwidth
     rows = 2 * batch if sampling.guided else batch
-    print(f"LM {preset}, {dtype}, {device}: batch {batch} x {'cond+uncond' if sampling.guided else 'cond'} = {rows} rows, "
-          f"{tokens} codes each, prompt {len(requests[0].prompt_ids)} / uncond {len(requests[0].uncond_ids)} tokens, "
-          f"head {NUM_CODES} codes from id {AUDIO_CODE_BASE}")
+    print(
+        f"LM {preset}, {dtype}, {device}: batch {batch} x {'cond+uncond' if sampling.guided else 'cond'} = {rows} rows, "
+        f"{tokens} codes each, prompt {len(requests[0].prompt_ids)} / uncond {len(requests[0].uncond_ids)} tokens, "
+        f"head {NUM_CODES} codes from id {AUDIO_CODE_BASE}"
+    )
     print(f"{'engine':<38} {'ms/step':>9} {'codes/s':>10} {'total s':>9} {'first call s':>13}")
     for result in results:
         first = "" if result.first_call_s is None else f"{result.first_call_s:13.2f}"
         print(f"{result.label:<38} {result.ms_per_step:9.3f} {result.codes_per_s:10.1f} {result.seconds:9.2f} {first}")
-    print(f"{'bandwidth bound (weights once/step)':<38} {bound_ms:9.3f}   weights {weight_bytes / 1e9:.2f} GB, "
-          f"copy {bandwidth / 1e12:.2f} TB/s")
+    print(
+        f"{'bandwidth bound (weights once/step)':<38} {bound_ms:9.3f}   weights {weight_bytes / 1e9:.2f} GB, "
+        f"copy {bandwidth / 1e12:.2f} TB/s"
+    )
     fastest = min(results[:-1] if baseline else results, key=lambda result: result.ms_per_step)
     if baseline:
-        print(f"speed-up of {fastest.label} over generate: {results[-1].ms_per_step / fastest.ms_per_step:.1f}x; "
-              f"{fastest.ms_per_step / bound_ms:.2f}x the bound")
+        print(
+            f"speed-up of {fastest.label} over generate: {results[-1].ms_per_step / fastest.ms_per_step:.1f}x; "
+            f"{fastest.ms_per_step / bound_ms:.2f}x the bound"
+        )
     return {"results": results, "bound_ms": bound_ms, "weight_bytes": weight_bytes, "bandwidth": bandwidth}

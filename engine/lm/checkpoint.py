@@ -102,7 +102,7 @@ def read_lm_file(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     keys = _safetensors_keys(path)
     prefix = _lm_prefix(keys, path)
     with safe_open(str(path), framework="pt") as handle:
-        state = {k[len(prefix):]: handle.get_tensor(k) for k in keys if k.startswith(prefix)}
+        state = {k[len(prefix) :]: handle.get_tensor(k) for k in keys if k.startswith(prefix)}
     return state, f"{path} ({prefix}*)" if prefix else str(path)
 
 

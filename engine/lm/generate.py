@@ -5,8 +5,8 @@ One call generates N sequences, each with its own prompt, length and seed:
 - every distinct prompt is prefilled once and its KV rows are copied to the other sequences that share it;
 - with CFG the cache holds 2·n rows, conditional rows 0..n-1 and unconditional rows n..2n-1, and one forward per
   step runs them all; CFG `l_u + g·(l_c − l_u)` is taken on the code logits only (a view of the tied embedding);
-- exact length control: sequence i yields exactly `num_codes` codes (EOS is blocked before that and forced at
-  it, so it never needs a forward) and every code is in 0..63,999;
+- exact length control: sequence i yields exactly `num_codes` codes, each sampled among the 64,000 valid codes
+  only (EOS and the unused code slots are never candidates, so no step is spent on an end token);
 - the host knows in advance at which step each sequence ends, so a finished sequence leaves the batch (its rows
   are compacted away) without reading anything back from the device: the whole loop has one host sync, at the end;
 - on CUDA the steady-state step (forward, CFG, sampling, bookkeeping, all in place on static buffers) is captured
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.lm import AUDIO_CODE_BASE, LayerStep, Qwen3LM, compiled_layer_step
+from ..models.lm import AUDIO_CODE_BASE, EAGER_STEP, Qwen3LM, compiled_layer_step
 from .sampling import SamplingParams, cfg_logits, sample
 
 KEY_BLOCK = 128  # attention reads keys up to the active rows' furthest position, rounded up to this
@@ -64,12 +64,16 @@ class CodeGenerator:
     Buffers and captured graphs are kept between calls with the same batch size, lengths and prompt lengths."""
 
     def __init__(
-        self, lm: Qwen3LM, sampling: SamplingParams | None = None, cuda_graphs: bool | None = None, compile_layers: bool = False
+        self,
+        lm: Qwen3LM,
+        sampling: SamplingParams | None = None,
+        cuda_graphs: bool | None = None,
+        compile_layers: bool = False,
     ):
         """`cuda_graphs` (default: on for CUDA) replays each step as a graph; `compile_layers` runs the layer step
         through torch.compile (fused norm/RoPE/elementwise kernels; the first steps of a new shape compile)."""
         self.lm = lm
-        self._layer_step = compiled_layer_step() if compile_layers else LayerStep()
+        self._layer_step = compiled_layer_step() if compile_layers else EAGER_STEP
         self.sampling = sampling or SamplingParams()
         self.sampling.validate()
         device = lm.model.embed_tokens.weight.device
@@ -123,7 +127,9 @@ class CodeGenerator:
         row_prompts = [r.prompt_ids for r in requests] + ([r.uncond_ids for r in requests] if self.guided else [])
         max_codes = max(r.num_codes for r in requests)
         self._allocate(len(row_prompts), max(len(p) for p in row_prompts) + max_codes, n, max_codes)
-        last_hidden = torch.empty(len(row_prompts), lm.config.hidden_size, dtype=lm.model.embed_tokens.weight.dtype, device=device)
+        last_hidden = torch.empty(
+            len(row_prompts), lm.config.hidden_size, dtype=lm.model.embed_tokens.weight.dtype, device=device
+        )
         for prompt, rows in _rows_by_prompt(row_prompts).items():
             ids = torch.tensor([prompt], dtype=torch.long, device=device)
             last_hidden[rows] = lm.prefill_hidden(ids, start=0, row=rows[0])[:, -1]
@@ -135,7 +141,9 @@ class CodeGenerator:
         state.owners.copy_(torch.arange(n))
         state.step.zero_()
         state.active = list(range(n))
-        state.prompt_lengths = {i: max(len(row_prompts[i]), len(row_prompts[i + n]) if self.guided else 0) for i in range(n)}
+        state.prompt_lengths = {
+            i: max(len(row_prompts[i]), len(row_prompts[i + n]) if self.guided else 0) for i in range(n)
+        }
         self._sample_and_advance(lm.code_logits(last_hidden), n)
 
     def _allocate(self, rows: int, cache_len: int, n: int, max_codes: int) -> None:

@@ -97,10 +97,6 @@ class SongMetadata:
     def __post_init__(self) -> None:
         _validate(self)
 
-    def missing_fields(self) -> tuple[str, ...]:
-        """The attributes the LM writes when it runs, in CoT order."""
-        return tuple(attr for attr in COT_FIELDS.values() if getattr(self, attr) in (None, ""))
-
     @property
     def is_complete(self) -> bool:
         """bpm, key/scale, time signature and duration are all given, so the LM is not needed (as upstream)."""
@@ -114,20 +110,6 @@ class SongMetadata:
         """The YAML that goes between "<think>\\n" and "\\n</think>", as upstream writes it for Phase 2."""
         items = self.cot_items()
         return yaml.dump(items, allow_unicode=True, sort_keys=True, default_flow_style=False).strip() if items else ""
-
-
-def parse_cot(text: str) -> SongMetadata:
-    """The inverse of `SongMetadata.cot()`."""
-    try:
-        data = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as error:
-        raise ValueError(f"the metadata CoT is not valid YAML: {error}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"the metadata CoT must be 'key: value' lines, got {text!r}")
-    unknown = sorted(str(key) for key in data if key not in COT_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown metadata CoT key(s) {unknown}; the keys are {list(COT_FIELDS)}")
-    return SongMetadata(**{COT_FIELDS[key]: value for key, value in data.items()})
 
 
 def _is_whole(value: object) -> bool:

@@ -28,7 +28,11 @@ def user_turn(caption: str, lyrics: str) -> str:
 
 def closed_cot(cot: str) -> str:
     """The assistant turn holding a finished CoT block (empty `cot` = the unconditional "<think>\n\n</think>")."""
-    return f"{THINK_OPEN}\n{cot}\n{THINK_CLOSE}\n\n<|im_end|>\n" if cot else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n<|im_end|>\n"
+    return (
+        f"{THINK_OPEN}\n{cot}\n{THINK_CLOSE}\n\n<|im_end|>\n"
+        if cot
+        else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n<|im_end|>\n"
+    )
 
 
 def metadata_prompt(caption: str, lyrics: str) -> str:

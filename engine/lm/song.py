@@ -42,7 +42,11 @@ class SongWriter:
     """The LM side of a session: owns the LM, its tokenizer and the batched code generator."""
 
     def __init__(
-        self, lm: Qwen3LM, tokenizer: Qwen3Tokenizer, sampling: SamplingParams | None = None, compile_layers: bool = False
+        self,
+        lm: Qwen3LM,
+        tokenizer: Qwen3Tokenizer,
+        sampling: SamplingParams | None = None,
+        compile_layers: bool = False,
     ):
         self.lm = lm
         self.tokenizer = LMTokenizer(tokenizer)
@@ -70,7 +74,9 @@ class SongWriter:
             raise ValueError("the prompt is empty: describe the music, e.g. 'ambient pads, slow'")
         low, high = DURATION_RANGE_S
         if not low <= duration_s <= high:
-            raise ValueError(f"duration {duration_s:g} s is outside the LM's range {low}..{high} s; pick a length in it")
+            raise ValueError(
+                f"duration {duration_s:g} s is outside the LM's range {low}..{high} s; pick a length in it"
+            )
         if not seeds:
             raise ValueError("give at least one seed (one code sequence is generated per seed)")
         known = SongMetadata(

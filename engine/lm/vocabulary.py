@@ -7,11 +7,9 @@ text tag `<|audio_code_N|>` is id AUDIO_CODE_BASE + N, and those ids decode back
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-import torch
-
-from ..models.lm import AUDIO_CODE_BASE, LM_VOCAB, NUM_CODES
+from ..models.lm import AUDIO_CODE_BASE, LM_VOCAB
 from ..models.text_tokenizer import Qwen3Tokenizer
 
 CODE_SLOTS = LM_VOCAB - AUDIO_CODE_BASE  # 65,535 code tokens; only the first NUM_CODES are valid FSQ indices
@@ -20,15 +18,6 @@ _CODE_TAG = re.compile(r"<\|audio_code_(\d+)\|>")
 
 def code_tag(code: int) -> str:
     return f"<|audio_code_{code}|>"
-
-
-def codes_text(codes: torch.Tensor | Sequence[int]) -> str:
-    """Codes (0..63,999) as the LM writes them: `<|audio_code_12|><|audio_code_40511|>...`."""
-    values = [int(c) for c in (codes.flatten().tolist() if isinstance(codes, torch.Tensor) else codes)]
-    invalid = [c for c in values if not 0 <= c < NUM_CODES]
-    if invalid:
-        raise ValueError(f"audio codes must be in 0..{NUM_CODES - 1}; got {invalid[:5]}")
-    return "".join(code_tag(c) for c in values)
 
 
 class LMTokenizer:

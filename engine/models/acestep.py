@@ -42,11 +42,6 @@ class AceStepModel(nn.Module):
         """5 Hz codes [B, N] -> 25 Hz structure hints [B, frames, 64] (cropped to `frames`)."""
         return self.detokenizer(self.tokenizer.quantizer.decode_indices(codes))[:, :frames]
 
-    def structure_hints(self, latents: torch.Tensor, silence_latent: torch.Tensor) -> torch.Tensor:
-        """The FSQ round trip a cover uses as its source context: latents -> codes -> hints, same length."""
-        quantized, _ = self.tokenize(latents, silence_latent)
-        return self.detokenize(quantized)[:, : latents.shape[1]]
-
     def null_condition(self, like: torch.Tensor) -> torch.Tensor:
         """The unconditional condition: `null_condition_emb` broadcast to the shape of `like` [B, L, Hc]."""
         return self.null_condition_emb.to(like).expand_as(like)

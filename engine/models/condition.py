@@ -57,7 +57,9 @@ class TimbreEncoder(EncoderStack):
         return self.run_layers(x, key_mask)[:, 0]
 
 
-def unpack_references(per_reference: torch.Tensor, order: torch.Tensor, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def unpack_references(
+    per_reference: torch.Tensor, order: torch.Tensor, batch: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Group packed references [N, H] by their batch index `order` [N] -> ([B, max_refs, H], valid mask [B, max_refs])."""
     batch = int(order.max()) + 1 if batch is None else batch
     counts = torch.bincount(order, minlength=batch)
@@ -72,7 +74,9 @@ def unpack_references(per_reference: torch.Tensor, order: torch.Tensor, batch: i
     return out, mask.long()
 
 
-def pack_sequences(first: torch.Tensor, second: torch.Tensor, first_mask: torch.Tensor, second_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_sequences(
+    first: torch.Tensor, second: torch.Tensor, first_mask: torch.Tensor, second_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate two padded sequences and move every valid token to the front (stable), padding to the end."""
     hidden = torch.cat([first, second], dim=1)
     mask = torch.cat([first_mask.long(), second_mask.long()], dim=1)
@@ -105,6 +109,8 @@ class ConditionEncoder(nn.Module):
         """-> (encoder_hidden_states [B, L, Hc], boolean valid mask [B, L], valid tokens first)."""
         text = self.text_projector(text_hidden_states)
         lyrics = self.lyric_encoder(lyric_hidden_states, lyric_attention_mask)
-        timbre, timbre_mask = unpack_references(self.timbre_encoder(refer_audio_packed), refer_audio_order, text.shape[0])
+        timbre, timbre_mask = unpack_references(
+            self.timbre_encoder(refer_audio_packed), refer_audio_order, text.shape[0]
+        )
         packed, mask = pack_sequences(lyrics, timbre, lyric_attention_mask, timbre_mask)
         return pack_sequences(packed, text, mask, text_attention_mask)

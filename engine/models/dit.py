@@ -63,15 +63,6 @@ class CrossKV:
     values: list[torch.Tensor]
     key_mask: torch.Tensor | None = None  # [B, L] True = valid; None = attend to all (the reference)
 
-    @property
-    def batch(self) -> int:
-        return self.keys[0].shape[0]
-
-    def select(self, rows: torch.Tensor) -> "CrossKV":
-        """The K/V for a subset (or repetition) of batch rows."""
-        mask = None if self.key_mask is None else self.key_mask[rows]
-        return CrossKV([k[rows] for k in self.keys], [v[rows] for v in self.values], mask)
-
 
 @dataclass
 class CrossGroup:
@@ -159,7 +150,9 @@ class DiTDecoder(nn.Module):
             self._folded_r = cached
         return cached
 
-    def timestep_modulation(self, t: torch.Tensor, t_r: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def timestep_modulation(
+        self, t: torch.Tensor, t_r: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(temb [B, H], per-layer modulation [B, 6, H]) for timesteps t (and optional mean-flow r)."""
         temb, tproj = self.time_embed(t)
         if t_r is None:
@@ -209,7 +202,9 @@ class DiTDecoder(nn.Module):
             x = F.pad(x, (0, 0, 0, pad))
         x = self.proj_in(x)
         tokens = x.shape[1]
-        rope = rope_cos_sin(torch.arange(tokens, device=x.device), self.config.head_dim, self.config.rope_theta, x.dtype)
+        rope = rope_cos_sin(
+            torch.arange(tokens, device=x.device), self.config.head_dim, self.config.rope_theta, x.dtype
+        )
         sliding = band_mask(tokens, self.config.sliding_window, x.device)
         for index, layer in enumerate(self.layers):
             x = layer(x, modulation, rope, sliding if layer.sliding else None, groups, index)

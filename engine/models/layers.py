@@ -59,7 +59,9 @@ def combine_masks(band: torch.Tensor | None, key_padding: torch.Tensor | None) -
 class Attention(nn.Module):
     """Multi-head attention with GQA and per-head RMSNorm on q and k (Qwen3 / ACE-Step style, no biases)."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float = 1e-6, kv_input: int | None = None):
+    def __init__(
+        self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float = 1e-6, kv_input: int | None = None
+    ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         kv_input = hidden if kv_input is None else kv_input
@@ -82,7 +84,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim).transpose(1, 2)
         return k, v
 
-    def heads_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
+    def heads_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool = False
+    ) -> torch.Tensor:
         """SDPA over prepared heads: -> [B, heads, S, head_dim] (before the output projection)."""
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=self.kv_heads != self.heads
@@ -93,7 +97,9 @@ class Attention(nn.Module):
         b, _, s, _ = heads.shape
         return self.o_proj(heads.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool = False
+    ) -> torch.Tensor:
         """SDPA over prepared heads, then the output projection: -> [B, S, hidden]."""
         return self.project_out(self.heads_attention(q, k, v, mask, causal))
 
@@ -135,7 +141,11 @@ class TransformerBlock(nn.Module):
         self.mlp = SwiGLU(hidden, intermediate)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None = None, causal: bool = False
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, mask, causal)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -2,7 +2,8 @@
 
 Key names match the official checkpoints (`model.embed_tokens.weight`, `model.layers.{i}.*`, `model.norm.weight`;
 no `lm_head.weight`: the output head is the token embedding). Vocabulary layout (spec §5.2): Qwen BPE + specials,
-`<|im_end|>` = 151,645 ends generation, audio code k is token AUDIO_CODE_BASE + k for k < 64,000.
+`<|im_end|>` = 151,645 ends a chat turn, audio code k is token AUDIO_CODE_BASE + k for k < 64,000 (`code_logits` is
+the head over those rows only).
 
 Generation state is a KV cache of plain tensors, one (keys, values) pair per layer, each
 [batch, kv_heads, max_len, head_dim]. `prefill` fills positions start..start+L-1 for a whole prompt;
@@ -18,33 +19,55 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import RMSNorm, SwiGLU, Attention, apply_rope, rope_cos_sin
+from .layers import Attention, RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 from .presets import Qwen3Config
 
 LM_VOCAB = 217_204
-EOS_ID = 151_645  # <|im_end|>
 AUDIO_CODE_BASE = 151_669  # <|audio_code_0|>
 NUM_CODES = 64_000  # valid FSQ codes 8*8*8*5*5*5; slots 64,000..65,534 are unused
 
 LM_PRESETS: dict[str, Qwen3Config] = {
     "tiny": Qwen3Config(
-        vocab_size=LM_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=40_960,
+        vocab_size=LM_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=40_960,
     ),
     "lm-0.6b": Qwen3Config(
-        vocab_size=LM_VOCAB, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
+        vocab_size=LM_VOCAB,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40_960,
     ),
     "lm-1.7b": Qwen3Config(
-        vocab_size=LM_VOCAB, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
+        vocab_size=LM_VOCAB,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40_960,
     ),
     "lm-4b": Qwen3Config(
-        vocab_size=LM_VOCAB, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
+        vocab_size=LM_VOCAB,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40_960,
     ),
 }
-
 
 
 class DecoderLayer(nn.Module):
@@ -54,7 +77,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         c = config
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps)
+        self.self_attn = Attention(
+            c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+        )
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
 
@@ -73,12 +98,18 @@ class DecoderLayer(nn.Module):
         x = x + attn.project_out(heads)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def decode_weights(self) -> "DecodeWeights":
+    def decode_weights(self) -> DecodeWeights:
         """This layer's tensors for `decode_project` and `decode_attend`, with q/k/v and gate/up fused (see `fused_weights`)."""
         attn, (qkv, gate_up) = self.self_attn, self.fused_weights()
         return DecodeWeights(
-            self.input_layernorm.weight, qkv, attn.q_norm.weight, attn.k_norm.weight, attn.o_proj.weight,
-            self.post_attention_layernorm.weight, gate_up, self.mlp.down_proj.weight,
+            self.input_layernorm.weight,
+            qkv,
+            attn.q_norm.weight,
+            attn.k_norm.weight,
+            attn.o_proj.weight,
+            self.post_attention_layernorm.weight,
+            gate_up,
+            self.mlp.down_proj.weight,
         )
 
     def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,8 +158,14 @@ def decode_project(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: Dec
 
 
 def decode_attend(
-    x: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, keys_end: int,
-    w: DecodeWeights, shape: HeadShape,
+    x: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    mask: torch.Tensor,
+    keys_end: int,
+    w: DecodeWeights,
+    shape: HeadShape,
 ) -> torch.Tensor:
     """Second half: attention over cache rows 0..B-1 (keys 0..keys_end-1, masked), output projection and MLP."""
     heads, kv_heads, head_dim, eps = shape
@@ -147,6 +184,9 @@ class LayerStep(NamedTuple):
 
     project: Callable = decode_project
     attend: Callable = decode_attend
+
+
+EAGER_STEP = LayerStep()
 
 
 def compiled_layer_step() -> LayerStep:
@@ -170,7 +210,10 @@ def _backs(fused: torch.Tensor, linears: tuple[nn.Linear, ...]) -> bool:
     offset = 0
     for linear in linears:
         weight = linear.weight
-        if weight.untyped_storage().data_ptr() != fused.untyped_storage().data_ptr() or weight.storage_offset() != offset:
+        if (
+            weight.untyped_storage().data_ptr() != fused.untyped_storage().data_ptr()
+            or weight.storage_offset() != offset
+        ):
             return False
         offset += weight.numel()
     return True
@@ -201,8 +244,10 @@ class Qwen3LM(nn.Module):
         weight = self.model.embed_tokens.weight
         shape = (batch, c.num_key_value_heads, max_len, c.head_dim)
         self.kv_cache = [
-            (torch.zeros(shape, dtype=weight.dtype, device=weight.device),
-             torch.zeros(shape, dtype=weight.dtype, device=weight.device))
+            (
+                torch.zeros(shape, dtype=weight.dtype, device=weight.device),
+                torch.zeros(shape, dtype=weight.dtype, device=weight.device),
+            )
             for _ in range(c.num_hidden_layers)
         ]
 
@@ -222,11 +267,6 @@ class Qwen3LM(nn.Module):
         The code rows of the tied embedding are contiguous, so this head is a view: nothing is copied per call."""
         return F.linear(hidden, self.model.embed_tokens.weight[AUDIO_CODE_BASE : AUDIO_CODE_BASE + NUM_CODES])
 
-    def compact_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits for EOS + the 64,000 valid code tokens only: [..., H] -> [..., 64,001] (index 0 = EOS, 1 + k = code k)."""
-        eos = F.linear(hidden, self.model.embed_tokens.weight[EOS_ID : EOS_ID + 1])
-        return torch.cat([eos, self.code_logits(hidden)], dim=-1)
-
     # ---- passes ------------------------------------------------------------------------------------------------
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -244,7 +284,9 @@ class Qwen3LM(nn.Module):
         b, length = input_ids.shape
         end = start + length
         if end > self.cache_len or row + b > self.kv_cache[0][0].shape[0]:
-            raise ValueError(f"prompt rows {row}..{row + b - 1}, positions {start}:{end} do not fit the cache; call setup_cache first")
+            raise ValueError(
+                f"prompt rows {row}..{row + b - 1}, positions {start}:{end} do not fit the cache; call setup_cache first"
+            )
         x = self.model.embed_tokens(input_ids)
         positions = torch.arange(start, end, device=input_ids.device)
         rope = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
@@ -264,7 +306,7 @@ class Qwen3LM(nn.Module):
         return self.logits(self.prefill_hidden(input_ids, start, row)[:, -1])
 
     def decode_hidden(
-        self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None, step: LayerStep = LayerStep()
+        self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None, step: LayerStep = EAGER_STEP
     ) -> torch.Tensor:
         """One token per row: tokens [B] (cache rows 0..B-1) at positions [B] (written into the cache there) -> hidden [B, H].
 
@@ -282,7 +324,9 @@ class Qwen3LM(nn.Module):
         shape = HeadShape(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps)
         # Row r, kv head h, position p is row (r * kv_heads + h) * cache_len + p of a cache viewed as [-1, head_dim]:
         # one index_copy_ per tensor writes every new key (or value).
-        heads_of_rows = torch.arange(b, device=x.device)[:, None] * c.num_key_value_heads + torch.arange(c.num_key_value_heads, device=x.device)
+        heads_of_rows = torch.arange(b, device=x.device)[:, None] * c.num_key_value_heads + torch.arange(
+            c.num_key_value_heads, device=x.device
+        )
         slots = (heads_of_rows * self.cache_len + positions[:, None]).reshape(-1)
         for layer, (k_cache, v_cache) in zip(self.model.layers, self.kv_cache):
             weights = layer.decode_weights()
@@ -295,19 +339,3 @@ class Qwen3LM(nn.Module):
     def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None) -> torch.Tensor:
         """One token per row at the given positions -> full-vocabulary logits [B, V]."""
         return self.logits(self.decode_hidden(tokens, positions, keys_end))
-
-
-@torch.no_grad()
-def greedy(lm: Qwen3LM, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Full-vocabulary greedy decoding with the KV cache: prompt [B, L] (equal lengths) -> new tokens [B, max_new].
-
-    No early stop: every row produces exactly max_new_tokens (EOS handling belongs to the caller)."""
-    b, length = prompt_ids.shape
-    lm.setup_cache(b, length + max_new_tokens)
-    token = lm.prefill(prompt_ids).argmax(dim=-1)
-    out = [token]
-    for step in range(1, max_new_tokens):
-        position = torch.full((b,), length + step - 1, device=prompt_ids.device)
-        token = lm.decode_step(token, position).argmax(dim=-1)
-        out.append(token)
-    return torch.stack(out, dim=1)

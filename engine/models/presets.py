@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .vae import VAE_FULL, VAE_TINY, OobleckConfig
-
-LATENT_RATE_HZ = 25  # latent frames per second (48 kHz / 1920-sample hop)
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ class AceStepConfig:
         """Width of the condition encoder, tokenizer and encoder_hidden_states (2048 for 2B and XL)."""
         return self.encoder_hidden_size or self.hidden_size
 
-    def encoder_view(self) -> "EncoderShape":
+    def encoder_view(self) -> EncoderShape:
         """Shape of the transformer blocks in the condition encoder, tokenizer and detokenizer."""
         return EncoderShape(
             hidden=self.condition_width,
@@ -139,8 +137,12 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "tiny": Preset("tiny", TINY, QWEN3_TINY, VAE_TINY, "seeded random weights, small widths, same key names (noise-like audio)"),
-    "turbo-2b": Preset("turbo-2b", TURBO_2B, QWEN3_EMBEDDING_06B, VAE_FULL, "ACE-Step 1.5 turbo (2B DiT)", ("turbo", "2b")),
+    "tiny": Preset(
+        "tiny", TINY, QWEN3_TINY, VAE_TINY, "seeded random weights, small widths, same key names (noise-like audio)"
+    ),
+    "turbo-2b": Preset(
+        "turbo-2b", TURBO_2B, QWEN3_EMBEDDING_06B, VAE_FULL, "ACE-Step 1.5 turbo (2B DiT)", ("turbo", "2b")
+    ),
     "xl": Preset("xl", XL, QWEN3_EMBEDDING_06B, VAE_FULL, "ACE-Step 1.5 XL turbo (5B DiT)", ("xl-turbo",)),
 }
 
@@ -152,8 +154,3 @@ def get_preset(name: str) -> Preset:
         if key == preset.name or key in preset.aliases:
             return preset
     raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
-
-
-def with_overrides(config: AceStepConfig, **changes) -> AceStepConfig:
-    """A copy of `config` with fields replaced (e.g. from a checkpoint's config.json)."""
-    return replace(config, **changes)

@@ -36,8 +36,6 @@ PRETOKENIZE_PATTERN = (
 )
 
 NUM_BPE_RANKS = 151_643
-ENDOFTEXT_ID = 151_643  # appended EOS and padding id
-PAD_ID = ENDOFTEXT_ID
 
 # Qwen3's added tokens (tokenizer_config.json of the Qwen3 family), in id order from 151643.
 QWEN3_SPECIAL_TOKENS: dict[str, int] = {
@@ -122,7 +120,9 @@ def ranks_from_vocab(vocab: dict[str, int]) -> dict[bytes, int]:
             try:
                 ranks[bytes(byte_of[char] for char in token)] = token_id
             except KeyError:
-                raise ValueError(f"vocab token {token!r} is not byte-level BPE text; is this a Qwen tokenizer?") from None
+                raise ValueError(
+                    f"vocab token {token!r} is not byte-level BPE text; is this a Qwen tokenizer?"
+                ) from None
     return ranks
 
 

@@ -65,7 +65,13 @@ class WNConvTranspose1d(nn.ConvTranspose1d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.conv_transpose1d(
-            x, _joined_weight(self), self.bias, self.stride, self.padding, self.output_padding, self.groups,
+            x,
+            _joined_weight(self),
+            self.bias,
+            self.stride,
+            self.padding,
+            self.output_padding,
+            self.groups,
             self.dilation,
         )
 

@@ -1,0 +1,153 @@
+"""The parameter registry: every name and range a player, a node or the command line can set, in one torch-free
+place. The stream, the knob registry, the nodes and the CLI import these instead of keeping copies."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+LATENT_RATE_HZ = 25  # latent frames per second (48 kHz / 1920-sample hop)
+
+PRESET_NAMES = ("tiny", "turbo-2b", "xl")  # DiT + encoders + VAE shapes (engine/models/presets.py)
+LM_PRESET_NAMES = ("tiny", "lm-0.6b", "lm-1.7b", "lm-4b")  # 5 Hz LM shapes (engine/models/lm.py)
+
+CFG_MODES = ("off", "full", "initialize", "self")  # off: turbo's own (CFG-distilled); full: uncond row every step
+GUIDANCE_METHODS = ("apg", "cfg")
+SOLVERS = ("ode", "sde")
+DCW_MODES = ("low", "high", "double", "pix")
+WAVE_KINDS = ("sine", "square", "triangle", "pulse", "saw")
+CURVE_OPS = ("add", "subtract", "multiply", "min", "max")
+
+
+def seconds_to_frames(seconds: float) -> int:
+    """Latent frames for a length in seconds (at least one)."""
+    if not seconds > 0 or not math.isfinite(seconds):
+        raise ValueError(f"seconds must be a finite number > 0, got {seconds}")
+    return max(1, round(seconds * LATENT_RATE_HZ))
+
+
+class KnobKind(str, Enum):
+    """When a change is felt."""
+
+    SHARED = "shared"  # a shared curve: every in-flight slot, from the next tick
+    REQUEST = "request"  # the next generation: felt once the next request enters the ring
+    GLOBAL = "global"  # engine/playback-wide (ring depth, volume)
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """A playable parameter. A choice knob (`choices` set) holds the index of its choice as its value."""
+
+    name: str
+    minimum: float
+    maximum: float
+    default: float
+    kind: KnobKind
+    unit: str = ""
+    integer: bool = False
+    description: str = ""
+    choices: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.minimum < self.maximum:
+            raise ValueError(f"knob {self.name!r}: minimum {self.minimum} must be below maximum {self.maximum}")
+        if not self.minimum <= self.default <= self.maximum:
+            raise ValueError(f"knob {self.name!r}: default {self.default} is outside [{self.minimum}, {self.maximum}]")
+        if self.choices and (not self.integer or (self.minimum, self.maximum) != (0, len(self.choices) - 1)):
+            raise ValueError(f"choice knob {self.name!r} must be an integer knob over 0..{len(self.choices) - 1}")
+
+    def clamp(self, value: float) -> float:
+        """The value limited to [minimum, maximum]; integer knobs round half up."""
+        value = min(max(float(value), self.minimum), self.maximum)
+        return float(math.floor(value + 0.5)) if self.integer else value
+
+    def to_normalized(self, value: float) -> float:
+        """The value as 0..1 of the knob's range (what a controller fader shows)."""
+        return (self.clamp(value) - self.minimum) / (self.maximum - self.minimum)
+
+    def unclamped(self, unit: float) -> float:
+        """A 0..1 controller value mapped onto the range, not yet clamped (what the controller asked for)."""
+        return self.minimum + float(unit) * (self.maximum - self.minimum)
+
+    def choice(self, value: float) -> str:
+        """The name a choice knob's value stands for."""
+        return self.choices[int(self.clamp(value))]
+
+    def index_of(self, choice: str) -> float:
+        """A choice knob's value for a choice name; ValueError naming the valid ones."""
+        if choice not in self.choices:
+            raise ValueError(f"knob {self.name!r} takes one of {', '.join(self.choices)}, got {choice!r}")
+        return float(self.choices.index(choice))
+
+
+S, R, G = KnobKind.SHARED, KnobKind.REQUEST, KnobKind.GLOBAL
+KNOB_SPECS: tuple[KnobSpec, ...] = (
+    KnobSpec("velocity_scale", 0.0, 2.0, 1.0, S, description="scales the predicted velocity of every step"),
+    KnobSpec("ode_noise", 0.0, 1.0, 0.0, S, description="fresh noise injected after each ODE step"),
+    KnobSpec(
+        "sde_denoise",
+        0.0,
+        1.0,
+        1.0,
+        S,
+        description="per-frame pull back toward the previous loop (SDE re-noise); 1 = off",
+    ),
+    KnobSpec(
+        "x0_target_strength",
+        0.0,
+        1.0,
+        0.0,
+        S,
+        description="pull of the late steps toward the target (source or captured loop)",
+    ),
+    KnobSpec("guidance", 1.0, 10.0, 1.0, S, description="guidance scale; acts when cfg_mode is not off"),
+    KnobSpec(
+        "cfg_rescale",
+        0.0,
+        1.0,
+        0.0,
+        S,
+        description="rescales the guided velocity toward the positive one; acts when cfg_mode is not off",
+    ),
+    KnobSpec(
+        "apg_momentum",
+        -1.0,
+        0.0,
+        -0.75,
+        S,
+        description="APG momentum of the guidance difference; acts when guidance > 1",
+    ),
+    KnobSpec(
+        "denoise", 0.0, 1.0, 0.7, R, description="how far from the current loop each generation starts (1 = from noise)"
+    ),
+    KnobSpec("seed", 0.0, float(2**31 - 1), 42.0, R, integer=True, description="noise seed of the next generation"),
+    KnobSpec("steps", 1.0, 50.0, 8.0, R, unit="steps", integer=True, description="denoising steps per generation"),
+    KnobSpec("shift", 1.0, 10.0, 3.0, R, description="timestep schedule shift"),
+    KnobSpec("prompt_blend", 0.0, 1.0, 0.0, R, description="blend between prompt A (0) and prompt B (1)"),
+    KnobSpec(
+        "structure",
+        0.0,
+        1.0,
+        1.0,
+        R,
+        description="steering by the structure hints (source audio or LM codes); 0 = silent context",
+    ),
+    KnobSpec(
+        "cfg_mode",
+        0.0,
+        3.0,
+        0.0,
+        R,
+        integer=True,
+        choices=CFG_MODES,
+        description="guidance rows: off (turbo is CFG-distilled), full, initialize (first step only), self",
+    ),
+    KnobSpec("depth", 1.0, 8.0, 4.0, G, unit="slots", integer=True, description="in-flight generations in the ring"),
+    KnobSpec("volume", 0.0, 1.0, 0.8, G, description="playback gain"),
+)
+del S, R, G
+
+# The step-time fields a shared curve overrides for every in-flight slot from the next tick: the shared knobs.
+SHARED_FIELDS = tuple(spec.name for spec in KNOB_SPECS if spec.kind is KnobKind.SHARED)
+KNOBS_BY_NAME = {spec.name: spec for spec in KNOB_SPECS}
