@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import math
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from .engine.live.midi import MIDI_BACKENDS
 from .engine.params import CFG_MODES
 
+if TYPE_CHECKING:
+    from .engine.live.app import LiveConfig
+
 DTYPES = ("float32", "bfloat16")
+
+
+class CommandError(Exception):
+    """A refusal whose message is the whole story (bad input, a missing device): one line on stderr, exit 2."""
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,17 +160,27 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--record", type=Path, help="write exactly what was played to this WAV")
     live.add_argument("--session", default="default", help="OSC session name in /flowjam/<session>/...")
     live.add_argument("--osc-port", type=int, default=9000, help="UDP port for OSC control (0: none)")
-    live.add_argument("--osc-host", default="127.0.0.1", help="address to bind; anything but loopback is explicit")
+    live.add_argument("--osc-host", help="address to bind (default 127.0.0.1); anything but loopback must be asked for")
     live.add_argument("--osc-feedback", help="HOST:PORT that receives applied values (TouchOSC faders follow)")
     live.add_argument("--osc-allow", help="comma-separated hosts allowed to send OSC when binding beyond loopback")
     live.add_argument("--midi-port", help="MIDI input port name (pip install 'flowjam[midi]')")
     live.add_argument("--midi-map", type=Path, help="JSON CC mapping file: loaded if it exists, saved on exit")
     live.add_argument(
+        "--midi-backend",
+        choices=tuple(MIDI_BACKENDS),
+        help="MIDI system: alsa (Linux ALSA sequencer) or jack (a running JACK server); default: mido's "
+        "($MIDO_BACKEND, else the platform's own: ALSA on Linux)",
+    )
+    live.add_argument(
         "--lm", action="store_true", help="text-only: the 5 Hz LM writes the loop's structure from --prompt at start"
     )
     live.add_argument("--lm-checkpoint", type=Path, help="LM weights (see render --lm-checkpoint)")
     live.add_argument("--lm-preset", default="tiny", help="LM preset when no --lm-checkpoint (default tiny)")
-    live.add_argument("--midi-learn", help="comma-separated knobs to MIDI-learn in order: move one control for each")
+    live.add_argument(
+        "--midi-learn",
+        help="comma-separated knobs to MIDI-learn in order: move one control for each, and let it go (0.5 s) before "
+        "moving the next",
+    )
     add_model_arguments(live)
 
     info = commands.add_parser("info", help="parameter counts of a preset's networks (no weights needed)")
@@ -183,10 +204,16 @@ class ProgressBar:
 
 
 def run_render(args: argparse.Namespace) -> int:
+    from .engine.outputs import check_output_path
+    from .engine.params import song_frames
+
+    song_frames(args.seconds, "--seconds")  # torch-free checks first: a typo is refused at once
+    check_output_path(args.out, "--out")
+    lyrics = read_lyrics(args.lyrics)
+
     from .engine.lm.sampling import SamplingParams
     from .engine.render import RenderRequest, render
 
-    lyrics = Path(args.lyrics[1:]).read_text(encoding="utf-8") if args.lyrics.startswith("@") else args.lyrics
     request = RenderRequest(
         prompt=args.prompt,
         seconds=args.seconds,
@@ -208,11 +235,51 @@ def run_render(args: argparse.Namespace) -> int:
             temperature=args.lm_temperature, top_k=args.lm_top_k, top_p=args.lm_top_p, cfg=args.lm_cfg
         ),
     )
-    request.validate()
+    request.validate()  # --out, --cover and the lengths are checked before the model loads
     session = load_session(args)
     path = render(session, request, on_step=ProgressBar("denoise"))
     print(f"wrote {path} ({args.seconds:g} s, 48 kHz stereo, seed {args.seed}, {session.models.source})")
     return 0
+
+
+def read_lyrics(text: str) -> str:
+    """--lyrics: the text itself, or `@file.txt` for a UTF-8 text file's contents."""
+    if not text.startswith("@"):
+        return text
+    path = Path(text[1:]).expanduser()
+    if path.is_dir():
+        raise CommandError(f"--lyrics {text}: {path} is a folder; give a text file, e.g. --lyrics @lyrics.txt")
+    if not path.is_file():
+        raise CommandError(f"--lyrics {text}: no such file {path}; give a text file, or the lyrics themselves")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise CommandError(f"--lyrics {text}: {path} is not UTF-8 text; save it as UTF-8") from None
+
+
+def check_device(name: str) -> None:
+    """Refuse a device torch does not know or cannot use here, before anything loads onto it."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CommandError(f"unknown --device {name!r}; use cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return
+    if device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise CommandError(f"--device {name}: MPS (Apple GPU) is not available here; use --device cpu")
+        return
+    if device.type != "cuda":
+        raise CommandError(f"--device {name}: flowjam runs on cpu, cuda or mps; use --device cpu")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise CommandError(f"--device {name}: {why}; use --device cpu")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise CommandError(
+            f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible; use --device cuda:0"
+        )
 
 
 def load_session(args: argparse.Namespace):
@@ -220,6 +287,7 @@ def load_session(args: argparse.Namespace):
 
     from .engine.session import Session
 
+    check_device(args.device)
     return Session.load(args.checkpoint, preset=args.preset, device=args.device, dtype=getattr(torch, args.dtype))
 
 
@@ -342,7 +410,9 @@ def run_info(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     from .engine.demo import run_demo as perform
+    from .engine.outputs import check_output_path
 
+    check_output_path(args.out, "--out")
     session = load_session(args)
 
     def show(line) -> None:
@@ -360,18 +430,91 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_live_args(args: argparse.Namespace) -> None:
+    """Refuse what would otherwise fail only after the model loads, or be silently clamped or ignored. The
+    torch-free checks come first, so those mistakes are refused at once."""
+    from .engine.params import KNOBS_BY_NAME, song_frames
+
+    if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
+        raise CommandError(
+            f"--seconds must be a finite number > 0 (leave it out to play until Ctrl-C), got {args.seconds:g}"
+        )
+    if args.source is None:
+        song_frames(args.song_seconds, "--song-seconds")
+    for name in ("depth", "steps"):
+        value, spec = getattr(args, name), KNOBS_BY_NAME[name]
+        if value is not None and not spec.minimum <= value <= spec.maximum:
+            raise CommandError(f"--{name} {value} is outside {spec.minimum:g}..{spec.maximum:g} ({spec.description})")
+    if not args.osc_port and (args.osc_host or args.osc_feedback or args.osc_allow):
+        raise CommandError("--osc-host, --osc-feedback and --osc-allow need OSC, which --osc-port 0 turns off")
+
+    from .engine.audio_io import check_wav
+    from .engine.render import check_prompt
+
+    check_prompt(args.prompt)
+    if args.prompt_b is not None:
+        check_prompt(args.prompt_b, "--prompt-b")
+    if args.source is not None:
+        check_wav(args.source)
+    if args.record is not None:
+        from .engine.outputs import check_output_path
+
+        check_output_path(args.record, "--record")
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGHUP: end the performance like Ctrl-C, so the recording is closed and renamed into place."""
+
+
+def stop_on_signals() -> None:
+    def stop(signal_number: int, frame) -> None:
+        raise Stopped(signal.Signals(signal_number).name)
+
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
+
+
+def check_osc(config: LiveConfig) -> None:
+    """Start the live config's OSC bridge once and stop it, so a busy port or a host that does not resolve is refused
+    before the model loads rather than after; the live app binds the port again when it starts."""
+    import logging
+
+    from .engine.live.knobs import KnobRegistry
+    from .engine.live.osc import OscBridge, OscConfig
+
+    bridge = OscBridge(
+        KnobRegistry(),
+        OscConfig(
+            session=config.session_name,
+            host=config.osc_host,
+            port=config.osc_port,
+            feedback=config.osc_feedback,
+            allow_hosts=config.osc_allow,
+        ),
+    )
+    osc_log = logging.getLogger("flowjam.osc")
+    level = osc_log.level
+    osc_log.setLevel(logging.ERROR)  # its warnings (beyond loopback, small buffer) show once, when the app starts
+    try:
+        bridge.start()
+    finally:
+        osc_log.setLevel(level)
+    bridge.stop()
+
+
 def run_live(args: argparse.Namespace) -> int:
     if args.list_devices:
         from .engine.live.playback import list_devices
 
         print(list_devices())
         return 0
+    check_live_args(args)
     from .engine.live.app import LiveApp, LiveConfig, parse_host_port
     from .engine.live.knobs import KnobRegistry
+    from .engine.live.playback import PlaybackError
     from .engine.live.runner import RunnerConfig
 
-    if args.seconds is not None and args.seconds <= 0:
-        raise ValueError(f"--seconds must be > 0, got {args.seconds}")
     registry = KnobRegistry()
     for name in ("depth", "steps", "cfg_mode"):
         if getattr(args, name) is not None:
@@ -386,23 +529,31 @@ def run_live(args: argparse.Namespace) -> int:
         audio_device=args.audio_device,
         playback_mode="null" if args.no_audio else args.playback,
         record=args.record,
-        osc_host=args.osc_host,
+        osc_host=args.osc_host or LiveConfig.osc_host,
         osc_port=args.osc_port or None,
         osc_feedback=parse_host_port(args.osc_feedback) if args.osc_feedback else None,
         osc_allow=tuple(h.strip() for h in args.osc_allow.split(",")) if args.osc_allow else None,
         midi_port=args.midi_port,
         midi_map=args.midi_map,
         midi_learn=tuple(k.strip() for k in args.midi_learn.split(",")) if args.midi_learn else (),
+        midi_backend=args.midi_backend,
         lm=args.lm,
         lm_checkpoint=args.lm_checkpoint,
         lm_preset=args.lm_preset,
         runner=RunnerConfig(backend=args.backend),
     )
+    if config.osc_port is not None:
+        check_osc(config)
+    if config.uses_midi:
+        from .engine.live.midi import find_input_port
+
+        find_input_port(config.midi_port, config.midi_backend)  # a wrong port or MIDI system fails before loading
     app = LiveApp(load_session(args), config, registry)
-    app.start()
-    started = time.monotonic()
     interactive = sys.stderr.isatty()
+    stop_on_signals()
     try:
+        app.start()  # inside the try: whatever started before a failure (runner, audio process) is stopped
+        started = time.monotonic()
         beats = 0
         while args.seconds is None or time.monotonic() - started < args.seconds:
             time.sleep(0.25)
@@ -412,14 +563,18 @@ def run_live(args: argparse.Namespace) -> int:
             elif beats % 4 == 0:
                 sys.stderr.write(f"{app.status_line()}\n")
             sys.stderr.flush()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped):
         pass
+    except PlaybackError as error:  # a named --audio-device that cannot be opened
+        raise CommandError(str(error)) from error
     finally:
         app.stop()
     if interactive:
         sys.stderr.write("\n")
-    if args.record:
-        print(f"recorded {args.record}")
+    recording = app.playback.recording
+    if recording is not None:
+        rate = app.buffer.sample_rate
+        print(f"recorded {recording.path}: {recording.frames / rate:.2f} s ({recording.frames} frames played)")
     return 0
 
 
@@ -434,9 +589,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"flowjam {args.command}: error: {error}", file=sys.stderr)
+    except (CommandError, ValueError, OSError) as error:  # anything else is a bug: its traceback shows
+        print(f"flowjam {args.command}: error: {one_line(error)}", file=sys.stderr)
         return 2
+
+
+def one_line(error: Exception) -> str:
+    """The message of a refusal on one line; an OSError as its reason and the file it concerns."""
+    if isinstance(error, OSError) and error.strerror:
+        text = f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    else:
+        text = str(error)
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -23,9 +23,11 @@ from .models.presets import TURBO_2B, AceStepConfig, Preset, get_preset
 from .models.text_encoder import Qwen3TextEncoder
 from .models.text_tokenizer import Qwen3Tokenizer
 from .models.vae import OobleckVAE
+from .outputs import atomic_output
+from .params import LATENT_RATE_HZ, MAX_SONG_SECONDS
 
 FLOWJAM_FORMAT = "flowjam-1"
-SILENCE_FRAMES = 15_000  # 600 s at 25 Hz, the official silence_latent length
+SILENCE_FRAMES = round(MAX_SONG_SECONDS * LATENT_RATE_HZ)  # 15,000: the official silence_latent length
 SILENCE_PROBE_SECONDS = 4
 
 
@@ -93,6 +95,7 @@ def build_random(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         acestep, text, vae = AceStepModel(preset.dit), Qwen3TextEncoder(preset.text), OobleckVAE(preset.vae)
+    vae.center_seeded_output()
     bundle = ModelBundle(
         name=preset.name,
         acestep=acestep.eval(),
@@ -115,7 +118,44 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
         with safe_open(str(path), framework="pt") as handle:
             return {k: handle.get_tensor(k) for k in handle.keys()}, dict(handle.metadata() or {})
     except Exception as exc:  # safetensors raises several exception types for corrupt files
-        raise CheckpointError(f"cannot read {path}: {exc}; is it a complete .safetensors file?") from exc
+        raise unreadable_safetensors(path, exc) from exc
+
+
+def safetensors_header(path: Path) -> tuple[list[str], dict[str, str]]:
+    """The tensor names and the metadata of a .safetensors file, without reading its tensors."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return list(handle.keys()), dict(handle.metadata() or {})
+    except Exception as exc:  # safetensors raises several exception types for corrupt files
+        raise unreadable_safetensors(path, exc) from exc
+
+
+def unreadable_safetensors(path: Path, error: Exception) -> CheckpointError:
+    """The error for a file safetensors refused, saying what is wrong with it: empty, not a .safetensors file at
+    all, or cut short (bytes of tensor data present of those its header describes)."""
+    size = path.stat().st_size
+    if size == 0:
+        return CheckpointError(f"{path} is empty (0 bytes); copy or download the checkpoint again")
+    with path.open("rb") as handle:
+        header_bytes = int.from_bytes(handle.read(8), "little") if size >= 8 else size
+        try:
+            header = json.loads(handle.read(header_bytes)) if 8 + header_bytes <= size else None
+        except ValueError:
+            header = None
+    if not isinstance(header, dict):
+        return CheckpointError(
+            f"{path} is not a .safetensors file (no valid header); pass a .safetensors checkpoint or its folder"
+        )
+    try:
+        needed = max((entry["data_offsets"][1] for k, entry in header.items() if k != "__metadata__"), default=0)
+    except (KeyError, IndexError, TypeError):
+        needed = 0
+    present = size - 8 - header_bytes
+    if present < needed:
+        return CheckpointError(
+            f"{path} is truncated ({present:,} of {needed:,} bytes of tensor data); copy or download it again"
+        )
+    return CheckpointError(f"cannot read {path}: {error}; is it a complete .safetensors file?")
 
 
 def read_sharded(folder: Path, stem: str = "model") -> dict[str, torch.Tensor]:
@@ -291,7 +331,8 @@ def save_flowjam_file(bundle: ModelBundle, path: str | Path) -> Path:
     meta = {"format": FLOWJAM_FORMAT, "name": bundle.name, "sliding_window": str(bundle.config.sliding_window)}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata=meta)
+    with atomic_output(path) as temporary:
+        save_file(tensors, str(temporary), metadata=meta)
     return path
 
 
@@ -310,8 +351,7 @@ def load_flowjam_file(path: Path, state: dict[str, torch.Tensor], meta: dict[str
 
 def load_file(path: Path) -> ModelBundle:
     """A single .safetensors: a flowjam file, a ComfyUI AIO, or a ComfyUI diffusion model with its siblings."""
-    with safe_open(str(path), framework="pt") as handle:
-        keys, meta = list(handle.keys()), dict(handle.metadata() or {})
+    keys, meta = safetensors_header(path)
     if meta.get("format") == FLOWJAM_FORMAT:
         state, meta = read_safetensors(path)
         return load_flowjam_file(path, state, meta)

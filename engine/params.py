@@ -151,3 +151,24 @@ del S, R, G
 # The step-time fields a shared curve overrides for every in-flight slot from the next tick: the shared knobs.
 SHARED_FIELDS = tuple(spec.name for spec in KNOB_SPECS if spec.kind is KnobKind.SHARED)
 KNOBS_BY_NAME = {spec.name: spec for spec in KNOB_SPECS}
+
+MAX_SONG_SECONDS = 600.0  # ACE-Step 1.5 generates at most 10 minutes (its silence latent and captions stop there)
+MIN_SONG_SECONDS = 1 / LATENT_RATE_HZ  # one latent frame
+
+
+def song_frames(seconds: float, option: str = "seconds") -> int:
+    """Latent frames of a song or loop length, refused outside MIN_SONG_SECONDS..MAX_SONG_SECONDS with `option`
+    (the CLI flag) named. The upper limit is the model's; it also bounds the memory a render can ask for."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{option} must be a finite number > 0, got {seconds:g}")
+    if seconds > MAX_SONG_SECONDS:
+        raise ValueError(
+            f"{option} {seconds:g} is longer than ACE-Step 1.5 generates (at most {MAX_SONG_SECONDS:g} s = 10 min); "
+            f"use {option} {MAX_SONG_SECONDS:g} or less"
+        )
+    if seconds < MIN_SONG_SECONDS:
+        raise ValueError(
+            f"{option} {seconds:g} is shorter than one latent frame ({MIN_SONG_SECONDS:g} s); "
+            f"use {option} {MIN_SONG_SECONDS:g} or more"
+        )
+    return seconds_to_frames(seconds)

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 
-from .audio_io import read_wav, write_wav
+from .audio_io import check_wav, read_wav, write_wav
 from .lm.sampling import SamplingParams
 from .lm.song import lm_duration
-from .params import seconds_to_frames
-from .prompts import DURATION_RANGE_S
+from .outputs import check_output_path
+from .params import MAX_SONG_SECONDS, seconds_to_frames, song_frames
+from .schedule import validate_schedule_args
 from .session import Session, peak_normalize
 
 
@@ -37,17 +38,26 @@ class RenderRequest:
     lm_sampling: SamplingParams = SamplingParams()
 
     def validate(self) -> None:
-        seconds_to_frames(self.seconds)
-        if not self.prompt.strip():
-            raise ValueError("the prompt is empty: describe the music, e.g. --prompt 'ambient pads, slow'")
+        """Refuse a request that could only fail later, before any model work: lengths, schedule, prompt, a --cover
+        that is not a usable WAV, an --out that cannot be written."""
+        song_frames(self.seconds, "--seconds")
+        validate_schedule_args(self.steps, self.shift, self.denoise)
+        check_prompt(self.prompt)
         if self.cover is None and self.denoise < 1.0:
             raise ValueError("--denoise below 1 needs --cover AUDIO.wav to start from")
         if self.lm:
             if self.cover is not None:
                 raise ValueError("--lm writes the structure from the text; a --cover brings its own: use one of them")
-            if self.seconds > DURATION_RANGE_S[1]:
-                raise ValueError(f"--lm generates at most {DURATION_RANGE_S[1]} s; use a shorter --seconds")
             self.lm_sampling.validate()
+        if self.cover is not None:
+            check_wav(self.cover)
+        check_output_path(self.out, "--out")
+
+
+def check_prompt(prompt: str, option: str = "--prompt") -> None:
+    """An empty caption gives the model nothing to follow: refused with an example."""
+    if not prompt.strip():
+        raise ValueError(f"the prompt is empty: describe the music, e.g. {option} 'ambient pads, slow'")
 
 
 def render(session: Session, request: RenderRequest, on_step: Callable[[int, int], None] | None = None) -> Path:
@@ -80,7 +90,7 @@ def render(session: Session, request: RenderRequest, on_step: Callable[[int, int
         bpm=bpm,
         key=key,
         time_signature=time_signature,
-        duration_s=min(max(request.seconds, 10.0), 600.0),
+        duration_s=min(max(request.seconds, 10.0), MAX_SONG_SECONDS),
         task="cover" if source is not None else "text2music",
         language=language,
     )

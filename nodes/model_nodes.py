@@ -5,7 +5,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..engine.params import CURVE_OPS, LATENT_RATE_HZ, PRESET_NAMES, WAVE_KINDS, seconds_to_frames
+from ..engine.params import (
+    CURVE_OPS,
+    LATENT_RATE_HZ,
+    MAX_SONG_SECONDS,
+    MIN_SONG_SECONDS,
+    PRESET_NAMES,
+    WAVE_KINDS,
+    seconds_to_frames,
+)
 from . import comfy_io
 from .lm_nodes import structure_context
 from .spec import (
@@ -25,7 +33,6 @@ from .spec import (
 )
 
 TASKS = ("text2music", "cover", "repaint")
-FRAME_S = 1 / LATENT_RATE_HZ  # the shortest length there is: one latent frame
 _sessions: dict[tuple, Any] = {}
 _load_lock = threading.Lock()
 
@@ -101,7 +108,7 @@ def prepare_source(model, audio=None, latent=None) -> tuple:
 
 
 def _frames(node: str, seconds: float) -> int:
-    return seconds_to_frames(check_range(node, "seconds", seconds, FRAME_S, 600.0))
+    return seconds_to_frames(check_range(node, "seconds", seconds, MIN_SONG_SECONDS, MAX_SONG_SECONDS))
 
 
 def curve_constant(value: float, seconds: float) -> tuple:
@@ -178,7 +185,7 @@ def generate(
     structure=None,
 ) -> tuple:
     """One-shot generation with ComfyUI's progress bar; AUDIO for Save/Preview Audio and the audio LATENT."""
-    check_range("Generate", "seconds", seconds, FRAME_S, 600.0)
+    check_range("Generate", "seconds", seconds, MIN_SONG_SECONDS, MAX_SONG_SECONDS)
     check_range("Generate", "denoise", denoise, 0.0, 1.0)
     if denoise < 1.0 and source is None:
         raise NodeInputError(
@@ -233,7 +240,13 @@ def _model_param() -> Param:
 
 
 SECONDS = Param(
-    "seconds", "FLOAT", f"Length in seconds ({LATENT_RATE_HZ} latent frames per second)", 10.0, FRAME_S, 600.0, FRAME_S
+    "seconds",
+    "FLOAT",
+    f"Length in seconds ({LATENT_RATE_HZ} latent frames per second)",
+    10.0,
+    MIN_SONG_SECONDS,
+    MAX_SONG_SECONDS,
+    MIN_SONG_SECONDS,
 )
 
 NODES = (
@@ -295,7 +308,13 @@ NODES = (
             Param("key", "STRING", "Key scale such as 'G major' or 'F# minor' (empty = not given)", ""),
             Param("time_signature", "STRING", "2, 3, 4 or 6 (or '4/4'); empty = not given", ""),
             Param(
-                "duration", "FLOAT", "Song duration written into the prompt, 10..600 s (0 = 30 s)", 0.0, 0.0, 600.0, 1.0
+                "duration",
+                "FLOAT",
+                "Song duration written into the prompt, 10..600 s (0 = 30 s)",
+                0.0,
+                0.0,
+                MAX_SONG_SECONDS,
+                1.0,
             ),
             Param("task", "COMBO", "text2music from silence, or cover (with a source)", "text2music", options=TASKS),
             Param("language", "STRING", "Lyrics language code (en, zh, ja, ...; empty = unknown)", ""),

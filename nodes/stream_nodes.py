@@ -10,7 +10,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..engine.params import CFG_MODES, KNOBS_BY_NAME, LATENT_RATE_HZ, SHARED_FIELDS, seconds_to_frames
+from ..engine.params import (
+    CFG_MODES,
+    KNOBS_BY_NAME,
+    LATENT_RATE_HZ,
+    MAX_SONG_SECONDS,
+    SHARED_FIELDS,
+    seconds_to_frames,
+)
 from . import comfy_io
 from .lm_nodes import structure_context
 from .spec import (
@@ -110,7 +117,7 @@ def stream_start(
     name = session_id.strip()
     if not name:
         raise NodeInputError("Stream: input 'session_id' is empty; name the stream (e.g. 'default')")
-    check_range("Stream", "song_seconds", song_seconds, 1.0, 600.0)
+    check_range("Stream", "song_seconds", song_seconds, 1.0, MAX_SONG_SECONDS)
     knobs = StreamKnobs(depth, steps, denoise, seed, shift, prompt_blend, structure, cfg_mode)
     if lm_structure is not None and source is not None:
         raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
@@ -204,7 +211,7 @@ def stream_stop(stream: str) -> tuple:
 
 def stream_capture(stream: str, seconds: float) -> tuple:
     """The last `seconds` the stream played, as ComfyUI AUDIO (Save/Preview Audio)."""
-    check_range("Stream capture", "seconds", seconds, 0.1, 600.0)
+    check_range("Stream capture", "seconds", seconds, 0.1, MAX_SONG_SECONDS)
     app = _app("Stream capture", stream)
     return (comfy_io.audio_to_comfy(app.capture(seconds), app.buffer.sample_rate),)
 
@@ -279,7 +286,7 @@ NODES = (
                 "Loop length for text-only streams (a source sets its own)",
                 30.0,
                 1.0,
-                600.0,
+                MAX_SONG_SECONDS,
                 1.0,
             ),
             knob_param("depth", "Generations in flight (more = smoother, each arrives later)"),
@@ -343,7 +350,7 @@ NODES = (
         "flowjam Stream capture",
         f"{CATEGORY}/live",
         "The last seconds a stream played, as AUDIO for Save Audio or Preview Audio.",
-        (STREAM_PARAM, Param("seconds", "FLOAT", "How much to capture", 8.0, 0.1, 600.0, 0.1)),
+        (STREAM_PARAM, Param("seconds", "FLOAT", "How much to capture", 8.0, 0.1, MAX_SONG_SECONDS, 0.1)),
         (Output(AUDIO, "audio"),),
         stream_capture,
         always_run=True,

@@ -217,3 +217,31 @@ def test_cli_bad_input_prints_one_clear_error_line(args, expected, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], result.stderr
     assert not (tmp_path / "x.wav").exists()
+
+
+def bad_safetensors(folder) -> dict:
+    """name -> (a broken .safetensors file, what the error says about it)."""
+    whole = folder / "whole.safetensors"
+    save_file({"a": torch.zeros(1000)}, str(whole))
+    raw = whole.read_bytes()
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    files = {
+        "empty": (b"", "is empty (0 bytes)"),
+        "text": (b"model weights go here\n", "is not a .safetensors file"),
+        "truncated": (raw[: header_end + 1000], "is truncated (1,000 of 4,000 bytes of tensor data)"),
+        "header only": (raw[:header_end], "is truncated (0 of 4,000 bytes of tensor data)"),
+    }
+    for name, (data, _) in files.items():
+        (folder / f"{name}.safetensors").write_bytes(data)
+    return {name: (folder / f"{name}.safetensors", expected) for name, (_, expected) in files.items()}
+
+
+@pytest.mark.parametrize("name", ["empty", "text", "truncated", "header only"])
+def test_broken_safetensors_files_say_what_is_wrong_for_both_loaders(name, tmp_path):
+    from flowjam.engine.lm.checkpoint import load_lm
+
+    path, expected = bad_safetensors(tmp_path)[name]
+    for load in (load_checkpoint, load_lm):
+        with pytest.raises(CheckpointError) as error:
+            load(path)
+        assert str(path) in str(error.value) and expected in str(error.value), f"{load.__name__}: {error.value}"

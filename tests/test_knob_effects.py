@@ -257,6 +257,7 @@ def test_osc_cfg_mode_guidance_negative_prompt_and_target_capture_change_the_sou
 
     def applied(count: int) -> None:
         wait_until(lambda: app.osc.stats()["applied"] >= count, f"{count} OSC messages applied")
+        wait_until(lambda: not run.encoding, "prompt encoding")
 
     try:
         plain = after(0)
@@ -290,5 +291,6 @@ def test_osc_cfg_mode_guidance_negative_prompt_and_target_capture_change_the_sou
         assert app.osc.stats()["rejected"] == {}, app.osc.stats()["rejected"]
     finally:
         app.osc.stop()
+        run.stop()
         app.buffer.unlink()
     assert run.stats.errors == 0, run.stats.last_error

@@ -186,6 +186,7 @@ def test_bad_osc_input_and_a_flood_never_stop_the_music(session):
         wait_for(lambda: app.runner.stats.latents > latents_before + 3, what="the stream to keep producing")
         assert app.registry.get("denoise") == 1.0
         rejected = app.osc.stats()["rejected"]
+        assert app.status()["osc"]["rejected"] == rejected, "status carries the OSC reject counters"
         assert (
             rejected.get("not_a_number", 0) >= 1
             and rejected.get("not_finite", 0) >= 2
@@ -325,3 +326,115 @@ def test_transport_stop_fades_to_silence_within_20_ms_and_play_resumes(session, 
         f"not silent 20 ms after stop: peak {np.abs(gap).max():.2e}"
     )
     assert np.abs(played[:, play_fade + 960 : play_fade + 4800]).max() > 1e-3, "play must bring the sound back"
+
+
+def longest_exact_zero_run(audio: np.ndarray) -> int:
+    """Frames in the longest run where every channel is exactly 0, counted from the first non-zero frame."""
+    silent = ~np.any(audio != 0, axis=0)
+    start = int(np.argmax(~silent))
+    longest = run = 0
+    for quiet in silent[start:]:
+        run = run + 1 if quiet else 0
+        longest = max(longest, run)
+    return longest
+
+
+def test_a_burst_of_200_prompts_never_stalls_the_ticks_and_the_last_one_wins(session, tmp_path):
+    record = tmp_path / "burst.wav"
+    app = LiveApp(
+        session, LiveConfig(prompt="calm", song_seconds=SONG_SECONDS, playback_mode="null", osc_port=0, record=record)
+    )
+    app.start()
+    seen: list[tuple[float, int]] = []
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            seen.append((time.perf_counter(), app.runner.stats.ticks))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        wait_for(lambda: app.runner.stats.latents >= 2, what="first latents")
+        watcher.start()
+        time.sleep(2.0)
+        before = len(seen)
+        client = SimpleUDPClient("127.0.0.1", app.osc.address[1])
+        for i in range(200):
+            client.send_message("/flowjam/default/prompt", f"burst prompt {i}")
+        wait_for(lambda: app.osc.stats()["applied"] >= 200, what="the 200 prompt messages")
+        wait_for(lambda: not app.runner.encoding, what="prompt encoding to settle")
+        wait_for(lambda: app.runner._prompts["a"].caption == "burst prompt 199", what="the last prompt to win")
+        time.sleep(0.5)
+        underruns = app.playback.stats()["underruns"]
+    finally:
+        watching.set()
+        watcher.join()
+        app.stop()
+    changes = [t for (t, ticks), (_, previous) in zip(seen[1:], seen) if ticks != previous]
+    calm = np.diff([t for t in changes if t < seen[before][0]])
+    burst = np.diff([t for t in changes if t >= seen[before][0]])
+    assert len(calm) > 5 and len(burst) > 5
+    assert burst.max() <= 3 * np.median(calm), (
+        f"a tick waited {burst.max() * 1000:.0f} ms during the burst (median tick {np.median(calm) * 1000:.0f} ms)"
+    )
+    played, _ = read_wav(record)
+    assert longest_exact_zero_run(played.numpy()) < 256, "the recording has an exact-zero gap inside the played span"
+    assert app.runner.stats.errors == 0 and underruns == 0
+
+
+def start_recording_live(record: Path) -> subprocess.Popen:
+    command = [
+        sys.executable,
+        "-m",
+        "flowjam",
+        "live",
+        "--preset",
+        "tiny",
+        "--prompt",
+        "take",
+        "--song-seconds",
+        "20",
+        "--record",
+        str(record),
+        "--osc-port",
+        "0",
+        "--no-audio",
+    ]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def played_seconds_when(process: subprocess.Popen, at_least_s: float) -> float:
+    """Read the status lines until the playhead passes `at_least_s`; returns that playhead."""
+    for line in process.stderr:
+        if "playhead" in line:
+            playhead = float(line.split("playhead")[1].split()[0])
+            if playhead >= at_least_s:
+                return playhead
+    pytest.fail(f"live ended before playing {at_least_s} s")
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_a_recording_survives_the_process_being_killed(tmp_path, signal_name):
+    """SIGKILL: `<name>.partial` is a valid WAV holding all but the last second played; SIGTERM: the take closes
+    cleanly and is renamed into place with everything played."""
+    import signal as signals
+
+    record = tmp_path / "take.wav"
+    process = start_recording_live(record)
+    try:
+        playhead = played_seconds_when(process, 4.0)
+        process.send_signal(getattr(signals, signal_name))
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    if signal_name == "SIGKILL":
+        assert not record.exists()
+        audio, rate = read_wav(record.with_name("take.wav.partial"))
+        assert audio.shape[1] / rate >= playhead - 1.0, f"{audio.shape[1] / rate:.2f} s kept of {playhead:.2f} s played"
+        return
+    assert process.returncode == 0, err
+    assert "Traceback" not in err and not record.with_name("take.wav.partial").exists()
+    audio, rate = read_wav(record)
+    frames_played = int(out.rsplit("(", 1)[1].split()[0])
+    assert audio.shape[1] == frames_played and audio.shape[1] / rate >= playhead, out

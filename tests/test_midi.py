@@ -2,6 +2,7 @@
 (a virtual output port sends, `MidiInput` receives on a virtual input, a JACK client patches the two)."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -9,7 +10,16 @@ import time
 import mido
 import pytest
 from flowjam.engine.live.knobs import KnobError, KnobRegistry
-from flowjam.engine.live.midi import JACK_BACKEND, CCMapping, MidiInput, MidiMapper, MidiStats, list_ports
+from flowjam.engine.live.midi import (
+    ALSA_SEQUENCER,
+    JACK_BACKEND,
+    CCMapping,
+    MidiError,
+    MidiInput,
+    MidiMapper,
+    MidiStats,
+    list_ports,
+)
 
 
 def cc(control, value, channel=0):
@@ -66,10 +76,28 @@ def test_learn_skips_channel_mode_messages_and_non_pair_ccs_in_high_resolution()
     assert mapper.mappings() == [CCMapping("denoise", 0, 1, high_resolution=True)]
 
 
-def test_learn_of_an_unknown_knob_raises_and_cancel_disarms():
+def test_learning_several_knobs_arms_the_next_once_the_learned_control_is_released(caplog):
+    mapper = MidiMapper(KnobRegistry(), learn_release_s=0.25)
+    mapper.learn("velocity_scale", "denoise")
+    send_all(mapper, cc(20, 10), cc(20, 11), cc(22, 5), cc(20, 12))
+    assert mapper.mappings() == [CCMapping("velocity_scale", 0, 20)], "CC 22 moved while CC 20 was held"
+    assert mapper.learning is None and mapper.learn_queue == ("denoise",), "denoise must wait for the release"
+    time.sleep(0.4)
+    assert mapper.learning == "denoise"
+    mapper.handle(cc(21, 0))
+    assert mapper.mappings() == [CCMapping("velocity_scale", 0, 20), CCMapping("denoise", 0, 21)]
+    assert mapper.learn_queue == () and mapper.learning is None
+    said = [record.getMessage() for record in caplog.records]
+    assert "MIDI learn: move the control for 'denoise'" in said, said
+    assert "MIDI learn: denoise <- channel 0 CC 21" in said, said
+
+
+def test_learn_of_an_unknown_or_repeated_knob_raises_and_cancel_disarms():
     mapper = MidiMapper(KnobRegistry())
     with pytest.raises(KnobError, match="velocity_scale"):
         mapper.learn("velocity_scal")
+    with pytest.raises(ValueError, match="'volume' more than once"):
+        mapper.learn("volume", "denoise", "volume")
     mapper.learn("volume")
     mapper.cancel_learn()
     mapper.handle(cc(7, 100))
@@ -220,7 +248,7 @@ def test_module_imports_without_mido_and_start_names_the_install_command():
         "from flowjam.engine.live.knobs import KnobRegistry\n"
         "from flowjam.engine.live.midi import MidiInput, MidiMapper\n"
         "try:\n    MidiInput(MidiMapper(KnobRegistry())).start()\n"
-        "except ImportError as error:\n    print(error)\n"
+        "except ValueError as error:\n    print(error)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -228,8 +256,21 @@ def test_module_imports_without_mido_and_start_names_the_install_command():
 
 
 def test_an_unusable_midi_system_error_names_the_jack_backend():
-    with pytest.raises(RuntimeError, match="UNIX_JACK"):
+    with pytest.raises(MidiError, match="NO_SUCH_API' is not available .*--midi-backend jack"):
         list_ports("mido.backends.rtmidi/NO_SUCH_API")
+
+
+def test_a_missing_alsa_sequencer_is_caught_before_rtmidi_opens_it(monkeypatch, tmp_path):
+    monkeypatch.setattr("flowjam.engine.live.midi.ALSA_SEQUENCER", tmp_path / "seq")
+    with pytest.raises(MidiError, match=r"'alsa' needs the ALSA sequencer .*use --midi-backend jack"):
+        list_ports("alsa")
+
+
+def test_no_jack_server_is_one_error_and_keeps_the_jack_library_chatter_off_stderr(monkeypatch, capfd):
+    monkeypatch.setenv("JACK_DEFAULT_SERVER", "flowjam-no-such-server")
+    with pytest.raises(MidiError, match="--midi-backend jack needs a running JACK server"):
+        MidiInput(MidiMapper(KnobRegistry()), backend="jack").start()
+    assert capfd.readouterr().err == ""
 
 
 def test_a_failing_message_is_counted_not_raised_on_the_midi_thread():
@@ -362,3 +403,84 @@ def test_jack_open_an_existing_port_by_part_of_its_name(jack_midi):
 def test_jack_unknown_port_lists_the_available_ones(jack_midi):
     with pytest.raises(ValueError, match="available ports: .*fj-sender:out"):
         MidiInput(MidiMapper(KnobRegistry()), "nanoKONTROL", backend=JACK_BACKEND).start()
+
+
+def test_jack_learning_two_knobs_while_the_first_control_still_turns(connected):
+    registry = KnobRegistry()
+    mapper = MidiMapper(registry)
+    send = connected(mapper)
+    mapper.learn("velocity_scale", "denoise")
+    turning_until = time.monotonic() + 1.0
+    value = 0
+    while time.monotonic() < turning_until:  # CC 20 keeps turning for 1 s; CC 22 is touched on the way
+        send(cc(20, value))
+        if value % 10 == 5:
+            send(cc(22, 64))
+        value = min(value + 1, 127)
+        time.sleep(0.01)
+    released = time.monotonic()
+    time.sleep(0.2)
+    send(cc(22, 70))  # still within the release time: not learned either
+    wait_for(lambda: mapper.learning == "denoise", "denoise to be armed after the release")
+    armed_after_s = time.monotonic() - released
+    assert 0.45 <= armed_after_s < 0.9, f"denoise armed {armed_after_s:.2f} s after CC 20 stopped (expected 0.5 s)"
+    assert mapper.mappings() == [CCMapping("velocity_scale", 0, 20)]
+    assert registry.get("velocity_scale") == pytest.approx(2 * (value - 1) / 127), "the held control plays its knob"
+    send(cc(21, 40))
+    wait_for(lambda: len(mapper.mappings()) == 2, "the second mapping")
+    assert mapper.mappings() == [CCMapping("velocity_scale", 0, 20), CCMapping("denoise", 0, 21)]
+
+
+def test_jack_the_input_port_is_named_flowjam(jack_midi):
+    _, patchbay = jack_midi
+    with MidiInput(MidiMapper(KnobRegistry()), "fj-sender", backend="jack"):
+        ours = [port.name for port in patchbay.get_all_connections("fj-sender:out")]
+        assert len(ours) == 1 and ours[0].startswith("flowjam"), f"fj-sender:out is connected to {ours}"
+    assert patchbay.get_all_connections("fj-sender:out") == []
+
+
+def run_live(*args, env=None):
+    command = [sys.executable, "-m", "flowjam", "live", "--preset", "tiny", "--no-audio", "--osc-port", "0"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_cli_unknown_midi_port_is_one_error_line_listing_the_ports(jack_midi):
+    result = run_live("--seconds", "5", "--midi-port", "nosuch", "--midi-backend", "jack")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, (result.returncode, result.stderr)
+    assert lines[0].startswith("flowjam live: error: MIDI input port 'nosuch' not found; available ports: ")
+    assert "fj-sender:out" in lines[0]
+
+
+@pytest.mark.skipif(ALSA_SEQUENCER.exists(), reason="this machine has an ALSA sequencer")
+@pytest.mark.parametrize("backend", [("--midi-backend", "alsa"), ()], ids=["alsa", "default"])
+def test_cli_without_an_alsa_sequencer_is_one_error_line_naming_the_jack_backend(backend):
+    env = {name: value for name, value in os.environ.items() if name != "MIDO_BACKEND"}
+    result = run_live("--seconds", "5", "--midi-port", "nanoKONTROL", *backend, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, (result.returncode, result.stderr)  # 134: rtmidi aborted
+    assert lines[0].startswith("flowjam live: error: MIDI backend") and "use --midi-backend jack" in lines[0]
+
+
+def test_cli_learns_each_knob_from_its_own_control(jack_midi, tmp_path):
+    sender, patchbay = jack_midi
+    midi_map = tmp_path / "map.json"
+    args = ["--seconds", "4", "--midi-backend", "jack", "--midi-port", "fj-sender", "--midi-map", str(midi_map)]
+    command = [sys.executable, "-m", "flowjam", "live", "--preset", "tiny", "--no-audio", "--osc-port", "0"]
+    process = subprocess.Popen([*command, *args, "--midi-learn", "volume,denoise"], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: patchbay.get_all_connections("fj-sender:out"), "flowjam to connect to fj-sender", 60)
+        for value in range(60, 100, 4):  # volume's control turns; denoise is armed 0.5 s after it stops
+            sender.send(cc(7, value))
+            time.sleep(0.02)
+        time.sleep(0.7)
+        sender.send(cc(8, 30))
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr
+    assert "MIDI learn: volume <- channel 0 CC 7; release it to arm 'denoise'" in stderr, stderr
+    assert MidiMapper.load(midi_map, KnobRegistry()).mappings() == [
+        CCMapping("volume", 0, 7),
+        CCMapping("denoise", 0, 8),
+    ]

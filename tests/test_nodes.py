@@ -408,6 +408,8 @@ def heard(app, loop: np.ndarray, what: str, timeout: float = 30.0) -> np.ndarray
         return captures[-1].shape == (2, RATE) and distance(captures[-1], loop) < 1e-5
 
     wait_for(settled, timeout, f"the output to be {what}")
+    # a capture that straddles the change matches both loops in part: take the next whole second after it settles
+    assert settled(), f"the output stopped being {what}"
     return captures[-1]
 
 

@@ -343,3 +343,21 @@ def test_stop_is_idempotent_and_frees_the_port(registry, controller):
         wait_until(lambda: registry.get("volume") == float32(0.6), what="a bridge re-bound to the freed port")
     finally:
         again.stop()
+
+
+def test_a_flood_of_malformed_bundles_is_counted_and_logged_once(caplog):
+    """python-osc warns through the root logger for every bundle element it cannot identify; 1,000 of them give
+    one log line from it (and one from us), and the rejects are counted."""
+    registry = KnobRegistry()
+    bad_bundle = b"#bundle\x00" + b"\x00" * 8 + b"\x00\x00\x00\x04junk"
+    with OscBridge(registry, OscConfig(port=0)) as bridge, caplog.at_level(logging.WARNING):
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for _ in range(1000):
+            sender.sendto(bad_bundle, bridge.address)
+        deadline = time.monotonic() + 10
+        while bridge.stats()["received"] < 1000 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sender.close()
+    assert bridge.stats()["received"] == 1000
+    third_party = [r for r in caplog.records if "pythonosc" in r.pathname]
+    assert 1 <= len(third_party) <= 2, f"{len(third_party)} python-osc log lines for 1,000 bad bundles"

@@ -368,3 +368,19 @@ def test_process_mode_keeps_playing_while_python_threads_hog_the_gil(jack_server
         )
     assert underruns == 0, f"{underruns} underflows while two Python threads were busy"
     assert played / (elapsed_s * SR) > 0.95, f"played only {played} frames in {elapsed_s:.2f} s"
+
+
+def test_a_recording_is_a_valid_wav_at_every_moment_and_a_cut_take_is_kept_aside(tmp_path):
+    from flowjam.engine.live.recording import WavStream, partial_path, recover_partial
+
+    target = tmp_path / "take.wav"
+    wav = WavStream(partial_path(target), channels=2, sample_rate=SR)
+    tone = (0.25 * np.sin(np.arange(SR) * 2 * np.pi * 440 / SR)).astype(np.float32)
+    wav.append(np.stack([tone, tone], axis=1))
+    read, rate = read_wav(partial_path(target))  # the file is still open: as a SIGKILL would leave it
+    assert rate == SR and read.shape == (2, SR)
+    wav.append(np.zeros((100, 2), np.float32))
+    assert read_wav(partial_path(target))[0].shape == (2, SR + 100)
+    kept = recover_partial(target)
+    assert kept is not None and kept.name.startswith("take.recovered-") and not partial_path(target).exists()
+    assert read_wav(kept)[0].shape == (2, SR + 100)

@@ -98,3 +98,21 @@ def test_bad_requests_are_rejected_before_any_work(session, tmp_path):
     with pytest.raises(ValueError, match="NaN"):
         session.prepare_source(torch.full((2, 48_000), float("nan")), 48_000)
     assert not (tmp_path / "x.wav").exists()
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        (dict(seconds=601.0), "at most 600 s"),
+        (dict(seconds=1e-9), "shorter than one latent frame"),
+        (dict(steps=1000), "steps must be in 1..200"),
+        (dict(out="FOLDER"), "is a folder"),
+        (dict(out="MISSING"), "does not exist"),
+    ],
+)
+def test_lengths_steps_and_unwritable_outputs_are_refused_before_the_model_runs(changes, expected, tmp_path):
+    out = {"FOLDER": tmp_path, "MISSING": tmp_path / "missing" / "x.wav"}.get(changes.get("out"), tmp_path / "x.wav")
+    request = RenderRequest("ambient", **{"seconds": 2.0, **changes, "out": out})
+    with pytest.raises(ValueError, match=expected):
+        render(None, request)  # no session: validation must come before any use of one
+    assert list(tmp_path.iterdir()) == []

@@ -97,3 +97,16 @@ def test_tiny_shapes_and_sampling():
     b = vae.encode(audio, sample=True, generator=torch.Generator().manual_seed(7))
     assert torch.equal(a, b)
     assert not torch.allclose(a, mean)
+
+
+def test_seeded_tiny_vae_plays_a_centred_texture_not_a_dc_offset():
+    """The tiny preset's decoder is centred when it is built: what a newcomer hears first is zero-mean and peaks
+    around half scale (untrained, it sat pinned near -1.0 / +0.5 full scale)."""
+    from flowjam.engine.checkpoints import build_random
+
+    vae = build_random("tiny").vae
+    latents = torch.randn(1, 64, 100, generator=torch.Generator().manual_seed(7))
+    audio = vae.decode(latents)[0]
+    assert audio.mean(dim=1).abs().max() < 0.01, f"DC offset per channel: {audio.mean(dim=1).tolist()}"
+    assert 0.2 < audio.abs().max() < 0.8, f"peak {audio.abs().max():.3f}"
+    assert audio.std(dim=1).min() > 0.02, "the texture must be audible"

@@ -14,7 +14,7 @@ import torch
 from ..audio_io import read_wav
 from ..conditioning import Conditioning
 from ..lm.song import lm_duration
-from ..params import LATENT_RATE_HZ, seconds_to_frames
+from ..params import LATENT_RATE_HZ, song_frames
 from ..session import Session, Source
 from .knobs import KnobRegistry
 from .loop_buffer import LoopBuffer
@@ -43,10 +43,15 @@ class LiveConfig:
     midi_port: str | None = None
     midi_map: Path | None = None
     midi_learn: tuple[str, ...] = ()  # knobs to learn in order (move one control per knob); saved to midi_map
+    midi_backend: str | None = None  # "alsa", "jack" or a mido backend name; None: mido's default ($MIDO_BACKEND)
     lm: bool = False  # text-only: the 5 Hz LM writes the loop's structure (audio codes) from prompt A at start
     lm_checkpoint: Path | None = None
     lm_preset: str = "tiny"
     runner: RunnerConfig = RunnerConfig()
+
+    @property
+    def uses_midi(self) -> bool:
+        return self.midi_port is not None or self.midi_map is not None or bool(self.midi_learn)
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -77,35 +82,46 @@ class LiveApp:
         if source is not None:
             seconds = source.frames / LATENT_RATE_HZ
             initial = session.decode(source.latents)
-        frames = seconds_to_frames(seconds)
+        frames = song_frames(seconds, "song_seconds")
         hop = session.models.vae.hop_samples
         self.buffer = LoopBuffer(frames * hop, channels=2, sample_rate=session.sample_rate)
-        if initial is not None:
-            self.buffer.fill(initial[:, : frames * hop])
-        self.playback = Playback(
-            self.buffer,
-            device=config.audio_device,
-            mode=config.playback_mode,
-            record_path=None if config.record is None else str(config.record),
-        )
-        prompts = initial_conditionings or (config.prompt, config.prompt_b)
-        self.runner = LiveRunner(
-            session, self.registry, self.buffer, prompts[0], prompts[1], source, config.runner, config.negative
-        )
-        if config.lm:
-            if source is not None:
-                raise ValueError("--lm writes the structure from the text; a --source brings its own: use one of them")
-            self.runner.set_structure(self._lm_structure(frames))
-        self.osc: OscBridge | None = None
-        self.midi = None
-        self.mapper = None
-        self._midi_map: Path | None = None
-        self._learn_queue: list[str] = []
-        self._started = False
-        if config.osc_port is not None:
-            self.enable_osc(config.osc_port, config.osc_host, config.osc_feedback, config.osc_allow)
-        if config.midi_port is not None or config.midi_map is not None or config.midi_learn:
-            self.enable_midi(config.midi_port, config.midi_map, config.midi_learn)
+        try:
+            if initial is not None:
+                self.buffer.fill(initial[:, : frames * hop])
+            self.playback = Playback(
+                self.buffer,
+                device=config.audio_device,
+                mode=config.playback_mode,
+                record_path=None if config.record is None else str(config.record),
+            )
+            prompts = initial_conditionings or (config.prompt, config.prompt_b)
+            self.runner = LiveRunner(
+                session, self.registry, self.buffer, prompts[0], prompts[1], source, config.runner, config.negative
+            )
+            if config.lm:
+                if source is not None:
+                    raise ValueError(
+                        "--lm writes the structure from the text; a --source brings its own: use one of them"
+                    )
+                self.runner.set_structure(self._lm_structure(frames))
+            self.osc: OscBridge | None = None
+            self.midi = None
+            self.mapper = None
+            self._midi_map: Path | None = None
+            self._started = False
+            if config.osc_port is not None:
+                self.enable_osc(config.osc_port, config.osc_host, config.osc_feedback, config.osc_allow)
+            if config.uses_midi:
+                self.enable_midi(config.midi_port, config.midi_map, config.midi_learn, config.midi_backend)
+        except BaseException:  # nothing half-built stays behind: the shared memory and any threads go
+            self._discard()
+            raise
+
+    def _discard(self) -> None:
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.stop()
+        self.buffer.unlink()
 
     def _lm_structure(self, frames: int) -> torch.Tensor:
         """LM codes for prompt A over the loop (at least the LM's 10 s; cropped to the loop) -> context latents."""
@@ -151,8 +167,15 @@ class LiveApp:
         self.osc = bridge
         return bridge
 
-    def enable_midi(self, port: str | None = None, map_path: Path | None = None, learn: tuple[str, ...] = ()) -> None:
-        """Add (or replace) the MIDI input, loading `map_path` if it exists and arming `learn` knobs in order."""
+    def enable_midi(
+        self,
+        port: str | None = None,
+        map_path: Path | None = None,
+        learn: tuple[str, ...] = (),
+        backend: str | None = None,
+    ) -> None:
+        """Add (or replace) the MIDI input, loading `map_path` if it exists and learning `learn` knobs in order (the
+        mapper arms each knob once the previous control is released). `backend` None: the config's."""
         from .midi import MidiInput, MidiMapper
 
         if self.midi is not None:
@@ -160,18 +183,11 @@ class LiveApp:
         existing = map_path is not None and Path(map_path).is_file()
         self.mapper = MidiMapper.load(map_path, self.registry) if existing else MidiMapper(self.registry)
         self._midi_map = map_path
-        self._learn_queue = list(learn)
-        self.midi = MidiInput(self.mapper, port_name=port)
-        self._arm_next_learn()
+        if learn:
+            self.mapper.learn(*learn)
+        self.midi = MidiInput(self.mapper, port_name=port, backend=backend or self.config.midi_backend)
         if self._started:
             self.midi.start()
-
-    def _arm_next_learn(self) -> None:
-        """MIDI learn from the command line: arm the next knob once the previous one got its control."""
-        if self._learn_queue and self.mapper is not None and self.mapper.learning is None:
-            knob = self._learn_queue.pop(0)
-            self.mapper.learn(knob)
-            log.warning("MIDI learn: move the control for %r", knob)
 
     def transport(self, command: str) -> None:
         """play: fade in at the playhead; stop: fade to silence within 10 ms, the engine keeps running (warm);
@@ -199,8 +215,22 @@ class LiveApp:
             raise ValueError(f"unknown target command {command!r}: capture or clear")
 
     def start(self) -> None:
-        """Start playback (falling back to a silent real-time clock when no audio device can be opened and none
-        was asked for by name), then the runner, OSC and MIDI."""
+        """Open MIDI first (a missing port or MIDI system fails before anything runs), then start playback (falling
+        back to a silent real-time clock when no audio device can be opened and none was asked for by name), the
+        runner and OSC."""
+        try:
+            if self.midi is not None:
+                self.midi.start()
+            self._start_playback()
+            self.runner.start()
+            self._started = True
+            if self.osc is not None:
+                self.osc.start()
+        except BaseException:  # undo what did start: no thread outlives a failed start, no shared memory leaks
+            self.stop()
+            raise
+
+    def _start_playback(self) -> None:
         try:
             self.playback.start()
         except Exception as error:
@@ -213,12 +243,6 @@ class LiveApp:
                 self.buffer, mode="null", record_path=None if self.config.record is None else str(self.config.record)
             )
             self.playback.start()
-        self.runner.start()
-        self._started = True
-        if self.osc is not None:
-            self.osc.start()
-        if self.midi is not None:
-            self.midi.start()
 
     def stop(self) -> None:
         """Stop everything in reverse order; the recording is written by the playback's stop."""
@@ -244,8 +268,6 @@ class LiveApp:
         return np.roll(loop, -end, axis=1)[:, -frames:] * self.buffer.gain
 
     def status(self) -> dict[str, Any]:
-        if self.midi is not None:
-            self._arm_next_learn()
         status = self.runner.status()
         playback = self.playback.stats()
         status.update(
@@ -254,7 +276,9 @@ class LiveApp:
             transport="playing" if self.buffer.playing else "stopped",
         )
         if self.osc is not None:
-            status["last_osc"] = self.osc.stats().get("last_message")
+            osc = self.osc.stats()
+            status["last_osc"] = osc["last_message"]
+            status["osc"] = {key: osc[key] for key in ("received", "applied", "rejected", "clamped", "dropped_hosts")}
         status["knobs"] = self.registry.values()
         return status
 
@@ -263,5 +287,5 @@ class LiveApp:
         return (
             f"tick {s['tick_ms']:6.1f} ms  decode {s['decode_ms']:5.1f} ms  lead {s['lead_s']:.2f} s  "
             f"playhead {s['playhead_s']:6.2f} s  underruns {s['underruns']}  latents {s['latents']}  "
-            f"osc {s.get('last_osc') or '-'}"
+            f"osc rejected {sum(s.get('osc', {}).get('rejected', {}).values())}  last {s.get('last_osc') or '-'}"
         )

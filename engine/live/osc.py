@@ -32,11 +32,13 @@ once (logger "flowjam.osc").
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import json
 import logging
 import math
+import os
 import socket
 import sys
 import threading
@@ -65,6 +67,35 @@ PROMPT_PATHS = {"prompt": "a", "prompt/a": "a", "prompt/b": "b", "prompt/negativ
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform.startswith("linux") else None)
 
 Address = tuple[str, int]
+
+
+class ThirdPartyRateLimit(logging.Filter):
+    """Lets each repeated warning of a third-party library through once per interval, like our own: python-osc logs
+    every malformed bundle through the root logger, so a flood of bad packets would flood the console."""
+
+    def __init__(self, packages: tuple[str, ...] = ("pythonosc",), interval_s: float = 10.0):
+        super().__init__()
+        self.markers = tuple(f"{os.sep}{package}{os.sep}" for package in packages)
+        self.interval_s = interval_s
+        self._seen: dict[tuple[str, int], tuple[float, int]] = {}  # (file, line) -> (last logged, suppressed since)
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not any(marker in record.pathname for marker in self.markers):
+            return True
+        key, now = (record.pathname, record.lineno), time.monotonic()
+        with self._lock:
+            last, suppressed = self._seen.get(key, (-math.inf, 0))
+            if now - last < self.interval_s:
+                self._seen[key] = (last, suppressed + 1)
+                return False
+            self._seen[key] = (now, 0)
+        if suppressed:
+            record.msg = f"{record.msg} [and {suppressed} more like it in {self.interval_s:.0f} s]"
+        return True
+
+
+THIRD_PARTY_RATE_LIMIT = ThirdPartyRateLimit()
 
 
 @dataclass(frozen=True)
@@ -147,7 +178,21 @@ class OscBridge:
             sock = socket.socket(family, socket.SOCK_DGRAM)
             try:
                 self._receive_buffer_bytes = _set_receive_buffer(sock, self.config.receive_buffer_bytes)
-                sock.bind(bind_address)
+                try:
+                    sock.bind(bind_address)
+                except OSError as error:  # still an OSError (with its errno), now naming the address and the fix
+                    other_port = "pick another port with --osc-port N, or --osc-port 0 for no OSC"
+                    reason, fix = {
+                        errno.EADDRINUSE: ("the port is in use (another flowjam, or another OSC program?)", other_port),
+                        errno.EACCES: ("permission denied (ports below 1024 need privileges)", other_port),
+                        errno.EADDRNOTAVAIL: (
+                            "no network interface here has that address",
+                            "bind one of this machine's addresses with --osc-host, e.g. 127.0.0.1",
+                        ),
+                    }.get(error.errno, (error.strerror, other_port))
+                    raise OSError(
+                        error.errno, f"cannot listen for OSC on {_show(bind_address[:2])}: {reason}; {fix}"
+                    ) from error
                 self._allowed = _resolve_hosts(self.config.allow_hosts)
                 self._feedback_address = _resolve(self.config.feedback, family) if self.config.feedback else None
             except BaseException:
@@ -162,6 +207,9 @@ class OscBridge:
                     *self._address,
                     "" if self._allowed else "; set allow_hosts to choose who may play",
                 )
+            root = logging.getLogger()
+            if THIRD_PARTY_RATE_LIMIT not in root.filters:
+                root.addFilter(THIRD_PARTY_RATE_LIMIT)
             self._stopping = threading.Event()
             self._unsubscribe = self.registry.subscribe(self._on_change)
             loops = {"receive": self._receive_loop, "schedule": self._schedule_loop, "send": self._send_loop}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..outputs import check_output_path
 from .loop_buffer import (
     APPLIED_GAIN,
     APPLIED_TRANSPORT,
@@ -42,6 +44,7 @@ from .loop_buffer import (
     UNDERRUNS,
     LoopBuffer,
 )
+from .recording import RING_SECONDS, RecordingDrain
 
 MODES = ("process", "thread", "null")
 LIST_HINT = "run with --list-devices to see the outputs, or --no-audio to run without sound"
@@ -122,6 +125,7 @@ class _Renderer:
 
     def __init__(self, buffer: LoopBuffer, blocksize: int, record: np.ndarray | None):
         self.buffer, self.counters, self.reals, self.record = buffer, buffer.counters, buffer.reals, record
+        self.heard = False  # a block with sound has played: from then on an all-zero block is a gap
         self.unit_ramp = ((np.arange(blocksize, dtype=np.float32) + 1) / blocksize)[:, None]
         self.gain_curve = np.empty_like(self.unit_ramp)
         self.fade_steps = (np.arange(blocksize, dtype=np.float32) + 1)[:, None] / TRANSPORT_FADE_FRAMES
@@ -131,6 +135,19 @@ class _Renderer:
         if status.output_underflow:
             self.counters[UNDERRUNS] += 1
         self.render(outdata, frames)
+
+    def count_gap(self, out: np.ndarray) -> None:
+        """An exact-zero block while playing at a non-zero volume is a hole in the loop (the engine fell behind
+        the playhead): counted as an underrun, like a late device callback."""
+        if out.any():
+            self.heard = True
+        elif (
+            self.heard
+            and self.reals[TRANSPORT] == 1.0
+            and self.reals[APPLIED_TRANSPORT] == 1.0
+            and self.reals[GAIN] > 0
+        ):
+            self.counters[UNDERRUNS] += 1
 
     def apply_transport(self, out: np.ndarray, frames: int, played: int) -> None:
         """Fade toward the transport state at 1/TRANSPORT_FADE_FRAMES per frame; stopped means exact zeros."""
@@ -167,6 +184,7 @@ class _Renderer:
             out *= target
         reals[APPLIED_GAIN] = target
         self.apply_transport(out, frames, played)
+        self.count_gap(out)
         if self.record is not None:
             size, written = self.record.shape[0], int(counters[RECORDED])
             start = written % size
@@ -213,7 +231,9 @@ def _open_stream(renderer: _Renderer, device, blocksize: int):
 def _output_process_main(
     buffer_name: str, device, blocksize: int, record_name: str | None, record_frames: int, conn
 ) -> None:
-    """Entry of the output process: play until Playback sets STOP, the parent dies, or the stream dies."""
+    """Entry of the output process: play until Playback sets STOP, the parent dies, or the stream dies. Ctrl-C
+    reaches the whole process group: the parent decides when this process stops, so it ignores SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     buffer = LoopBuffer.attach(buffer_name)
     record_shm = shared_memory.SharedMemory(name=record_name) if record_name else None
     record = np.ndarray((record_frames, buffer.channels), np.float32, record_shm.buf) if record_shm else None
@@ -245,8 +265,8 @@ def _output_process_main(
 class Playback:
     """Plays `buffer` on `device` (index, name substring, or None for the default) until stop().
 
-    record_path: stop() writes exactly the frames that were played (the newest record_seconds_max seconds at
-    most) as a 16-bit WAV at the buffer's rate."""
+    record_path: exactly the frames that were played, streamed to a 16-bit WAV at the buffer's rate while they play
+    (see recording.py: valid after a kill up to the last quarter second, renamed into place by stop())."""
 
     def __init__(
         self,
@@ -255,7 +275,6 @@ class Playback:
         blocksize: int = 1024,
         mode: str = "process",
         record_path: str | None = None,
-        record_seconds_max: float = 3600,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -268,7 +287,10 @@ class Playback:
             mode,
             record_path,
         )
-        self.record_frames = max(blocksize, int(record_seconds_max * buffer.sample_rate)) if record_path else 0
+        self.record_frames = max(blocksize, int(RING_SECONDS * buffer.sample_rate)) if record_path else 0
+        if record_path:
+            check_output_path(Path(record_path), "--record")
+        self.recording: RecordingDrain | None = None
         self.device_name: str | None = None
         self.error: str | None = None
         self._record_shm: shared_memory.SharedMemory | None = None
@@ -293,9 +315,9 @@ class Playback:
         self.buffer.reals[LATENCY_S] = 0.0
         self.buffer.reals[APPLIED_GAIN] = self.buffer.reals[GAIN]  # no fade-in from a stale volume
         self.buffer.reals[APPLIED_TRANSPORT] = self.buffer.reals[TRANSPORT]
-        if self.record_path:
-            self._allocate_recording()
         try:
+            if self.record_path:
+                self._allocate_recording()
             if self.mode == "process":
                 self._start_process()
             elif self.mode == "thread":
@@ -307,6 +329,11 @@ class Playback:
                 self._clock = threading.Thread(target=self._clock_main, name="flowjam-null-clock", daemon=True)
                 counters[RUNNING] = 1
                 self._clock.start()
+            if self._record is not None:  # the file is opened once the output runs: a failed start leaves none
+                self.recording = RecordingDrain(
+                    Path(self.record_path), self._record, self.buffer.counters, RECORDED, self.buffer.sample_rate
+                )
+                self.recording.start()
         except BaseException:
             self._stopped = True
             self._release_recording()
@@ -323,7 +350,7 @@ class Playback:
             if free < needed:
                 raise PlaybackError(
                     f"recording {shape[0] / self.buffer.sample_rate:.0f} s needs {needed >> 20} MiB of shared "
-                    f"memory but /dev/shm has {free >> 20} MiB free; lower record_seconds_max"
+                    f"memory but /dev/shm has {free >> 20} MiB free; free some shared memory"
                 )
             self._record_shm = shared_memory.SharedMemory(create=True, size=4 * shape[0] * shape[1])
             self._record = np.ndarray(shape, np.float32, self._record_shm.buf)
@@ -374,10 +401,8 @@ class Playback:
             self._clock.join()
         self.buffer.counters[RUNNING] = 0
         try:
-            if self.record_path:
-                from ..audio_io import write_wav
-
-                write_wav(self.record_path, self.recorded_audio(), self.buffer.sample_rate)
+            if self.recording is not None:
+                self.recording.finish()
         finally:
             self._release_recording()
 
@@ -390,21 +415,14 @@ class Playback:
         self._conn.close()
 
     def _release_recording(self) -> None:
+        """Free the ring; a take that never finished (a failed start) keeps its `.partial` file."""
+        if self.recording is not None:
+            self.recording.close_unfinished()
         self._record = None
         if self._record_shm is not None:
             self._record_shm.close()
             self._record_shm.unlink()
             self._record_shm = None
-
-    def recorded_audio(self) -> np.ndarray:
-        """The frames played so far that the recording ring still holds, as float32 [channels, N]."""
-        if self._record is None:
-            return np.zeros((self.buffer.channels, 0), np.float32)
-        written, size = int(self.buffer.counters[RECORDED]), self._record.shape[0]
-        if written <= size:
-            return np.ascontiguousarray(self._record[:written].T)
-        end = written % size
-        return np.concatenate([self._record[end:], self._record[:end]]).T.copy()
 
     def _clock_main(self) -> None:
         """Null mode: 'play' a block per period of real time; a wake-up later than one block counts an underrun

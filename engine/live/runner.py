@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,14 +43,6 @@ class RunnerConfig:
 
 
 # ---- messages: what other threads ask of the runner; applied between ticks, in order ---------------------------
-
-
-@dataclass(frozen=True)
-class PromptText:
-    """Encode `text` as a prompt slot; an empty negative prompt means the null condition."""
-
-    slot: str
-    text: str
 
 
 @dataclass(frozen=True)
@@ -88,7 +81,67 @@ class TargetClear:
     """Back to the default target: the source's latents, or none for a text-only loop."""
 
 
-Message = PromptText | PromptConditioning | CurveOverride | SourceSwap | StructureSwap | TargetCapture | TargetClear
+Message = PromptConditioning | CurveOverride | SourceSwap | StructureSwap | TargetCapture | TargetClear
+
+
+# ---- prompt encoding, off the runner thread ---------------------------------------------------------------------
+
+
+class PromptEncoder:
+    """Encodes prompt texts on a thread of its own, so a burst of prompts never stops the ticks; of several texts
+    waiting for one slot only the newest is encoded. Each result reaches the runner as a PromptConditioning."""
+
+    def __init__(
+        self,
+        encode: Callable[[str], Conditioning],
+        deliver: Callable[[Message], None],
+        on_error: Callable[[Exception], None],
+    ):
+        self._encode, self._deliver, self._on_error = encode, deliver, on_error
+        self._pending: dict[str, str] = {}
+        self._busy = False
+        self._ready = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, slot: str, text: str) -> None:
+        with self._ready:
+            self._pending[slot] = text
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="flowjam-prompt-encoder", daemon=True)
+                self._thread.start()
+            self._ready.notify()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing being encoded (every submitted text has been delivered)."""
+        with self._ready:
+            return not self._pending and not self._busy
+
+    def stop(self) -> None:
+        with self._ready:
+            self._stopping = True
+            self._ready.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending and not self._stopping:
+                    self._ready.wait()
+                if self._stopping:
+                    return
+                slot, text = self._pending.popitem()
+                self._busy = True
+            try:
+                empty_negative = slot == "negative" and not text.strip()
+                self._deliver(PromptConditioning(slot, None if empty_negative else self._encode(text)))
+            except Exception as error:  # a bad prompt must not stop later ones
+                self._on_error(error)
+            finally:
+                with self._ready:
+                    self._busy = False
 
 
 # ---- latency bookkeeping --------------------------------------------------------------------------------------
@@ -216,6 +269,8 @@ class LiveRunner:
         self._set_source(source)
         self._latest: torch.Tensor | None = None
         self._latest_seq = 0
+        self._loop_filled = source is not None  # LiveApp fills the loop with the source; else the first latent does
+        self._encoder = PromptEncoder(session.encode_text, self._messages.put, self._count_error)
         self.stats = RunnerStats(window_s=config.window_s)
 
     def _encode(self, prompt: str | Conditioning) -> Conditioning:
@@ -224,8 +279,14 @@ class LiveRunner:
     # ---- messages (any thread) -------------------------------------------------------------------------------
 
     def set_prompt(self, which: str, text: str) -> None:
-        """Prompt text for slot "a", "b" or "negative" (an empty negative goes back to the null condition)."""
-        self._messages.put(PromptText(_prompt_slot(which), text))
+        """Prompt text for slot "a", "b" or "negative" (an empty negative goes back to the null condition); encoded
+        off the runner thread, applied at the top of the tick after it is ready."""
+        self._encoder.submit(_prompt_slot(which), text)
+
+    @property
+    def encoding(self) -> bool:
+        """Prompt texts are waiting to be encoded or being encoded."""
+        return not self._encoder.idle
 
     def set_conditioning(self, which: str, conditioning: Conditioning | None) -> None:
         """Use an already encoded condition as prompt A, B or the negative (from a ComfyUI graph, say)."""
@@ -268,6 +329,7 @@ class LiveRunner:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
+        self._encoder.stop()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -335,27 +397,19 @@ class LiveRunner:
             self._write_ahead(started, fresh_from)
 
     def _drain_messages(self) -> None:
-        """Apply every waiting message in order; of several prompt texts for one slot only the newest is encoded."""
-        messages: list[Message] = []
+        """Apply every waiting message in order."""
         while True:
             try:
-                messages.append(self._messages.get_nowait())
+                message = self._messages.get_nowait()
             except queue.Empty:
-                break
-        newest_text = {m.slot: i for i, m in enumerate(messages) if isinstance(m, PromptText)}
-        for index, message in enumerate(messages):
-            if isinstance(message, PromptText) and newest_text[message.slot] != index:
-                continue  # a newer text for the same slot is waiting: encode only that one
+                return
             try:
                 self._apply_message(message)
             except Exception as error:  # one bad message must not drop the ones after it
                 self._count_error(error)
 
     def _apply_message(self, message: Message) -> None:
-        if isinstance(message, PromptText):
-            empty_negative = message.slot == "negative" and not message.text.strip()
-            self._set_prompt(message.slot, None if empty_negative else self.session.encode_text(message.text))
-        elif isinstance(message, PromptConditioning):
+        if isinstance(message, PromptConditioning):
             self._set_prompt(message.slot, message.conditioning)
         elif isinstance(message, CurveOverride):
             if message.curve is None:
@@ -457,6 +511,9 @@ class LiveRunner:
         lead_samples = int(self.stats.lead_s * rate)
         frame = -(-(playhead + lead_samples) // hop) % self.frames
         decode_started = time.perf_counter()
+        if not self._loop_filled:  # the first latent fills the whole loop: no never-written (silent) region is left
+            self.buffer.fill(self.session.decode(self._latest))
+            self._loop_filled = True
         audio = self.session.decode(
             self._latest, t_start=frame / LATENT_RATE_HZ, window_s=self.stats.window_s, cyclic=True
         )

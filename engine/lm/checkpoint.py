@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..checkpoints import COMFY_AIO_FILE, CheckpointError, load_strict, read_sharded
+from ..checkpoints import COMFY_AIO_FILE, CheckpointError, load_strict, read_sharded, safetensors_header
 from ..key_maps import infer_qwen3_config, strip_prefix
 from ..models.lm import LM_PRESETS, LM_VOCAB, Qwen3LM
 from ..models.presets import Qwen3Config
@@ -75,14 +75,6 @@ def build_random_lm(
 # ---- reading -------------------------------------------------------------------------------------------------
 
 
-def _safetensors_keys(path: Path) -> list[str]:
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            return list(handle.keys())
-    except Exception as exc:  # safetensors raises several exception types for corrupt files
-        raise CheckpointError(f"cannot read {path}: {exc}; is it a complete .safetensors file?") from exc
-
-
 def _no_lm(origin: str) -> CheckpointError:
     return CheckpointError(f"{origin} holds no 5 Hz LM (no {EMBED_KEY}); pass {EXPECTED}")
 
@@ -99,7 +91,7 @@ def _lm_prefix(keys: list[str], path: Path) -> str:
 
 def read_lm_file(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     """The LM tensors of one .safetensors file (only those under the LM prefix of an all-in-one) and their origin."""
-    keys = _safetensors_keys(path)
+    keys = safetensors_header(path)[0]
     prefix = _lm_prefix(keys, path)
     with safe_open(str(path), framework="pt") as handle:
         state = {k[len(prefix) :]: handle.get_tensor(k) for k in keys if k.startswith(prefix)}

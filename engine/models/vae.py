@@ -213,3 +213,27 @@ class OobleckVAE(nn.Module):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Audio [B,audio,T*hop] from latents [B,latent,T]."""
         return self.decoder(latents)
+
+    @torch.no_grad()
+    def center_seeded_output(self, peak: float = 0.35, seed: int = 0) -> None:
+        """For seeded random weights only. Untrained, the decoder's biases add a pattern that hardly depends on the
+        latents (two decodes of independent latents correlate at 0.99) and its last Snake has a positive mean per
+        channel that the last conv turns into a DC offset pinning the output near full scale. Zero the decoder's
+        biases (the output then follows the latents), shift each (output, input) kernel of the last conv by a
+        constant, the least change that makes its DC gain orthogonal to those means (measured on seeded N(0, 1)
+        latents), and scale it so their decode peaks at `peak`."""
+        decoder, conv = self.decoder, self.decoder.conv2
+        for module in decoder.modules():
+            if isinstance(getattr(module, "bias", None), torch.Tensor):
+                module.bias.zero_()
+        probe = torch.randn(1, self.config.latent_channels, 32, generator=torch.Generator().manual_seed(seed))
+        z = decoder.conv1(probe.to(conv.weight_v.device, conv.weight_v.dtype))
+        for block in decoder.block:
+            z = block(z)
+        means = decoder.snake1(z).mean(dim=(0, 2))  # [in]
+        taps = conv.weight_v.shape[-1]
+        dc_gain = conv.weight_v.sum(dim=-1)  # [out, in]
+        shift = -(dc_gain @ means)[:, None] * means[None, :] / (taps * means.square().sum())
+        conv.weight_v += shift[..., None]
+        audio = self.decode(probe.to(conv.weight_v.device, conv.weight_v.dtype))
+        conv.weight_g *= peak / audio.abs().amax().clamp_min(1e-12)

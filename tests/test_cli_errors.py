@@ -1,0 +1,282 @@
+"""Every start-up and input mistake ends the command with ONE line on stderr (`flowjam <command>: error: ...`), exit
+code 2, no traceback and nothing written; outputs are replaced whole or not at all. Run as a user runs it:
+`python -m flowjam ...` in a subprocess (tiny preset, CPU), the cases side by side to keep the file quick."""
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from flowjam.engine.live.knobs import KnobRegistry
+from flowjam.engine.live.osc import OscBridge, OscConfig
+from flowjam.engine.outputs import atomic_output, check_output_path
+from test_audio_io import BAD_WAVS, raw_wav
+from test_checkpoints import bad_safetensors
+
+ROOT_SKIP = "root writes through permission bits" if os.geteuid() == 0 else ""
+HAS_CUDA = torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class Case:
+    command: str
+    args: object  # (files) -> list of extra arguments
+    expected: str  # part of the one error line
+    skip: str = ""  # reason to skip here, if any
+
+
+CASES = {
+    # render: lengths, knobs, text inputs
+    "render --seconds inf": Case("render", lambda f: ["--seconds", "inf"], "--seconds must be a finite number > 0"),
+    "render --seconds nan": Case("render", lambda f: ["--seconds", "nan"], "--seconds must be a finite number > 0"),
+    "render --seconds 0": Case("render", lambda f: ["--seconds", "0"], "--seconds must be a finite number > 0"),
+    "render --seconds 1e6": Case("render", lambda f: ["--seconds", "1e6"], "at most 600 s = 10 min"),
+    "render --seconds 1e9": Case("render", lambda f: ["--seconds", "1e9"], "use --seconds 600 or less"),
+    "render --seconds 1e-9": Case("render", lambda f: ["--seconds", "1e-9"], "shorter than one latent frame"),
+    "render --lyrics @folder": Case("render", lambda f: ["--lyrics", f"@{f.tmp}"], "is a folder; give a text file"),
+    "render --lyrics @missing": Case("render", lambda f: ["--lyrics", f"@{f.tmp / 'no.txt'}"], "no such file"),
+    # render: where the WAV goes
+    "render --out folder": Case("render", lambda f: ["--out", str(f.outs)], "is a folder; give a file path"),
+    "render --out missing folder": Case(
+        "render", lambda f: ["--out", str(f.outs / "missing" / "x.wav")], "does not exist; create it"
+    ),
+    "render --out under a file": Case(
+        "render", lambda f: ["--out", str(f.plain_file / "x.wav")], "is a file, not a folder"
+    ),
+    "render --out read-only file": Case(
+        "render", lambda f: ["--out", str(f.read_only_file)], "is read-only", ROOT_SKIP
+    ),
+    "render --out read-only folder": Case(
+        "render",
+        lambda f: ["--out", str(f.read_only_folder / "x.wav")],
+        "is not writable",
+        ROOT_SKIP,
+    ),
+    # render: device and weights
+    "render --device bogus": Case("render", lambda f: ["--device", "bogus"], "unknown --device 'bogus'"),
+    "render --device cuda": Case(
+        "render", lambda f: ["--device", "cuda"], "use --device cpu", "CUDA is available here" if HAS_CUDA else ""
+    ),
+    **{
+        f"render --checkpoint {name}": Case("render", lambda f, name=name: ["--checkpoint", str(f.weights[name][0])], x)
+        for name, x in [
+            ("empty", "is empty (0 bytes)"),
+            ("text", "is not a .safetensors file"),
+            ("truncated", "is truncated (1,000 of 4,000 bytes"),
+            ("header only", "is truncated (0 of 4,000 bytes"),
+        ]
+    },
+    **{
+        f"render --cover {name}": Case("render", lambda f, name=name: ["--cover", str(f.wavs[name])], expected)
+        for name, (_, expected) in BAD_WAVS.items()
+        if name not in ("12-bit PCM", "mu-law")  # encodings: read_wav's own tests
+    },
+    # live
+    "live --song-seconds inf": Case("live", lambda f: ["--song-seconds", "inf"], "--song-seconds must be a finite"),
+    "live --song-seconds 1e5": Case("live", lambda f: ["--song-seconds", "1e5"], "use --song-seconds 600 or less"),
+    "live --seconds nan": Case("live", lambda f: ["--seconds", "nan"], "--seconds must be a finite number > 0"),
+    "live --seconds inf": Case("live", lambda f: ["--seconds", "inf"], "leave it out to play until Ctrl-C"),
+    "live --seconds 0": Case("live", lambda f: ["--seconds", "0"], "--seconds must be a finite number > 0"),
+    "live --prompt ''": Case("live", lambda f: ["--prompt", ""], "the prompt is empty"),
+    "live --depth 99": Case("live", lambda f: ["--depth", "99"], "--depth 99 is outside 1..8"),
+    "live --depth 0": Case("live", lambda f: ["--depth", "0"], "--depth 0 is outside 1..8"),
+    "live --steps 1000": Case("live", lambda f: ["--steps", "1000"], "--steps 1000 is outside 1..50"),
+    "live --source truncated": Case("live", lambda f: ["--source", str(f.wavs["truncated"])], "truncated"),
+    "live --audio-device bogus": Case("live", lambda f: ["--audio-device", "bogus"], "cannot open audio output"),
+    "live OSC port in use": Case(
+        "live", lambda f: ["--osc-port", str(f.busy_port)], "cannot listen for OSC on 127.0.0.1:"
+    ),
+    "live --osc-host nosuch.invalid": Case(
+        "live", lambda f: ["--osc-port", str(f.free_port), "--osc-host", "nosuch.invalid"], "does not resolve"
+    ),
+    "live --osc-feedback nosuch.invalid:9000": Case(
+        "live",
+        lambda f: ["--osc-port", str(f.free_port), "--osc-feedback", "nosuch.invalid:9000"],
+        "'nosuch.invalid' does not resolve",
+    ),
+    "live --osc-feedback with --osc-port 0": Case(
+        "live", lambda f: ["--osc-feedback", "127.0.0.1:9111"], "which --osc-port 0 turns off"
+    ),
+}
+
+
+def base_arguments(case: Case, extra: list[str], out: Path) -> list[str]:
+    """What the case is not about is given safe values: a fresh --out for render; no sound card, no OSC and one
+    second of play for live. Later arguments override earlier ones."""
+    if case.command == "render":
+        return ["render", "--prompt", "ambient", "--out", str(out), *extra]
+    audio = [] if "--audio-device" in extra else ["--no-audio"]
+    return ["live", *audio, "--osc-port", "0", "--seconds", "1", *extra]
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Every bad input, built once: broken WAVs and checkpoints, odd output places, a busy UDP port."""
+    tmp = tmp_path_factory.mktemp("cli_errors")
+    (tmp / "wavs").mkdir()
+    (tmp / "weights").mkdir()
+    wavs = {name: raw_wav(tmp / "wavs" / f"{name}.wav", **fields) for name, (fields, _) in BAD_WAVS.items()}
+    outs = tmp / "outs"  # every render case writes (or rather must not write) here
+    outs.mkdir()
+    plain_file = tmp / "plain.txt"
+    plain_file.write_text("not a folder")
+    read_only_file = tmp / "read-only.wav"
+    read_only_file.write_bytes(b"keep me")
+    read_only_file.chmod(0o444)
+    read_only_folder = tmp / "read-only"
+    read_only_folder.mkdir(mode=0o555)
+    busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    busy.bind(("127.0.0.1", 0))
+    yield SimpleNamespace(
+        tmp=tmp,
+        outs=outs,
+        wavs=wavs,
+        weights=bad_safetensors(tmp / "weights"),
+        plain_file=plain_file,
+        read_only_file=read_only_file,
+        read_only_folder=read_only_folder,
+        busy_port=busy.getsockname()[1],
+        free_port=free_udp_port(),
+    )
+    busy.close()
+    read_only_folder.chmod(0o755)
+
+
+def run_flowjam(arguments: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "flowjam", *arguments], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def outcomes(request, files):
+    """The selected cases run side by side (each is mostly a Python start-up): name -> (arguments, result)."""
+    selected = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_bad_input_ends_with_one_error_line_and_exit_2"
+        and not CASES[item.callspec.params["name"]].skip
+    ]
+    arguments = {
+        name: base_arguments(CASES[name], CASES[name].args(files), files.outs / f"case{i}.wav")
+        for i, name in enumerate(selected)
+    }
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        results = dict(zip(arguments, pool.map(run_flowjam, arguments.values())))
+    return {name: (arguments[name], results[name]) for name in arguments}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_ends_with_one_error_line_and_exit_2(name, outcomes, files):
+    case = CASES[name]
+    if case.skip:
+        pytest.skip(case.skip)
+    arguments, result = outcomes[name]
+    shown = f"python -m flowjam {' '.join(arguments)}\nexit {result.returncode}\nstderr:\n{result.stderr}"
+    assert "Traceback" not in result.stderr, shown
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"expected exactly one line on stderr\n{shown}"
+    assert lines[0].startswith(f"flowjam {case.command}: error: "), shown
+    assert case.expected in lines[0], f"the error should say {case.expected!r}\n{shown}"
+    assert result.returncode == 2, shown
+    assert not any(files.outs.iterdir()), f"a refused command left {list(files.outs.iterdir())}"
+    assert files.read_only_file.read_bytes() == b"keep me"
+
+
+# ---- outputs: checked before any work, replaced whole or not at all --------------------------------------------
+
+
+def test_osc_port_in_use_names_the_address_and_the_fix():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        bridge = OscBridge(KnobRegistry(), OscConfig(port=port))
+        with pytest.raises(OSError) as error:
+            bridge.start()
+    assert error.value.errno == errno.EADDRINUSE
+    assert f"127.0.0.1:{port}" in str(error.value) and "--osc-port" in str(error.value), str(error.value)
+
+
+def test_output_path_is_checked_before_any_work(tmp_path):
+    assert check_output_path(tmp_path / "x.wav", "--out") == tmp_path / "x.wav"
+    with pytest.raises(ValueError, match="is a folder"):
+        check_output_path(tmp_path, "--out")
+    with pytest.raises(ValueError, match=r"the folder .*missing does not exist"):
+        check_output_path(tmp_path / "missing" / "x.wav", "--out")
+
+
+def test_an_error_inside_an_atomic_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "take.wav"
+    path.write_bytes(b"previous take")
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        with atomic_output(path) as temporary:
+            temporary.write_bytes(b"half of the new ")
+            raise RuntimeError("disk on fire")
+    assert path.read_bytes() == b"previous take"
+    assert [p.name for p in tmp_path.iterdir()] == ["take.wav"], "the temporary file was not removed"
+    with atomic_output(path) as temporary:
+        temporary.write_bytes(b"new take")
+    assert path.read_bytes() == b"new take"
+    assert [p.name for p in tmp_path.iterdir()] == ["take.wav"]
+
+
+def test_sigkill_in_the_middle_of_a_write_keeps_the_previous_file(tmp_path):
+    path = tmp_path / "take.wav"
+    path.write_bytes(b"previous take")
+    script = (
+        "import os, signal, sys\n"
+        "from flowjam.engine.outputs import atomic_output\n"
+        "with atomic_output(sys.argv[1]) as temporary:\n"
+        "    with open(temporary, 'wb') as handle:\n"
+        "        handle.write(b'half of the new take'); handle.flush()\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, timeout=60)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert path.read_bytes() == b"previous take"
+    leftovers = [p.name for p in tmp_path.iterdir() if p != path]
+    assert all(name.startswith(".take.wav.") and name.endswith(".tmp") for name in leftovers), leftovers
+
+
+def test_render_killed_while_it_runs_keeps_the_previous_out_file(tmp_path):
+    out = tmp_path / "song.wav"
+    out.write_bytes(b"previous song")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flowjam", "render", "--prompt", "ambient", "--seconds", "60", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    seen = bytearray()
+    started = threading.Event()
+
+    def watch() -> None:  # the progress bar has no newlines: read byte by byte
+        while chunk := process.stderr.read(1):
+            seen.extend(chunk)
+            if b"denoise" in seen:
+                started.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        assert started.wait(90), f"render did not start denoising: {bytes(seen)!r}"
+        time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+    assert out.read_bytes() == b"previous song", "a killed render must not touch the previous file"
+    assert [p.name for p in tmp_path.iterdir()] == ["song.wav"]
