@@ -1,6 +1,7 @@
 """The live layer end to end on the tiny preset: audio through JACK, OSC from real clients, latency, bad input."""
 
 import json
+import logging
 import shutil
 import socket
 import subprocess
@@ -438,3 +439,28 @@ def test_a_recording_survives_the_process_being_killed(tmp_path, signal_name):
     audio, rate = read_wav(record)
     frames_played = int(out.rsplit("(", 1)[1].split()[0])
     assert audio.shape[1] == frames_played and audio.shape[1] / rate >= playhead, out
+
+
+def test_stopping_a_stream_while_it_ticks_never_raises(session, caplog):
+    """100 start/stop cycles, each stop arriving while the runner is inside a tick and not waiting for it (as when a
+    heavy stream is stopped from ComfyUI): the tick finishes against the closed loop buffer without an error."""
+    from flowjam.engine.live.runner import RunnerConfig
+
+    prompt = session.encode_text("stop me")
+    registry_settings = {"depth": 1, "steps": 2}
+    for cycle in range(100):
+        registry = KnobRegistry()
+        for name, value in registry_settings.items():
+            registry.set(name, value)
+        config = LiveConfig(
+            prompt="", song_seconds=1.0, playback_mode="null", osc_port=None, runner=RunnerConfig(stop_timeout_s=0.0)
+        )
+        app = LiveApp(session, config, registry, initial_conditionings=(prompt, prompt))
+        app.start()
+        wait_for(lambda app=app, ticks=1 + cycle % 3: app.runner.stats.ticks >= ticks, what="a tick")
+        app.stop()
+        status = app.status()  # the panel may still poll a stream that just stopped
+        assert status["ticks"] >= 1
+        wait_for(lambda app=app: not app.runner.alive, what="the runner to finish its last tick")
+        assert app.runner.stats.errors == 0, f"cycle {cycle}: {app.runner.stats.last_error}"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]

@@ -198,11 +198,14 @@ class LoopBuffer:
     # --- lifetime ----------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Drop this process's mapping. Views of it that a caller still holds keep the mapping alive until they go."""
+        """Drop this process's mapping. The counters, levels and audio stay readable (and writable, to no effect) as
+        private copies of their last values, so a thread that still finishes a tick or reads the status after a
+        stop sees the final state instead of failing. Views of the mapping that a caller still holds keep it alive
+        until they go."""
         if self._shm is None:
             return
         shm, self._shm = self._shm, None
-        self.counters = self.reals = self.data = None
+        self.counters, self.reals, self.data = self.counters.copy(), self.reals.copy(), self.data.copy()
         try:
             shm.close()
         except BufferError:  # someone still holds a view (e.g. a finished callback's arrays); the GC unmaps it

@@ -38,6 +38,7 @@ PROMPT_SLOTS = ("a", "b", "negative")  # prompt A, prompt B, and the negative pr
 class RunnerConfig:
     backend: str | None = None  # None: the session's own backend
     window_s: float = 0.4  # audio kept per write
+    stop_timeout_s: float = 10.0  # how long stop() waits for a tick in progress (a heavy one may take longer)
     min_lead_s: float = 0.05
     max_lead_s: float = 2.0
 
@@ -327,11 +328,12 @@ class LiveRunner:
         self._thread = threading.Thread(target=self._run, name="flowjam-runner", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self) -> None:
+        """Ask the loop to end after the tick in progress and wait up to `config.stop_timeout_s` for it."""
         self._stop.set()
         self._encoder.stop()
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(self.config.stop_timeout_s)
 
     @property
     def current_source(self) -> Source | None:
