@@ -8,6 +8,7 @@ from typing import Any
 from .spec import NodeInputError
 
 LATENT_CHANNELS = 64
+NODE_PRESETS = ("tiny",)  # the only preset the nodes build without weights (the CLI's bench commands build the rest)
 
 
 def model_folder_files(
@@ -54,6 +55,19 @@ def resolve_checkpoint(
     if not path.exists():
         raise NodeInputError(f"{node}: input 'checkpoint' {choice!r} was not found; {fix}")
     return path
+
+
+def check_preset(node: str, name: str, preset: str, known: tuple[str, ...], checkpoint: Path | None, fix: str) -> None:
+    """A loader's preset is built only when no checkpoint is chosen (a checkpoint sets its own shape). Full-size
+    presets are not offered: with random weights they take minutes per step and only make noise. Older saved graphs
+    may still name one: with a checkpoint they load as before, without one the error says what to pick."""
+    if preset not in known:
+        raise NodeInputError(f"{node}: input '{name}' must be one of {', '.join(NODE_PRESETS)}, got {preset!r}")
+    if checkpoint is None and preset not in NODE_PRESETS:
+        raise NodeInputError(
+            f"{node}: input '{name}' {preset!r} has no weights without a checkpoint (random full-size weights take "
+            f"minutes per step and only make noise); {fix}, or set '{name}' to tiny (no files, test sound)"
+        )
 
 
 def audio_from_comfy(node: str, audio: Any):

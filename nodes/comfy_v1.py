@@ -4,6 +4,7 @@ Used when the running ComfyUI has no V3 schema API, and by the tests (these clas
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from . import NODE_SPECS
@@ -49,7 +50,23 @@ def node_class(spec: NodeSpec) -> type:
     }
     if spec.always_run:
         attributes["IS_CHANGED"] = classmethod(lambda cls, **_: float("nan"))
+    if any(p.legacy for p in spec.inputs):
+        attributes["VALIDATE_INPUTS"] = legacy_validator(spec)
     return type(spec.node_id, (), attributes)
+
+
+def legacy_validator(spec: NodeSpec) -> classmethod:
+    """VALIDATE_INPUTS for the combos with legacy values. ComfyUI refuses a combo value outside the listed options
+    unless VALIDATE_INPUTS names that input (it reads the names off the signature: naming only these keeps its own
+    checks of every other input), so an old saved graph reaches the node, which says what to pick instead."""
+
+    def validate(cls, **values: Any) -> bool | str:
+        return spec.combo_problem(values) or True
+
+    names = [p.name for p in spec.inputs if p.legacy]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    validate.__signature__ = inspect.Signature([inspect.Parameter(n, kind) for n in ("cls", *names)])
+    return classmethod(validate)
 
 
 NODE_CLASS_MAPPINGS = {spec.node_id: node_class(spec) for spec in NODE_SPECS}

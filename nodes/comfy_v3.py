@@ -54,7 +54,9 @@ def node_class(spec: NodeSpec) -> type:
         )
 
     def execute(cls, **values: Any) -> io.NodeOutput:
-        _check_combos(spec, values)
+        problem = spec.combo_problem(values)  # ComfyUI (0.3.6x) checks V3 combo values only in the browser
+        if problem:
+            raise NodeInputError(problem)
         return io.NodeOutput(*spec.call(**values))
 
     attributes: dict[str, Any] = {
@@ -65,19 +67,6 @@ def node_class(spec: NodeSpec) -> type:
     if spec.always_run:
         attributes["fingerprint_inputs"] = classmethod(lambda cls, **_: float("nan"))
     return type(spec.node_id, (io.ComfyNode,), attributes)
-
-
-def _check_combos(spec: NodeSpec, values: dict[str, Any]) -> None:
-    """ComfyUI (0.3.6x) checks a V3 COMBO's value against its options only in the browser, not in POST /prompt:
-    refuse a value that is not among the options, naming the input (as the classic list combos are refused)."""
-    for param in spec.inputs:
-        if param.type == "COMBO" and param.name in values:
-            choices = param.choices()
-            if values[param.name] not in choices:
-                node = spec.display_name.removeprefix("flowjam ")
-                raise NodeInputError(
-                    f"{node}: input '{param.name}' must be one of {', '.join(choices)}, got {values[param.name]!r}"
-                )
 
 
 class FlowjamExtension(ComfyExtension):

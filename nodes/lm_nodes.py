@@ -11,6 +11,10 @@ from . import comfy_io
 from .spec import CATEGORY, MODEL, STRUCTURE, NodeInputError, NodeSpec, Output, Param, check_range
 
 _lm_lock = threading.Lock()
+LM_FIX = (
+    "pick LM weights in 'lm_checkpoint' (qwen_1.7b_ace15 / qwen_4b_ace15 in ComfyUI/models/text_encoders/, or an "
+    "all-in-one checkpoint in ComfyUI/models/checkpoints/)"
+)
 
 
 @dataclass(frozen=True)
@@ -29,13 +33,8 @@ class Structure:
 
 def _attach_lm(model, checkpoint: str, preset: str, sampling) -> None:
     """The model's LM, loaded once per (checkpoint, preset); sampling settings follow the node on every run."""
-    if preset not in LM_PRESET_NAMES:
-        raise NodeInputError(
-            f"LM structure: input 'lm_preset' must be one of {', '.join(LM_PRESET_NAMES)}, got {preset!r}"
-        )
-    path = comfy_io.resolve_checkpoint(
-        checkpoint, "LM structure", "put qwen_1.7b_ace15 / qwen_4b_ace15 in ComfyUI/models/text_encoders"
-    )
+    path = comfy_io.resolve_checkpoint(checkpoint, "LM structure", LM_FIX)
+    comfy_io.check_preset("LM structure", "lm_preset", preset, LM_PRESET_NAMES, path, LM_FIX)
     with _lm_lock:
         if model.song_writer is None or model.lm_origin != (None if path is None else str(path), preset, 0):
             try:
@@ -131,9 +130,10 @@ NODES = (
             Param(
                 "lm_preset",
                 "COMBO",
-                "LM shape when no checkpoint is chosen (seeded weights; tiny needs no files)",
+                "Used when lm_checkpoint is none: tiny is a small seeded test LM (no files, random structure)",
                 "tiny",
-                options=LM_PRESET_NAMES,
+                options=comfy_io.NODE_PRESETS,
+                legacy=tuple(p for p in LM_PRESET_NAMES if p not in comfy_io.NODE_PRESETS),
             ),
         ),
         (Output(STRUCTURE, "structure"), Output("STRING", "metadata", "The metadata the codes follow (YAML)")),

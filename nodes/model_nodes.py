@@ -33,6 +33,10 @@ from .spec import (
 )
 
 TASKS = ("text2music", "cover", "repaint")
+CHECKPOINT_FIX = (
+    "pick ACE-Step 1.5 weights in 'checkpoint' (files in ComfyUI/models/diffusion_models/ or "
+    "ComfyUI/models/checkpoints/)"
+)
 _sessions: dict[tuple, Any] = {}
 _load_lock = threading.Lock()
 
@@ -47,15 +51,18 @@ def load_model(preset: str, checkpoint: str, device: str, dtype: str, backend: s
     """Load once per (preset, checkpoint, device, dtype): re-queued graphs reuse the same session."""
     import torch
 
+    from ..engine.checkpoints import CheckpointError
     from ..engine.session import Session
 
-    if preset not in PRESET_NAMES:
-        raise NodeInputError(f"Load model: input 'preset' must be one of {', '.join(PRESET_NAMES)}, got {preset!r}")
     path = comfy_io.resolve_checkpoint(checkpoint)
+    comfy_io.check_preset("Load model", "preset", preset, PRESET_NAMES, path, CHECKPOINT_FIX)
     key = (preset, str(path), _device(device), dtype)
     with _load_lock:
         if key not in _sessions:
-            _sessions[key] = Session.load(path, preset=preset, device=key[2], dtype=getattr(torch, dtype))
+            try:
+                _sessions[key] = Session.load(path, preset=preset, device=key[2], dtype=getattr(torch, dtype))
+            except CheckpointError as error:
+                raise NodeInputError(f"Load model: input 'checkpoint' {checkpoint!r}: {error}") from None
         session = _sessions[key]
     session.backend = backend
     return (session,)
@@ -254,19 +261,21 @@ NODES = (
         "FlowjamLoadModel",
         "flowjam Load model",
         f"{CATEGORY}/model",
-        "Load ACE-Step 1.5 (a preset with seeded weights, or a checkpoint from ComfyUI's model folders) once per process.",
+        "Load ACE-Step 1.5 weights from ComfyUI's model folders (or the tiny test preset, no files) once per process.",
         (
             Param(
                 "preset",
                 "COMBO",
-                "Network shape when no checkpoint is chosen: tiny needs no files (noise-like sound)",
+                "Used when checkpoint is none: tiny is a small seeded test network (no files, noise-like sound); "
+                "real music needs ACE-Step 1.5 weights in checkpoint",
                 "tiny",
-                options=PRESET_NAMES,
+                options=comfy_io.NODE_PRESETS,
+                legacy=tuple(p for p in PRESET_NAMES if p not in comfy_io.NODE_PRESETS),
             ),
             Param(
                 "checkpoint",
                 "COMBO",
-                "ACE-Step 1.5 weights from diffusion_models/ or checkpoints/ (none = preset)",
+                "ACE-Step 1.5 weights from diffusion_models/ or checkpoints/ (none = the tiny test preset)",
                 "none",
                 options=lambda: ("none", *comfy_io.model_folder_files()),
             ),

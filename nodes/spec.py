@@ -24,7 +24,12 @@ CATEGORY = "audio/flowjam"
 
 
 class NodeInputError(ValueError):
-    """Bad input to a node: the message names the node, the input and the fix."""
+    """Bad input to a node: the message names the node, the input and the fix.
+
+    ComfyUI shows an error's type as `module.qualname`, and it imports a pack under its folder's full path, so this
+    would read `/home/.../custom_nodes/flowjam.nodes.spec.NodeInputError`; the pack's name reads plainly."""
+
+    __module__ = "flowjam"
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,13 @@ class Param:
     options: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()
     multiline: bool = False
     optional: bool = False
+    legacy: tuple[str, ...] = ()  # COMBO values older saved graphs hold: accepted, no longer offered
 
     def choices(self) -> tuple[str, ...]:
         return tuple(self.options()) if callable(self.options) else tuple(self.options)
+
+    def accepts(self, value: Any) -> bool:
+        return value in self.choices() or value in self.legacy
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,16 @@ class NodeSpec:
                 f"{self.node_id} returned {type(result).__name__} of wrong arity for {len(self.outputs)} outputs"
             )
         return result
+
+    def combo_problem(self, values: dict[str, Any]) -> str | None:
+        """Why a COMBO value is refused (None: every one is an option or a legacy value): ComfyUI checks a classic
+        combo's value only when no VALIDATE_INPUTS takes it, and a V3 combo's only in the browser."""
+        for param in self.inputs:
+            if param.type == "COMBO" and param.name in values and not param.accepts(values[param.name]):
+                node = self.display_name.removeprefix("flowjam ")
+                choices = ", ".join(param.choices())
+                return f"{node}: input '{param.name}' must be one of {choices}, got {values[param.name]!r}"
+        return None
 
 
 def check_range(

@@ -85,10 +85,12 @@ def _app(node: str, stream: str):
 
     app = sessions.get(stream)
     if app is None:
-        raise NodeInputError(
-            f"{node}: no running stream named {stream!r}; queue a Stream node with that session_id first"
-        )
+        raise NodeInputError(f"{node}: {not_running(stream)}")
     return app
+
+
+def not_running(stream: str) -> str:
+    return f"no running stream named {stream!r}; queue a flowjam Stream node with session_id {stream!r} first"
 
 
 def stream_start(
@@ -203,17 +205,19 @@ def shared_curve(stream: str, knob: str, value: float, curve=None) -> tuple:
     return (stream,)
 
 
-def stream_stop(stream: str) -> tuple:
+def stream_stop(stream: str, after: str | None = None) -> tuple:
+    """Stop the stream. ComfyUI runs a node after every node it takes input from, and in no set order otherwise:
+    `stream` (and `after`, from another branch) chain the stop after the nodes that use the stream."""
     from ..engine.live import sessions
 
-    return (f"stopped {stream}" if sessions.stop(stream) else f"no stream named {stream}",)
+    return (f"stopped {stream}" if sessions.stop(stream) else not_running(stream),)
 
 
 def stream_capture(stream: str, seconds: float) -> tuple:
-    """The last `seconds` the stream played, as ComfyUI AUDIO (Save/Preview Audio)."""
+    """The last `seconds` the stream played, as ComfyUI AUDIO (Save/Preview Audio), and the stream to chain on."""
     check_range("Stream capture", "seconds", seconds, 0.1, MAX_SONG_SECONDS)
     app = _app("Stream capture", stream)
-    return (comfy_io.audio_to_comfy(app.capture(seconds), app.buffer.sample_rate),)
+    return comfy_io.audio_to_comfy(app.capture(seconds), app.buffer.sample_rate), stream
 
 
 def osc_bridge(stream: str, port: int, feedback: str, host: str) -> tuple:
@@ -338,8 +342,17 @@ NODES = (
         "FlowjamStreamStop",
         "flowjam Stream stop",
         f"{CATEGORY}/live",
-        "Stop a running stream and free its audio device.",
-        (STREAM_PARAM,),
+        "Stop a running stream and free its audio device. Chain it after the nodes that use the stream: a stop in a "
+        "live graph stops the stream at the end of every queue (bypass it until you want to stop).",
+        (
+            Param("stream", STREAM, "The stream to stop: connect it from the last node that uses the stream"),
+            Param(
+                "after",
+                STREAM,
+                "Another branch's stream output: the stop also waits for it (only orders the graph; not stopped)",
+                optional=True,
+            ),
+        ),
         (Output("STRING", "status"),),
         stream_stop,
         output_node=True,
@@ -351,7 +364,10 @@ NODES = (
         f"{CATEGORY}/live",
         "The last seconds a stream played, as AUDIO for Save Audio or Preview Audio.",
         (STREAM_PARAM, Param("seconds", "FLOAT", "How much to capture", 8.0, 0.1, MAX_SONG_SECONDS, 0.1)),
-        (Output(AUDIO, "audio"),),
+        (
+            Output(AUDIO, "audio"),
+            Output(STREAM, "stream", "The same stream, to chain a Stream stop after the capture"),
+        ),
         stream_capture,
         always_run=True,
     ),

@@ -1,8 +1,79 @@
-"""HTTP routes on ComfyUI's own server for the live panel: read a stream's status, turn a knob (no re-queue)."""
+"""HTTP routes on ComfyUI's own server for the live panel: read a stream's status, turn a knob (no re-queue).
+
+The handler logic is two plain functions, `status_for` and `set_knob` -> (HTTP status, JSON-ready dict), so it is
+tested without ComfyUI or aiohttp; `register()` only wraps them in aiohttp handlers."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
+
+from ..engine.live import sessions
+from ..engine.live.knobs import KnobError
+from ..engine.params import KNOB_SPECS, KnobSpec
+
+KNOB_BODY = '{"name": <knob>, "value": <number, or a choice name for cfg_mode>}'
+
+
+def spec_json(spec: KnobSpec) -> dict[str, Any]:
+    return {
+        "min": spec.minimum,
+        "max": spec.maximum,
+        "default": spec.default,
+        "kind": spec.kind.value,
+        "integer": spec.integer,
+        "choices": list(spec.choices),
+        "description": spec.description,
+    }
+
+
+SPECS_JSON = {spec.name: spec_json(spec) for spec in KNOB_SPECS}
+
+
+def curve_driven(app) -> list[str]:
+    """Shared knobs a per-frame curve drives now (more than one frame along the curve's time axis): the knob's own
+    value is not what plays."""
+    curves = app.runner.stream.pipeline.shared_curves()
+    return sorted(name for name, curve in curves.items() if curve.dim() > 1 and curve.shape[1] > 1)
+
+
+def not_running(name: str) -> str:
+    return f"no running stream named {name!r}; queue a graph with a flowjam Stream node whose session_id is {name!r}"
+
+
+def status_for(name: str) -> tuple[int, dict[str, Any]]:
+    """GET /flowjam/session/{name}: always 200 (a panel polls before its stream exists and after it stops);
+    `running` says whether the stream plays, `specs` carries every knob's range either way."""
+    app = sessions.get(name)
+    if app is None:
+        return 200, {"name": name, "running": False, "specs": SPECS_JSON, "sessions": sessions.names()}
+    status = app.status()
+    status.update(
+        name=name,
+        running=app.runner.alive,
+        specs={spec.name: spec_json(spec) for spec in app.registry.specs.values()},
+        curves=curve_driven(app),
+        loop_s=app.buffer.frames / app.buffer.sample_rate,
+    )
+    return 200, json.loads(json.dumps(status, default=str))
+
+
+def set_knob(name: str, body: Any) -> tuple[int, dict[str, Any]]:
+    """POST /flowjam/session/{name}/knob with `body` the parsed JSON (None when it was not JSON): 404 for an unknown
+    stream, 400 for a bad body or knob, else 200 with the value the knob now holds."""
+    app = sessions.get(name)
+    if app is None:
+        return 404, {"error": not_running(name)}
+    if not isinstance(body, dict):
+        return 400, {"error": f"send a JSON object {KNOB_BODY}"}
+    missing = [key for key in ("name", "value") if key not in body]
+    if missing:
+        return 400, {"error": f"the body lacks {' and '.join(map(repr, missing))}; send {KNOB_BODY}"}
+    try:
+        change = app.registry.set(str(body["name"]), body["value"], origin="comfyui-panel")
+    except KnobError as error:
+        return 400, {"error": str(error)}
+    return 200, {"name": change.name, "value": change.value, "clamped": change.clamped}
 
 
 def register() -> None:
@@ -10,10 +81,11 @@ def register() -> None:
     from aiohttp import web
     from server import PromptServer
 
-    from ..engine.live import sessions
-    from ..engine.live.knobs import KnobError
-
     routes = PromptServer.instance.routes
+
+    def reply(result: tuple[int, dict[str, Any]]):
+        status, body = result
+        return web.json_response(body, status=status)
 
     @routes.get("/flowjam/sessions")
     async def list_sessions(request):
@@ -21,29 +93,12 @@ def register() -> None:
 
     @routes.get("/flowjam/session/{name}")
     async def session_status(request):
-        app = sessions.get(request.match_info["name"])
-        if app is None:
-            return web.json_response({"error": "no such stream"}, status=404)
-        status = app.status()
-        status["specs"] = {
-            n: {"min": s.minimum, "max": s.maximum, "kind": s.kind.value} for n, s in app.registry.specs.items()
-        }
-        status["loop_s"] = app.buffer.frames / app.buffer.sample_rate
-        return web.json_response(json.loads(json.dumps(status, default=str)))
+        return reply(status_for(request.match_info["name"]))
 
     @routes.post("/flowjam/session/{name}/knob")
-    async def set_knob(request):
-        app = sessions.get(request.match_info["name"])
-        if app is None:
-            return web.json_response({"error": "no such stream"}, status=404)
+    async def post_knob(request):
         try:
             body = await request.json()
         except ValueError:
             body = None
-        if not isinstance(body, dict):
-            return web.json_response({"error": 'send a JSON object {"name": <knob>, "value": <number>}'}, status=400)
-        try:
-            change = app.registry.set(str(body.get("name")), body.get("value"), origin="comfyui-panel")
-        except KnobError as error:
-            return web.json_response({"error": str(error)}, status=400)
-        return web.json_response({"name": change.name, "value": change.value, "clamped": change.clamped})
+        return reply(set_knob(request.match_info["name"], body))

@@ -394,7 +394,7 @@ def test_object_info_lists_every_flowjam_node_as_declared(comfy):
     generate = info["FlowjamGenerate"]
     assert generate["output"] == ["AUDIO", "LATENT"]
     assert list(generate["input"]["optional"]) == ["source", "velocity_scale", "structure"]
-    assert info["FlowjamStreamCapture"]["output"] == ["AUDIO"]
+    assert info["FlowjamStreamCapture"]["output"] == ["AUDIO", "FLOWJAM_STREAM"]
 
 
 # ---- 2. the shipped workflows ----------------------------------------------------------------------------------------
@@ -568,6 +568,7 @@ def _source_prompt(file_name: str) -> dict:
                 "prompt_blend": 0.0,
                 "structure": 1.0,
                 "audio_device": "none",
+                "cfg_mode": "off",
             },
         },
         "5": {
@@ -772,3 +773,269 @@ def test_live_panel_shows_the_running_stream_in_the_browser(comfy, jam, tmp_path
     copy = os.environ.get("FLOWJAM_COMFYUI_SCREENSHOT")
     if copy:
         shutil.copyfile(SCREENSHOT, copy)
+
+
+# ---- 7. the live panel follows the graph, and keeps quiet without a stream ------------------------------------------
+
+_BROWSER_HEAD = r"""
+const { chromium } = require('playwright-core');
+const fs = require('fs');
+const [url, workflowPath, ...rest] = process.argv.slice(2);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+async function openGraph(page, workflowPath) {
+  await page.addInitScript(() => {  // helpers for the functions that run in the page
+    window.fjMeters = () => document.querySelector('.flowjam-panel')?.firstChild.textContent ?? '';
+    window.fjControls = () => [...document.querySelectorAll('.flowjam-panel [data-knob]')];
+  });
+  await page.goto(url, { waitUntil: 'networkidle', timeout: 60000 });
+  await page.waitForFunction(() => window.app && window.app.graph, null, { timeout: 60000 });
+  const workflow = JSON.parse(fs.readFileSync(workflowPath, 'utf8'));
+  await page.evaluate(async (wf) => {
+    await window.app.loadGraphData(wf);
+    window.app.canvas.centerOnNode?.(window.app.graph._nodes.find((n) => n.type === 'FlowjamStream'));
+  }, workflow);
+}
+async function waitPanel(page, what, fn, arg = null, timeout = 30000) {  // a timeout says what the panel shows
+  try {
+    await page.waitForFunction(fn, arg, { timeout });
+  } catch (error) {
+    throw new Error(`timed out after ${timeout} ms waiting for ${what}; the panel says: ${await page.evaluate(() => fjMeters())}`);
+  }
+}
+async function postPrompt(prompt) {  // another client queues a prompt (the browser gets no execution events for it)
+  const response = await fetch(url + '/prompt', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt, client_id: 'flowjam-test-other-client' }) });
+  if (!response.ok) throw new Error(`/prompt answered ${response.status}: ${await response.text()}`);
+}
+async function queueIdle() {
+  for (;;) {
+    const queue = await (await fetch(url + '/queue')).json();
+    if (!queue.queue_running.length && !queue.queue_pending.length) return;
+    await sleep(200);
+  }
+}
+(async () => {
+  const browser = await chromium.launch({ executablePath: process.env.FLOWJAM_CHROMIUM, headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update',
+           '--disable-sync'] });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+    const consoleErrors = [];
+    page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(`${m.text()} @ ${m.location().url ?? ''}`); });
+    page.on('pageerror', (e) => consoleErrors.push(String(e)));
+    const flowjamRequests = [];
+    page.on('response', (r) => { if (r.url().includes('/flowjam/'))
+      flowjamRequests.push({ url: r.url(), method: r.request().method(), status: r.status(), at: Date.now() }); });
+    const result = await main(page, flowjamRequests);
+    console.log(JSON.stringify({ ...result, consoleErrors, flowjamRequests }));
+  } finally {
+    await browser.close();
+  }
+})().catch((e) => { console.error(e); process.exit(1); });
+"""
+
+_REQUEUE_PANEL_JS = r"""
+async function queueFromTheBrowser(page) {  // what the Run button does
+  await page.evaluate(async () => { await window.app.queuePrompt(0, 1); });
+  await sleep(300);
+  await queueIdle();
+}
+async function panelState(page) {
+  return page.evaluate(() => {
+    const panel = document.querySelector('.flowjam-panel');
+    const stream = window.app.graph._nodes.find((n) => n.type === 'FlowjamStream');
+    const shared = window.app.graph._nodes.find((n) => n.type === 'FlowjamSharedCurve');
+    const row = (knob) => { const input = panel.querySelector(`[data-knob="${knob}"]`);
+      return { value: input.value, disabled: input.disabled, shown: input.nextElementSibling.textContent }; };
+    return { meters: panel.firstChild.textContent, velocity_scale: row('velocity_scale'), prompt_blend: row('prompt_blend'),
+      streamWidget: stream.widgets.find((w) => w.name === 'prompt_blend').value,
+      sharedWidget: shared.widgets.find((w) => w.name === 'value').value };
+  });
+}
+async function main(page) {
+  await openGraph(page, workflowPath);
+  await page.evaluate(() => {
+    const stream = window.app.graph._nodes.find((n) => n.type === 'FlowjamStream');
+    stream.widgets.find((w) => w.name === 'audio_device').value = 'none';
+  });
+  await waitPanel(page, 'the running jam stream', () => /^tick [\d.]+ ms/.test(fjMeters()));
+  // as shipped, a wave drives velocity_scale: the panel says "curve" and leaves that knob to the curve
+  await queueFromTheBrowser(page);
+  await waitPanel(page, 'velocity_scale to be curve-driven',
+    () => document.querySelector('.flowjam-panel [data-knob="velocity_scale"]').disabled);
+  const curveDriven = await panelState(page);
+  await page.screenshot({ path: '/tmp/flowjam_live_panel_curve.png' });
+  // the curve disconnected: the Shared curve's value drives it, and the panel plays it
+  await page.evaluate(() => {
+    const shared = window.app.graph._nodes.find((n) => n.type === 'FlowjamSharedCurve');
+    shared.disconnectInput(shared.findInputSlot('curve'));
+  });
+  await queueFromTheBrowser(page);
+  await waitPanel(page, 'velocity_scale to be playable',
+    () => !document.querySelector('.flowjam-panel [data-knob="velocity_scale"]').disabled);
+  await page.evaluate(() => {
+    for (const [knob, value] of [['prompt_blend', '0.77'], ['velocity_scale', '1.3']]) {
+      const input = document.querySelector(`.flowjam-panel input[data-knob="${knob}"]`);
+      input.value = value;
+      input.dispatchEvent(new Event('input', { bubbles: true }));
+    }
+  });
+  await sleep(800);
+  const moved = await panelState(page);
+  const heardBefore = (await (await fetch(url + '/flowjam/session/jam')).json()).knobs;
+  await queueFromTheBrowser(page);  // the re-queue: the graph now carries what the panel set
+  await sleep(600);
+  const heardAfter = (await (await fetch(url + '/flowjam/session/jam')).json()).knobs;
+  return { curveDriven, moved, heardBefore, heardAfter, requeued: await panelState(page) };
+}
+"""
+
+_QUIET_PANEL_JS = r"""
+const [startPath, stopPath, stream] = rest;
+const layout = () => {
+  const panel = document.querySelector('.flowjam-panel');
+  const overflows = (el) => el.scrollWidth > el.clientWidth + 1;
+  return { labels: [...panel.querySelectorAll('label > span:first-child')].filter(overflows).map((el) => el.textContent),
+    meterLines: [...panel.firstChild.children].map((line) => ({ text: line.textContent, cut: overflows(line) })) };
+};
+async function main(page, flowjamRequests) {
+  await openGraph(page, workflowPath);
+  await waitPanel(page, 'the no-stream state', (name) => fjMeters().startsWith(`no stream "${name}"`), stream);
+  const firstSeen = Date.now();
+  await page.screenshot({ path: '/tmp/flowjam_live_panel_absent.png' });
+  const absent = await page.evaluate(() => ({ meters: fjMeters(), allDisabled: fjControls().every((c) => c.disabled),
+    rows: fjControls().map((c) => [c.dataset.knob, c.value, c.nextElementSibling.textContent]) }));
+  await page.evaluate(() => {  // a hand on a disabled slider must post nothing
+    const input = document.querySelector('.flowjam-panel input[data-knob="volume"]');
+    input.value = '0.1';
+    input.dispatchEvent(new Event('input', { bubbles: true }));
+  });
+  await sleep(12000);
+  const polls = flowjamRequests.filter((r) => r.method === 'GET' && r.at >= firstSeen && r.at < firstSeen + 12000).length;
+  const startedAt = Date.now();
+  await postPrompt(JSON.parse(fs.readFileSync(startPath, 'utf8')));
+  await waitPanel(page, 'the new stream', () => /^tick [\d.]+ ms/.test(fjMeters()));
+  const foundAfterMs = Date.now() - startedAt;
+  await sleep(1000);
+  const running = await page.evaluate(() => ({ enabled: fjControls().filter((c) => !c.disabled).map((c) => c.dataset.knob) }));
+  const runningLayout = await page.evaluate(layout);
+  const stoppedAt = Date.now();
+  await postPrompt(JSON.parse(fs.readFileSync(stopPath, 'utf8')));
+  await waitPanel(page, 'the stopped state', (name) => fjMeters().startsWith(`no stream "${name}"`)
+    && fjControls().every((c) => c.disabled), stream, 15000);
+  const goneAfterMs = Date.now() - stoppedAt;
+  return { absent, polls, foundAfterMs, running, runningLayout, goneAfterMs };
+}
+"""
+
+
+def _run_browser(comfy: Comfy, main_js: str, tmp_path: Path, *args: str) -> dict:
+    """Run `_BROWSER_HEAD` + `main_js` (which defines `main(page, flowjamRequests)`) in node against the server;
+    -> the JSON it prints, with consoleErrors and every /flowjam/ response the page saw."""
+    script = tmp_path / "browser.js"
+    script.write_text(_BROWSER_HEAD + main_js)
+    env = dict(os.environ, NODE_PATH=str(PLAYWRIGHT / "node_modules"), FLOWJAM_CHROMIUM=CHROMIUM)
+    process = subprocess.Popen(
+        ["node", str(script), comfy.base, *args],
+        cwd=PLAYWRIGHT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=170)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # node and the Chromium it started
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the browser script timed out:\n{stdout}\n{stderr}\n{comfy.log_tail()}")
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert process.returncode == 0, f"{stdout}\n{stderr}\n{comfy.log_tail()}"
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _flowjam_errors(result: dict) -> list[str]:
+    return [e for e in result["consoleErrors"] if "flowjam" in e.lower()]
+
+
+def test_a_panel_move_survives_a_requeue_from_the_browser(comfy, jam, tmp_path):
+    """Panel moves used to be lost on re-queue (prompt_blend 0.77 went back to the widget's 0.0): the panel now writes
+    the Stream widget, and for a shared knob the value of the Shared curve wired to it."""
+    missing = _browser_missing()
+    if missing:
+        pytest.skip(missing)
+    started = time.monotonic()
+    result = _run_browser(comfy, _REQUEUE_PANEL_JS, tmp_path, str(WORKFLOWS / "flowjam_text_live_jam.json"))
+    print(f"\nbrowser re-queue: {time.monotonic() - started:.1f} s", file=sys.stderr)
+    try:
+        curve = result["curveDriven"]["velocity_scale"]
+        assert curve["disabled"] and curve["shown"] == "curve", result["curveDriven"]
+        moved = result["moved"]
+        assert moved["streamWidget"] == pytest.approx(0.77) and moved["sharedWidget"] == pytest.approx(1.3), moved
+        assert result["heardBefore"]["prompt_blend"] == pytest.approx(0.77), "the move reached the stream"
+        after = result["heardAfter"]
+        assert after["prompt_blend"] == pytest.approx(0.77), f"the re-queue reset prompt_blend: {after}"
+        assert after["velocity_scale"] == pytest.approx(1.3), f"the re-queue reset velocity_scale: {after}"
+        assert result["requeued"]["prompt_blend"]["shown"] == "0.77"
+        assert not _flowjam_errors(result), result["consoleErrors"]
+        assert all(r["status"] == 200 for r in result["flowjamRequests"]), result["flowjamRequests"]
+    finally:
+        comfy.run_ok(jam)  # back to the shipped values
+    assert comfy.session("jam")["knobs"]["prompt_blend"] == pytest.approx(0.0)
+
+
+def _lone_stream_prompt(name: str) -> dict:
+    """The jam workflow's model, prompts and Stream only, as stream `name`."""
+    prompt = api_prompt("flowjam_text_live_jam.json")
+    keep = {i for i, n in prompt.items() if n["class_type"] in ("FlowjamLoadModel", "FlowjamTextConditioning")}
+    keep.add(node_id(prompt, "FlowjamStream"))
+    lone = {i: prompt[i] for i in keep}
+    for node in lone.values():
+        node["inputs"] = {
+            k: v for k, v in node["inputs"].items() if not (isinstance(v, list) and len(v) == 2 and v[0] not in keep)
+        }
+    lone[node_id(lone, "FlowjamStream")]["inputs"]["session_id"] = name
+    return lone
+
+
+def test_the_panel_without_a_stream_is_disabled_backs_off_and_logs_nothing(comfy, tmp_path):
+    """No stream used to mean sliders mid-way with no values, 4 polls a second and a red 404 in the console for each."""
+    missing = _browser_missing()
+    if missing:
+        pytest.skip(missing)
+    name = f"ghost_{uuid.uuid4().hex[:6]}"
+    workflow = json.loads((WORKFLOWS / "flowjam_text_live_jam.json").read_text())
+    (stream,) = [n for n in workflow["nodes"] if n["type"] == "FlowjamStream"]
+    stream["widgets_values"][stream["widgets_values"].index("jam")] = name
+    paths = {"workflow": tmp_path / "ghost.json", "start": tmp_path / "start.json", "stop": tmp_path / "stop.json"}
+    paths["workflow"].write_text(json.dumps(workflow))
+    paths["start"].write_text(json.dumps(_lone_stream_prompt(name)))
+    paths["stop"].write_text(json.dumps(stop_prompt(name)))
+    started = time.monotonic()
+    result = _run_browser(comfy, _QUIET_PANEL_JS, tmp_path, *map(str, paths.values()), name)
+    print(
+        f"\nbrowser quiet panel: {time.monotonic() - started:.1f} s; {result['polls']} polls in 12 s without a stream; "
+        f"found the stream {result['foundAfterMs']} ms after its prompt, saw it stop after {result['goneAfterMs']} ms",
+        file=sys.stderr,
+    )
+    absent = result["absent"]
+    assert absent["meters"].startswith(f'no stream "{name}" — queue the graph') and absent["allDisabled"], absent
+    rows = {knob: (value, shown) for knob, value, shown in absent["rows"]}
+    assert rows["prompt_blend"] == ("0", "–") and rows["volume"] == ("0.8", "–"), "resting at the start values"
+    assert 3 <= result["polls"] <= 8, f"{result['polls']} polls in 12 s: the poll must back off to one per 5 s"
+    requests = result["flowjamRequests"]
+    assert not [r for r in requests if r["method"] == "POST"], "the panel posted to a stream that is not there"
+    assert all(r["status"] == 200 for r in requests), [r for r in requests if r["status"] != 200]
+    assert not _flowjam_errors(result), result["consoleErrors"]
+    assert result["foundAfterMs"] < 15_000 and result["goneAfterMs"] < 5_000
+    assert "velocity_scale" in result["running"]["enabled"] and "cfg_mode" in result["running"]["enabled"]
+    layout = result["runningLayout"]
+    assert layout["labels"] == [], f"labels cut off: {layout['labels']}"
+    assert len(layout["meterLines"]) == 2 and not any(line["cut"] for line in layout["meterLines"]), layout
+    assert layout["meterLines"][0]["text"].startswith("tick ") and "playhead" in layout["meterLines"][1]["text"]
+    assert name not in comfy.sessions()

@@ -232,6 +232,50 @@ print(tuple(audio["waveform"].shape), audio["sample_rate"], tuple(latent["sample
     assert result.stdout.strip().splitlines()[-1] == "(1, 2, 19200) 48000 (1, 64, 10) (10,)"
 
 
+def test_node_input_error_prints_as_flowjam_node_input_error():
+    """ComfyUI reports an error's type as module + "." + qualname (execution.full_type_name), and imports the pack
+    under its folder's full path: the type must not read '/home/.../custom_nodes/flowjam.nodes.spec.NodeInputError'."""
+    with pytest.raises(NodeInputError) as raised:
+        node("FlowjamCurvePoints").run(points="", seconds=1.0)
+    assert f"{type(raised.value).__module__}.{type(raised.value).__qualname__}" == "flowjam.NodeInputError"
+    assert isinstance(raised.value, ValueError)
+
+
+# ---- presets: no full-size random weights in ComfyUI ------------------------------------------------------------
+
+
+def load(preset: str, checkpoint: str = "none"):
+    return node("FlowjamLoadModel").run(
+        preset=preset, checkpoint=checkpoint, device="cpu", dtype="float32", backend="eager"
+    )[0]
+
+
+def test_full_size_presets_are_not_offered_and_old_graphs_get_the_fix(model, tmp_path):
+    """A full-size preset with random weights took 22 minutes for 2 s at one step and only made noise: the nodes
+    offer tiny alone. An old graph that names a full-size preset still validates in ComfyUI; with a checkpoint it
+    loads the checkpoint (whose shape wins), without one the error says where to pick weights."""
+    load_model, lm = NODE_CLASS_MAPPINGS["FlowjamLoadModel"], NODE_CLASS_MAPPINGS["FlowjamLMStructure"]
+    assert load_model.INPUT_TYPES()["required"]["preset"][0] == ["tiny"]
+    assert lm.INPUT_TYPES()["required"]["lm_preset"][0] == ["tiny"]
+    assert inspect.getfullargspec(load_model.VALIDATE_INPUTS).args == ["cls", "preset"], "ComfyUI checks the rest"
+    assert load_model.VALIDATE_INPUTS(preset="turbo-2b") is True and lm.VALIDATE_INPUTS(lm_preset="lm-4b") is True
+    assert "must be one of tiny" in load_model.VALIDATE_INPUTS(preset="huge")
+    for preset in ("turbo-2b", "xl"):
+        with pytest.raises(NodeInputError, match=f"input 'preset' '{preset}' has no weights without a checkpoint") as e:
+            load(preset)
+        assert all(fix in str(e.value) for fix in ("'checkpoint'", "diffusion_models/", "checkpoints/", "tiny"))
+    with pytest.raises(NodeInputError, match="input 'lm_preset' 'lm-1.7b' has no weights.*text_encoders/"):
+        lm_structure(model, lm_preset="lm-1.7b")
+    from flowjam.engine.checkpoints import save_flowjam_file
+
+    saved = save_flowjam_file(model.models, tmp_path / "acestep_tiny.safetensors")
+    started = time.monotonic()
+    loaded = load("turbo-2b", str(saved))
+    assert time.monotonic() - started < 30 and loaded.models.config == model.models.config, "the checkpoint's shape"
+    with pytest.raises(NodeInputError, match="input 'checkpoint'"):
+        load("tiny", str(tmp_path / "no_such_acestep.safetensors"))
+
+
 # ---- AUDIO / LATENT interop ----------------------------------------------------------------------------------------
 
 
@@ -300,7 +344,9 @@ def test_requeued_stream_updates_the_running_session_in_place(model, prompt_a):
     assert app.runner.stats.errors == 0
     assert node("FlowjamStreamStop").run(stream="requeue") == ("stopped requeue",)
     assert sessions.get("requeue") is None and not app.runner.alive
-    assert node("FlowjamStreamStop").run(stream="requeue") == ("no stream named requeue",)
+    assert node("FlowjamStreamStop").run(stream="requeue") == (
+        "no running stream named 'requeue'; queue a flowjam Stream node with session_id 'requeue' first",
+    )
 
 
 def guided_latent(model, conditioning, session_id: str, **values) -> torch.Tensor:
@@ -420,12 +466,13 @@ def test_stream_capture_returns_the_requested_length(model, prompt_a):
     assert early["waveform"].shape[:2] == (1, 2) and early["waveform"].shape[2] < 2 * RATE, "only what has played"
     wait_played(app, 2.3)
     for seconds in (2.0, 0.5, 0.1):
-        (audio,) = node("FlowjamStreamCapture").run(stream="capture", seconds=seconds)
+        audio, passed_on = node("FlowjamStreamCapture").run(stream="capture", seconds=seconds)
+        assert passed_on == "capture", "Stream capture passes its stream on (a Stream stop can follow it)"
         assert audio["sample_rate"] == RATE and audio["waveform"].shape == (1, 2, round(seconds * RATE))
         assert audio["waveform"].dtype == torch.float32 and torch.isfinite(audio["waveform"]).all()
         assert audio["waveform"].square().mean() > 1e-6, "the stream is playing sound"
     wait_played(app, 2.0)
-    (capped,) = node("FlowjamStreamCapture").run(stream="capture", seconds=30.0)
+    capped, _ = node("FlowjamStreamCapture").run(stream="capture", seconds=30.0)
     assert 3.0 * RATE <= capped["waveform"].shape[2] < 4.0 * RATE, "capped at the loop minus the window being written"
 
 
@@ -532,8 +579,14 @@ def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, promp
     for name, node_id, values in cases:
         with pytest.raises(NodeInputError, match=f"input '{name}'"):
             node(node_id).run(**values)
-    with pytest.raises(NodeInputError, match="no running stream named 'stedy'"):
-        node("FlowjamStreamCapture").run(stream="stedy", seconds=1.0)
+    for node_id, values in (
+        ("FlowjamStreamCapture", dict(seconds=1.0)),
+        ("FlowjamSharedCurve", dict(knob="velocity_scale", value=1.0)),
+        ("FlowjamOscBridge", dict(port=free_udp_port(), feedback="", host="127.0.0.1")),
+        ("FlowjamMidiMap", dict(port="", map_file="", learn="")),
+    ):
+        with pytest.raises(NodeInputError, match="no running stream named 'stedy'; queue a flowjam Stream node with "):
+            node(node_id).run(stream="stedy", **values)
     wait_ticks(app, 3)
     assert sessions.get("steady") is app and app.runner.alive and app.runner.stats.ticks > ticks
     assert app.registry.values() == knobs, "a rejected input changes no knob"
@@ -653,7 +706,7 @@ def test_lm_structure_and_its_consumers_name_bad_inputs(model, prompt_a, tmp_pat
         (lambda: lm_structure(model, seconds=5.0), "'seconds'"),
         (lambda: lm_structure(model, cfg=0.5), "cfg must be >= 1"),
         (lambda: lm_structure(model, key="H major"), "key"),
-        (lambda: lm_structure(model, lm_preset="lm-9b"), "'lm_preset' must be one of"),
+        (lambda: lm_structure(model, lm_preset="lm-9b"), "'lm_preset' must be one of tiny"),
         (lambda: lm_structure(model, lm_checkpoint=str(tmp_path / "nope.safetensors")), "text_encoders"),
         (lambda: generate(model, prompt_a, seconds=12.0, structure=structure), "'structure' covers 10 s but 12 s"),
         (lambda: generate(model, prompt_a, structure=structure, source=source), "either 'source'"),

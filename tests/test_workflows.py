@@ -1,6 +1,8 @@
 """The example workflows in workflows/: they load (node types, links, widgets as ComfyUI's frontend saves them),
 convert to ComfyUI's API prompt format, and run on the tiny preset on the CPU without ComfyUI (tests/workflow_runner.py;
-ComfyUI's LoadAudio/SaveAudio/PreviewAudio are WAV stand-ins). Live streams run with audio_device "none"."""
+ComfyUI's LoadAudio/SaveAudio/PreviewAudio are WAV stand-ins). Live streams run with audio_device "none". Their nodes
+do not overlap as the frontend draws them, a Stream stop comes after every node that uses its stream, and each
+ships the template thumbnail ComfyUI shows for it."""
 
 import copy
 import json
@@ -9,13 +11,27 @@ import socket
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from flowjam.engine.audio_io import read_wav, write_wav
 from flowjam.engine.live import sessions
+from flowjam.nodes.spec import NodeInputError
 from pythonosc.osc_message import OscMessage
 from pythonosc.udp_client import SimpleUDPClient
-from workflow_runner import CONTROL_VALUES, WorkflowRunner, load_workflow, to_api_format, with_widget
+from workflow_runner import (
+    CONTROL_VALUES,
+    VIRTUAL_NODES,
+    WorkflowRunner,
+    draw_thumbnail,
+    jpeg_size,
+    load_workflow,
+    min_body_height,
+    overlaps,
+    runs,
+    to_api_format,
+    with_widget,
+)
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
 NAMES = (
@@ -121,9 +137,13 @@ def assert_audio(audio, samples: int | None = None, minimum: int | None = None, 
 # ---- structure ---------------------------------------------------------------------------------------------------
 
 
+LIVE_NAMES = tuple(n for n in NAMES if '"FlowjamStream"' in (WORKFLOWS / n).read_text())
+
+
 def test_the_workflows_ship_and_the_readme_lists_each():
     shipped = sorted(p.name for p in WORKFLOWS.glob("*.json"))
     assert shipped == sorted(NAMES)
+    assert sorted(p.name for p in WORKFLOWS.glob("*.jpg")) == sorted(n.replace(".json", ".jpg") for n in NAMES)
     readme = (WORKFLOWS / "README.md").read_text()
     for name in NAMES:
         assert sum(line.count(f"`{name}`") for line in readme.splitlines()) == 1, f"README.md needs one line for {name}"
@@ -134,9 +154,14 @@ def test_workflow_loads_as_comfyui_would(name, runner):
     wf = workflow(name)
     assert runner.problems(wf) == []
     assert wf["version"] == 0.4 and isinstance(wf["extra"].get("note"), str) and len(wf["extra"]["note"]) > 40
+    (note,) = nodes_of(wf, "MarkdownNote")
+    assert wf["extra"]["note"] in note["widgets_values"][0], "the note on the canvas describes the workflow"
     for node in wf["nodes"]:
+        assert node["flags"] == {} and len(node["pos"]) == 2 and len(node["size"]) == 2
+        assert node["mode"] == (4 if node["type"] == "FlowjamStreamStop" else 0), "only a Stream stop is bypassed"
+        if node["type"] in VIRTUAL_NODES:
+            continue
         definition = runner.definition(node["type"])
-        assert node["mode"] == 0 and node["flags"] == {} and len(node["pos"]) == 2 and len(node["size"]) == 2
         assert [o["slot_index"] for o in node["outputs"]] == list(range(len(definition.outputs)))
         for widget, value in zip(definition.widgets, node["widgets_values"]):
             if widget.name == "control_after_generate":
@@ -159,9 +184,9 @@ def test_workflow_converts_to_the_api_prompt_format(name, runner):
     wf = workflow(name)
     prompt = to_api_format(wf, runner)
     json.dumps(prompt)  # what gets POSTed
-    assert set(prompt) == {str(n["id"]) for n in wf["nodes"]}
+    assert set(prompt) == {str(n["id"]) for n in wf["nodes"] if runs(n)}, "notes and bypassed nodes are left out"
     links = {link[0]: link for link in wf["links"]}
-    for node in wf["nodes"]:
+    for node in filter(runs, wf["nodes"]):
         entry = prompt[str(node["id"])]
         definition = runner.definition(node["type"])
         assert entry["class_type"] == node["type"] and entry["_meta"]["title"]
@@ -220,6 +245,8 @@ def test_text_live_jam_graph(runner):
     assert widgets(runner, capture)["seconds"] == 8.0 and source_of(wf, capture, "stream") is shared
     (preview,) = nodes_of(wf, "PreviewAudio")
     assert source_of(wf, preview, "audio") is capture
+    (stop,) = nodes_of(wf, "FlowjamStreamStop")
+    assert source_of(wf, stop, "stream") is capture
 
 
 def test_cover_live_graph(runner):
@@ -236,6 +263,8 @@ def test_cover_live_graph(runner):
     (capture,) = nodes_of(wf, "FlowjamStreamCapture")
     (save,) = nodes_of(wf, "SaveAudio")
     assert source_of(wf, capture, "stream") is stream and source_of(wf, save, "audio") is capture
+    (stop,) = nodes_of(wf, "FlowjamStreamStop")
+    assert source_of(wf, stop, "stream") is capture
 
 
 def test_prompt_blend_osc_graph(runner):
@@ -249,6 +278,124 @@ def test_prompt_blend_osc_graph(runner):
     (preview,) = nodes_of(wf, "PreviewAudio")
     assert source_of(wf, osc, "stream") is stream and source_of(wf, capture, "stream") is osc
     assert source_of(wf, preview, "audio") is capture
+    (stop,) = nodes_of(wf, "FlowjamStreamStop")
+    assert source_of(wf, stop, "stream") is capture and stop["mode"] == 4, "a bypassed stop, chained after the bridge"
+
+
+def ancestors(wf: dict, node: dict) -> set[int]:
+    """Ids of every node that `node` takes input from, directly or not: ComfyUI runs all of them before it."""
+    sources = {link[3]: set() for link in wf["links"]}
+    for link in wf["links"]:
+        sources[link[3]].add(link[1])
+    found, todo = set(), [node["id"]]
+    while todo:
+        for source in sources.get(todo.pop(), ()):
+            if source not in found:
+                found.add(source)
+                todo.append(source)
+    return found
+
+
+def users_left_after_the_stop(wf: dict) -> list[str]:
+    """Nodes that use a stream but may run after its Stream stop (ComfyUI orders only what the links order)."""
+    users = [n for n in wf["nodes"] if any(e["type"] == "FLOWJAM_STREAM" for e in n["inputs"])]
+    return [
+        f"{user['type']} ({user['id']}) is not upstream of Stream stop ({stop['id']})"
+        for stop in nodes_of(wf, "FlowjamStreamStop")
+        for user in users
+        if user is not stop and user["id"] not in ancestors(wf, stop)
+    ]
+
+
+@pytest.mark.parametrize("name", LIVE_NAMES)
+def test_a_stream_stop_comes_after_every_node_that_uses_the_stream(name):
+    wf = workflow(name)
+    assert nodes_of(wf, "FlowjamStreamStop") and users_left_after_the_stop(wf) == []
+    # the shape the bug report had: a stop beside the bridge, which ComfyUI may run first
+    sibling = copy.deepcopy(wf)
+    (stop,) = nodes_of(sibling, "FlowjamStreamStop")
+    (stream,) = nodes_of(sibling, "FlowjamStream")
+    link = next(link for link in sibling["links"] if link[0] == stop["inputs"][0]["link"])
+    link[1], link[2] = stream["id"], 0
+    assert users_left_after_the_stop(sibling), "the check must see a stop that nothing orders after the stream's users"
+
+
+def connect(wf: dict, source: dict, slot: int, target: dict, input_name: str) -> None:
+    """Link output `slot` of `source` to `input_name` of `target` (replacing its link), as the UI format records it."""
+    entry = next(e for e in target["inputs"] if e["name"] == input_name)
+    if entry["link"] is not None:
+        disconnect(wf, target, input_name)
+    wf["last_link_id"] += 1
+    link_id = wf["last_link_id"]
+    wf["links"].append([link_id, source["id"], slot, target["id"], target["inputs"].index(entry), entry["type"]])
+    entry["link"] = link_id
+    source["outputs"][slot]["links"] = (source["outputs"][slot]["links"] or []) + [link_id]
+
+
+def test_a_stop_waits_for_a_second_branch_through_after(runner):
+    """Two branches off one stream (OSC bridge; Stream capture): `stream` from one and `after` from the other put the
+    stop after both."""
+    wf = armed(workflow("flowjam_prompt_blend_osc.json"))
+    (stream,), (osc,), (capture,), (stop,) = (
+        nodes_of(wf, kind)
+        for kind in ("FlowjamStream", "FlowjamOscBridge", "FlowjamStreamCapture", "FlowjamStreamStop")
+    )
+    connect(wf, stream, 0, capture, "stream")
+    connect(wf, osc, 0, stop, "stream")
+    assert runner.problems(wf) == [] and users_left_after_the_stop(wf) == [
+        f"FlowjamStreamCapture ({capture['id']}) is not upstream of Stream stop ({stop['id']})"
+    ]
+    connect(wf, capture, 1, stop, "after")
+    assert runner.problems(wf) == [] and users_left_after_the_stop(wf) == []
+    assert to_api_format(wf, runner)[str(stop["id"])]["inputs"] == {
+        "stream": [str(osc["id"]), 0],
+        "after": [str(capture["id"]), 1],
+    }
+
+
+# ---- layout and template thumbnails ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_two_nodes_overlap_and_every_node_shows_its_widgets(name, runner):
+    """Boxes as the frontend draws them: the 30 px title bar above `pos`, the body grown to fit its widgets."""
+    wf = workflow(name)
+    assert overlaps(wf, runner) == []
+    for node in wf["nodes"]:
+        if node["type"] not in VIRTUAL_NODES:
+            needed = min_body_height(runner.definition(node["type"]))
+            assert node["size"][1] >= needed, f"node {node['id']} ({node['type']}) is saved {node['size'][1]} px tall"
+
+
+def test_the_overlap_check_sees_a_node_over_another_one(runner):
+    """The layout the LM structure graph shipped with: LM structure's title bar and widgets over Text conditioning."""
+    wf = workflow("flowjam_lm_structure_render.json")
+    (lm,) = nodes_of(wf, "FlowjamLMStructure")
+    lm["pos"], lm["size"] = [450, 460], [340, 420]
+    (found,) = overlaps(wf, runner)
+    assert "FlowjamTextConditioning" in found and "FlowjamLMStructure" in found
+    lm["pos"] = [400, 560 + 30]  # just below Text conditioning's 400 px body, title bar included
+    assert overlaps(wf, runner) == []
+    lm["pos"] = [400, 560 + 29]
+    assert overlaps(wf, runner), "the title bar counts"
+    (text,) = nodes_of(wf, "FlowjamTextConditioning")
+    text["size"], lm["pos"] = [400, 100], [400, 160 + 100 + 30]
+    assert overlaps(wf, runner), "a body saved too small for its widgets grows over the node below"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_template_thumbnail_is_a_square_jpeg_drawn_from_the_graph(name, tmp_path, runner):
+    """ComfyUI's template browser (frontends 1.27 and 1.58) shows `<name>.jpg` beside each workflow of a pack."""
+    thumbnail = (WORKFLOWS / name).with_suffix(".jpg")
+    data = thumbnail.read_bytes()
+    assert jpeg_size(data) == (512, 512) and len(data) < 60_000
+    Image = pytest.importorskip("PIL.Image")
+    draw_thumbnail(workflow(name), tmp_path / "fresh.jpg", runner)
+    shipped, fresh = (
+        np.asarray(Image.open(p).convert("L"), dtype=np.float32) for p in (thumbnail, tmp_path / "fresh.jpg")
+    )
+    blocks = np.abs(shipped - fresh).reshape(64, 8, 64, 8).mean(axis=(1, 3))  # JPEG noise averages out in 8x8 blocks
+    assert blocks.max() < 8.0, "stale thumbnail: run `.venv/bin/python tests/workflow_runner.py`"
 
 
 def test_runner_rejects_what_comfyui_would_reject(runner):
@@ -266,7 +413,8 @@ def test_runner_rejects_what_comfyui_would_reject(runner):
         "unknown node type" in p
         for p in broken(lambda wf: node(wf, "FlowjamCurveWave").update(type="FlowjamCurveWobble"))
     )
-    assert any("typed FLOWJAM_STREAM" in p for p in broken(lambda wf: wf["links"][-1].__setitem__(5, "FLOWJAM_STREAM")))
+    audio_link = lambda wf: next(link for link in wf["links"] if link[5] == "AUDIO")  # noqa: E731
+    assert any("typed FLOWJAM_STREAM" in p for p in broken(lambda wf: audio_link(wf).__setitem__(5, "FLOWJAM_STREAM")))
     assert any("has 11 values" in p for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].pop()))
     assert any(
         "'depth'" in p and "outside" in p
@@ -293,6 +441,14 @@ def test_runner_rejects_what_comfyui_would_reject(runner):
     assert any(
         "'checkpoint'" in p
         for p in broken(lambda wf: node(wf, "FlowjamLoadModel")["widgets_values"].__setitem__(1, "ace.safetensors"))
+    )
+    assert any(
+        "'preset'" in p and "must be one of tiny" in p
+        for p in broken(lambda wf: node(wf, "FlowjamLoadModel")["widgets_values"].__setitem__(0, "huge"))
+    )
+    assert any("mode 3" in p for p in broken(lambda wf: node(wf, "FlowjamCurveWave").update(mode=3)))
+    assert any(
+        "bypassed node 5 feeds node 6" in p for p in broken(lambda wf: node(wf, "FlowjamCurveWave").update(mode=4))
     )
     assert (
         "control_after_generate" in [w.name for w in runner.definition("FlowjamGenerate").widgets]
@@ -424,6 +580,42 @@ def test_cover_live_runs_on_the_loaded_song(runner, comfy_dirs):
     files = [entry["filename"] for run in (first, second) for entry in run.ui[save["id"]]["audio"]]
     assert len(set(files)) == 2 and all((comfy_dirs / "output" / "audio" / f).is_file() for f in files)
     assert app.runner.stats.errors == 0
+
+
+def armed(wf: dict) -> dict:
+    """The graph with its Stream stop no longer bypassed (Ctrl+B), as a user queues it to stop the stream."""
+    wf = copy.deepcopy(wf)
+    for stop in nodes_of(wf, "FlowjamStreamStop"):
+        stop["mode"] = 0
+    return wf
+
+
+def test_an_armed_stop_runs_after_the_osc_bridge_and_the_capture(runner):
+    shipped = live(workflow("flowjam_prompt_blend_osc.json"), runner)
+    shipped = with_widget(shipped, "FlowjamOscBridge", "port", free_udp_port(), runner)
+    shipped = with_widget(shipped, "FlowjamOscBridge", "feedback", "", runner)
+    wf = armed(shipped)
+    (osc,), (capture,), (stop,) = (
+        nodes_of(wf, kind) for kind in ("FlowjamOscBridge", "FlowjamStreamCapture", "FlowjamStreamStop")
+    )
+    assert str(stop["id"]) in to_api_format(wf, runner) and str(stop["id"]) not in to_api_format(shipped, runner)
+    run = runner.execute(wf)
+    assert run.order[-1] == stop["id"] and run.order.index(osc["id"]) < run.order.index(capture["id"])
+    assert run.outputs[osc["id"]] == ("blend",) and run.outputs[capture["id"]][1] == "blend"
+    assert run.outputs[stop["id"]] == ("stopped blend",) and sessions.get("blend") is None
+    bypassed = runner.execute(shipped)
+    assert stop["id"] not in bypassed.order and sessions.get("blend").runner.alive, "bypassed, the stop does nothing"
+
+
+def test_an_old_graph_with_a_full_size_preset_loads_and_names_the_fix(runner):
+    """Saved before full-size presets were withdrawn: it still loads; without weights, Load model says what to pick."""
+    wf = with_widget(workflow("flowjam_oneshot_render.json"), "FlowjamLoadModel", "preset", "turbo-2b", runner)
+    assert runner.problems(wf) == []
+    assert to_api_format(wf, runner)[str(nodes_of(wf, "FlowjamLoadModel")[0]["id"])]["inputs"]["preset"] == "turbo-2b"
+    with pytest.raises(NodeInputError, match="input 'preset' 'turbo-2b' has no weights") as refused:
+        runner.execute(wf)
+    assert "diffusion_models/" in str(refused.value) and "checkpoints/" in str(refused.value)
+    assert "set 'preset' to tiny" in str(refused.value)
 
 
 def test_prompt_blend_osc_runs_and_a_controller_can_play_it(runner):

@@ -21,14 +21,25 @@ Widget serialisation, as the ComfyUI frontend does it (checked by loading the sh
   as a trailing "": accepted, never written by the shipped workflows.
 - `node["inputs"]` lists the socket inputs (a widget converted to an input also appears, with "widget": {"name"});
   a link to a widget input overrides the widget's value.
+- A muted (mode 2) or bypassed (mode 4) node is left out of the prompt (graphToPrompt, 1.27.10); this runner neither
+  runs nor converts one, and refuses one that feeds another node (the frontend would reroute a bypassed node's
+  links, which is not imitated here).
+- A classic COMBO value outside its options is refused (ComfyUI's "Value not in list") unless the class's
+  VALIDATE_INPUTS names that input: then VALIDATE_INPUTS decides, as in ComfyUI's execution.validate_inputs.
+
+Layout, as LiteGraph draws a node in frontend 1.27.10: `pos` is the top-left corner of the body and the title bar
+(30 px) sits above it; a body shorter than its slots and widgets need grows to fit them when the graph loads. The
+helpers at the end of this file measure that, and draw template thumbnails from the same boxes.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +51,7 @@ CONTROL_AFTER_GENERATE = "control_after_generate"
 CONTROL_VALUES = ("fixed", "increment", "decrement", "randomize")
 SEED_NAMES = ("seed", "noise_seed")
 VIRTUAL_NODES = ("Note", "MarkdownNote")  # frontend-only: never executed, never sent to the server
+SKIPPED_MODES = {2: "muted", 4: "bypassed"}  # left out of the prompt by the frontend; 0 runs
 AUDIO_EXTENSIONS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm")
 
 
@@ -79,6 +91,14 @@ class NodeDef:
     output_node: bool
     cls: type
     alternatives: tuple[tuple[Widget, ...], ...] = ()  # other layouts frontends save (distinct lengths)
+    validated: tuple[str, ...] = ()  # inputs the class's VALIDATE_INPUTS takes: ComfyUI lets it judge their values
+
+    def widget_problem(self, widget: Widget, value: Any) -> str | None:
+        """Why ComfyUI would refuse this saved widget value (None: fine)."""
+        if widget.name in self.validated and not widget.frontend_only:
+            verdict = self.cls.VALIDATE_INPUTS(**{widget.name: value})
+            return None if verdict is True else str(verdict)
+        return widget_problem(widget, value)
 
     def layout(self, values: list) -> tuple[Widget, ...] | None:
         """The widget layout a saved `widgets_values` follows (None: no known layout has that many values)."""
@@ -126,6 +146,7 @@ def definition_of(node_type: str, cls: type) -> NodeDef:
         alternatives.append(widgets + list(EXTENSION_WIDGETS[node_type]))
     outputs = tuple(cls.RETURN_TYPES)
     names = tuple(getattr(cls, "RETURN_NAMES", None) or outputs)
+    validate = getattr(cls, "VALIDATE_INPUTS", None)
     return NodeDef(
         node_type,
         tuple(sockets),
@@ -135,6 +156,7 @@ def definition_of(node_type: str, cls: type) -> NodeDef:
         bool(getattr(cls, "OUTPUT_NODE", False)),
         cls,
         tuple(tuple(layout) for layout in alternatives),
+        tuple(inspect.getfullargspec(validate).args[1:]) if validate else (),
     )
 
 
@@ -288,6 +310,11 @@ class WorkflowRunner:
             if source not in definitions or target not in definitions:
                 problems.append(f"{where} connects a node that does not exist or cannot run ({source} -> {target})")
                 continue
+            if not runs(nodes[source]) and runs(nodes[target]):
+                problems.append(
+                    f"{where}: {SKIPPED_MODES.get(nodes[source].get('mode'), 'skipped')} node {source} feeds node "
+                    f"{target}; the frontend would reroute or drop that input, which this runner does not imitate"
+                )
             produced = definitions[source].outputs
             if not 0 <= source_slot < len(produced):
                 problems.append(f"{where}: node {source} has no output slot {source_slot}")
@@ -334,8 +361,8 @@ class WorkflowRunner:
 
     def _node_problems(self, node: dict, definition: NodeDef, links: dict) -> list[str]:
         problems = []
-        if node.get("mode", 0) != 0:
-            problems.append(f"mode {node.get('mode')} (muted or bypassed) is not supported; use 0")
+        if node.get("mode", 0) not in (0, *SKIPPED_MODES):
+            problems.append(f"mode {node.get('mode')} is not supported; use 0 (runs), 2 (muted) or 4 (bypassed)")
         properties = node.get("properties") or {}
         if properties.get("Node name for S&R") != node["type"]:
             problems.append(f"properties['Node name for S&R'] is {properties.get('Node name for S&R')!r}")
@@ -372,7 +399,7 @@ class WorkflowRunner:
             names = [w.name for w in definition.widgets]
             return problems + [f"widgets_values has {len(values)} values for {len(names)} widgets {names}"]
         for widget, value in zip(layout, values):
-            problem = widget_problem(widget, value)
+            problem = definition.widget_problem(widget, value)
             if problem:
                 problems.append(f"widget {widget.name!r}: {problem}")
         return problems
@@ -383,8 +410,8 @@ class WorkflowRunner:
             raise WorkflowError("workflow does not load:\n  " + "\n  ".join(problems))
 
     def order(self, workflow: dict) -> list[int]:
-        """Node ids in execution order (dependencies first; ties by id, as the graph is stored)."""
-        nodes = [n["id"] for n in workflow["nodes"] if n["type"] not in VIRTUAL_NODES]
+        """Ids of the nodes that run, in execution order (dependencies first; ties by id, as the graph is stored)."""
+        nodes = [n["id"] for n in workflow["nodes"] if runs(n)]
         needs = {n: set() for n in nodes}
         for _, source, _, target, _, _ in workflow["links"]:
             if target in needs:
@@ -424,6 +451,11 @@ class WorkflowRunner:
                 )
             run.inputs[node_id], run.outputs[node_id] = kwargs, result
         return run
+
+
+def runs(node: dict) -> bool:
+    """Whether the frontend sends this node to the server: not a note, not muted, not bypassed."""
+    return node["type"] not in VIRTUAL_NODES and node.get("mode", 0) == 0
 
 
 def widget_problem(widget: Widget, value: Any) -> str | None:
@@ -482,20 +514,23 @@ def with_widget(workflow: dict, node_type: str, name: str, value: Any, runner: W
 
 def to_api_format(workflow: dict, runner: WorkflowRunner | None = None) -> dict:
     """UI workflow -> ComfyUI's API prompt: {"<id>": {"class_type", "inputs": {name: value or ["<from id>", slot]},
-    "_meta": {"title"}}}, with frontend-only widgets and virtual nodes (notes) left out, as the frontend does."""
+    "_meta": {"title"}}}, with frontend-only widgets, notes, muted and bypassed nodes left out, as the frontend does."""
     runner = runner or WorkflowRunner()
     links = {link[0]: link for link in workflow["links"]}
+    running = {node["id"] for node in workflow["nodes"] if runs(node)}
     prompt: dict[str, dict] = {}
     for node in sorted(workflow["nodes"], key=lambda n: n["id"]):
-        if node["type"] in VIRTUAL_NODES:
+        if not runs(node):
             continue
-        if node.get("mode", 0) != 0:
-            raise WorkflowError(f"node {node['id']}: muted or bypassed nodes are not converted")
         definition = runner.definition(node["type"])
         inputs: dict[str, Any] = widget_kwargs(definition, node.get("widgets_values") or [])
         for entry in node.get("inputs") or []:
             if entry.get("link") is not None:
                 _, source, slot, _, _, _ = links[entry["link"]]
+                if source not in running:
+                    raise WorkflowError(
+                        f"node {node['id']} takes {entry['name']!r} from node {source}, which does not run"
+                    )
                 inputs[entry["name"]] = [str(source), slot]
         title = node.get("title") or _display_name(node["type"])
         prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs, "_meta": {"title": title}}
@@ -507,3 +542,183 @@ def _display_name(node_type: str) -> str:
 
     names = {"LoadAudio": "Load Audio", "SaveAudio": "Save Audio (FLAC)", "PreviewAudio": "Preview Audio"}
     return NODE_DISPLAY_NAME_MAPPINGS.get(node_type) or names.get(node_type, node_type)
+
+
+# ---- layout: the boxes the frontend draws, and template thumbnails drawn from them ---------------------------------
+
+TITLE_HEIGHT = 30  # LiteGraph.NODE_TITLE_HEIGHT: the title bar is drawn above `pos`
+SLOT_HEIGHT = 20  # NODE_SLOT_HEIGHT: one row per socket input or output, whichever side has more
+WIDGET_HEIGHT = 20  # NODE_WIDGET_HEIGHT; computeSize adds 4 per widget, 8 below them and 6 at the bottom
+DOM_MIN_HEIGHT = 50  # a DOM widget (multiline textarea, audio player) that names no minimum height
+FLOWJAM_JS = Path(__file__).resolve().parent.parent / "web" / "flowjam.js"
+AUDIO_PLAYER_NODES = ("LoadAudio", "SaveAudio", "PreviewAudio")  # the frontend's Comfy.AudioWidget adds audioUI
+LINK_COLOURS = {
+    "FLOWJAM_MODEL": "#b39ddb",
+    "FLOWJAM_CONDITIONING": "#ffa931",
+    "FLOWJAM_SOURCE": "#4db6ac",
+    "FLOWJAM_CURVE": "#fff176",
+    "FLOWJAM_STREAM": "#4fc3f7",
+    "FLOWJAM_STRUCTURE": "#f06292",
+    "AUDIO": "#81c784",
+    "LATENT": "#ff9cf9",
+}
+
+
+def dom_min_height(widget: Widget) -> int:
+    """A DOM widget's minimum height: the live panel's getMinHeight (web/flowjam.js's PANEL_HEIGHT), else 50."""
+    if widget.name != "flowjam_live_panel":
+        return DOM_MIN_HEIGHT
+    found = re.search(r"const PANEL_HEIGHT = (\d+);", FLOWJAM_JS.read_text(encoding="utf-8"))
+    if found is None:
+        raise WorkflowError(f"{FLOWJAM_JS} no longer defines PANEL_HEIGHT; tell the layout helpers the panel's height")
+    return int(found.group(1))
+
+
+def drawn_widgets(definition: NodeDef) -> tuple[Widget, ...]:
+    """Every widget the frontend draws on the node, saved or not (audio players, web/flowjam.js's live panel)."""
+    extra = (AUDIO_PLAYER,) if definition.type in AUDIO_PLAYER_NODES and AUDIO_PLAYER not in definition.widgets else ()
+    return definition.widgets + extra + EXTENSION_WIDGETS.get(definition.type, ())
+
+
+def widget_height(widget: Widget) -> int:
+    if widget.type == "DOM" or (widget.type == "STRING" and widget.options.get("multiline")):
+        return dom_min_height(widget)
+    return WIDGET_HEIGHT
+
+
+def min_body_height(definition: NodeDef) -> int:
+    """The body height LiteGraph's computeSize gives the node: a saved size below it grows to show every widget."""
+    rows = max(len(definition.sockets), len(definition.outputs), 1)
+    heights = [widget_height(w) for w in drawn_widgets(definition)]
+    return rows * SLOT_HEIGHT + sum(h + 4 for h in heights) + (8 if heights else 0) + 6
+
+
+def node_box(node: dict, definition: NodeDef | None) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) as drawn: the title bar above `pos`, the body grown to fit its widgets."""
+    (x, y), (width, height) = node["pos"], node["size"]
+    if definition is not None:
+        height = max(height, min_body_height(definition))
+    return x, y - TITLE_HEIGHT, x + width, y + height
+
+
+def layout_boxes(workflow: dict, runner: WorkflowRunner) -> dict[int, tuple[float, float, float, float]]:
+    return {
+        n["id"]: node_box(n, None if n["type"] in VIRTUAL_NODES else runner.definition(n["type"]))
+        for n in workflow["nodes"]
+    }
+
+
+def overlaps(workflow: dict, runner: WorkflowRunner | None = None) -> list[str]:
+    """Every pair of nodes whose drawn boxes overlap (empty: each node's title and widgets are in plain view)."""
+    boxes = layout_boxes(workflow, runner or WorkflowRunner())
+    types = {n["id"]: n["type"] for n in workflow["nodes"]}
+    found = []
+    ids = sorted(boxes)
+    for index, a in enumerate(ids):
+        for b in ids[index + 1 :]:
+            (al, at, ar, ab), (bl, bt, br, bb) = boxes[a], boxes[b]
+            if al < br and bl < ar and at < bb and bt < ab:
+                found.append(f"node {a} ({types[a]}) {boxes[a]} overlaps node {b} ({types[b]}) {boxes[b]}")
+    return found
+
+
+def draw_thumbnail(workflow: dict, path: Path, runner: WorkflowRunner | None = None, pixels: int = 512) -> None:
+    """A square JPEG of the graph (nodes as drawn, links by type, muted and bypassed nodes tinted as the frontend
+    tints them): what ComfyUI's template browser shows for `<name>.jpg` beside `<name>.json`. Needs Pillow."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    runner = runner or WorkflowRunner()
+    boxes = layout_boxes(workflow, runner)
+    nodes = {n["id"]: n for n in workflow["nodes"]}
+    left, top = min(b[0] for b in boxes.values()), min(b[1] for b in boxes.values())
+    right, bottom = max(b[2] for b in boxes.values()), max(b[3] for b in boxes.values())
+    margin, heading_height = pixels * 0.05, pixels * 0.12
+    scale = min((pixels - 2 * margin) / (right - left), (pixels - 2 * margin - heading_height) / (bottom - top))
+    offset_x = (pixels - (right - left) * scale) / 2 - left * scale
+    offset_y = heading_height + (pixels - heading_height - (bottom - top) * scale) / 2 - top * scale
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return offset_x + x * scale, offset_y + y * scale
+
+    image = Image.new("RGB", (pixels, pixels), "#202020")
+    draw = ImageDraw.Draw(image)
+    text, size = template_heading(workflow), round(pixels * 0.05)
+    while size > 10 and draw.textlength(text, font=ImageFont.load_default(size=size)) > pixels - 2 * margin:
+        size -= 1
+    draw.text((margin, margin), text, fill="#ffffff", font=ImageFont.load_default(size=size), anchor="lt")
+    font = ImageFont.load_default(size=max(9, round(TITLE_HEIGHT * scale * 0.6)))
+    for _, source, source_slot, target, target_slot, link_type in workflow["links"]:
+        start = at(boxes[source][2], nodes[source]["pos"][1] + (source_slot + 0.5) * SLOT_HEIGHT)
+        end = at(boxes[target][0], nodes[target]["pos"][1] + (target_slot + 0.5) * SLOT_HEIGHT)
+        draw.line(_spline(start, end), fill=LINK_COLOURS.get(link_type, "#9e9e9e"), width=max(2, round(3 * scale)))
+    for node_id, (x0, y0, x1, y1) in boxes.items():
+        node = nodes[node_id]
+        body, title_bar = (node.get("bgcolor", "#353535"), node.get("color", "#222222"))
+        if node.get("mode") == 4:
+            body, title_bar = "#5a2f5a", "#4a1f4a"  # the frontend tints a bypassed node purple
+        elif node.get("mode") == 2:
+            body, title_bar = "#2a2a2a", "#1c1c1c"
+        radius = max(2, round(8 * scale))
+        draw.rounded_rectangle([*at(x0, y0), *at(x1, y1)], radius, fill=body, outline="#000000")
+        draw.rounded_rectangle([*at(x0, y0), *at(x1, y0 + TITLE_HEIGHT)], radius, fill=title_bar)
+        if node["type"] not in VIRTUAL_NODES:
+            definition = runner.definition(node["type"])
+            y = node["pos"][1] + max(len(definition.sockets), len(definition.outputs), 1) * SLOT_HEIGHT + 2
+            for widget in definition.widgets:  # the saved ones: players and panels are left blank
+                if not widget.frontend_only or widget.type == "CONTROL":
+                    height = widget_height(widget)
+                    draw.rounded_rectangle([*at(x0 + 12, y + 2), *at(x1 - 12, y + height)], radius, fill="#222222")
+                    y += height + 4
+        title = (node.get("title") or _display_name(node["type"])).removeprefix("flowjam ")
+        text_x, text_y = at(x0 + 10, y0 + TITLE_HEIGHT / 2)
+        width = (x1 - x0 - 14) * scale
+        while title and draw.textlength(title, font=font) > width:
+            title = title[:-2] + "…" if len(title) > 2 else ""
+        draw.text((text_x, text_y), title, fill="#dddddd", font=font, anchor="lm")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, "JPEG", quality=85, optimize=True)
+
+
+def template_heading(workflow: dict) -> str:
+    """The first heading of the workflow's Markdown note ("## flowjam: live cover" -> "flowjam: live cover")."""
+    for node in workflow["nodes"]:
+        if node["type"] == "MarkdownNote":
+            for line in node["widgets_values"][0].splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return "flowjam"
+
+
+def _spline(start: tuple[float, float], end: tuple[float, float], points: int = 32) -> list[tuple[float, float]]:
+    """A link as LiteGraph draws one: a cubic Bezier leaving the output and entering the input horizontally, its
+    handles a quarter of the distance long."""
+    bend = 0.25 * math.dist(start, end)
+    controls = (start, (start[0] + bend, start[1]), (end[0] - bend, end[1]), end)
+    weights = [
+        ((1 - t) ** 3, 3 * (1 - t) ** 2 * t, 3 * (1 - t) * t**2, t**3) for t in (i / points for i in range(points + 1))
+    ]
+    return [tuple(sum(w * c[axis] for w, c in zip(ws, controls)) for axis in (0, 1)) for ws in weights]
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of a baseline or progressive JPEG, read from its frame header (None: not a JPEG)."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    at = 2
+    while at + 9 < len(data):
+        if data[at] != 0xFF:
+            return None
+        marker, length = data[at + 1], int.from_bytes(data[at + 2 : at + 4], "big")
+        if marker in (0xC0, 0xC1, 0xC2):
+            return int.from_bytes(data[at + 7 : at + 9], "big"), int.from_bytes(data[at + 5 : at + 7], "big")
+        at += 2 + length
+    return None
+
+
+if __name__ == "__main__":
+    import sys
+
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent / "workflows"
+    for workflow_path in sorted(folder.glob("*.json")):
+        draw_thumbnail(load_workflow(workflow_path), workflow_path.with_suffix(".jpg"))
+        print(f"drew {workflow_path.with_suffix('.jpg')}")
