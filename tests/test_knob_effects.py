@@ -76,6 +76,19 @@ def source(session):
     return session.prepare_source(audio, session.sample_rate)
 
 
+def latent_after(runner: LiveRunner, seq: int, nth: int = 1) -> torch.Tensor:
+    """Step the runner until the `nth` latent whose request was made after registry change `seq`; returns it."""
+    seen = 0
+    for _ in range(MAX_STEPS):
+        delivered = runner.stats.latents
+        runner.step()
+        if runner.stats.latents > delivered and runner.latest_seq >= seq:
+            seen += 1
+            if seen == nth:
+                return runner.latest.clone()
+    pytest.fail(f"no latent made after change {seq} within {MAX_STEPS} ticks")
+
+
 class Rig:
     """A runner on a loop buffer, stepped in this thread; the audio callback's renderer reads the same buffer."""
 
@@ -97,16 +110,7 @@ class Rig:
             self.registry.reset("seed")
 
     def latent_after(self, seq: int, nth: int = 1) -> torch.Tensor:
-        """Step until the `nth` latent whose request was made after registry change `seq`; returns it."""
-        seen = 0
-        for _ in range(MAX_STEPS):
-            delivered = self.runner.stats.latents
-            self.runner.step()
-            if self.runner.stats.latents > delivered and self.runner.latest_seq >= seq:
-                seen += 1
-                if seen == nth:
-                    return self.runner.latest.clone()
-        pytest.fail(f"no latent made after change {seq} within {MAX_STEPS} ticks")
+        return latent_after(self.runner, seq, nth)
 
     def latents_in(self, ticks: int) -> int:
         delivered = self.runner.stats.latents
@@ -244,16 +248,8 @@ def test_osc_cfg_mode_guidance_negative_prompt_and_target_capture_change_the_sou
     client = SimpleUDPClient("127.0.0.1", app.osc.address[1])
     run = app.runner
 
-    def after(seq: int, nth: int = 5) -> torch.Tensor:
-        seen = 0
-        for _ in range(MAX_STEPS):
-            delivered = run.stats.latents
-            run.step()
-            if run.stats.latents > delivered and run.latest_seq >= seq:
-                seen += 1
-                if seen == nth:
-                    return run.latest.clone()
-        pytest.fail(f"no latent after change {seq}")
+    def after(seq: int) -> torch.Tensor:
+        return latent_after(run, seq, nth=5)
 
     def applied(count: int) -> None:
         wait_until(lambda: app.osc.stats()["applied"] >= count, f"{count} OSC messages applied")

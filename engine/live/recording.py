@@ -18,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..outputs import check_output_path
-
 log = logging.getLogger("flowjam.recording")
 
 DRAIN_INTERVAL_S = 0.25
@@ -91,7 +89,7 @@ class RecordingDrain:
     """Moves played frames from the callback's recording ring into a WavStream on a thread of its own."""
 
     def __init__(self, path: Path, ring: np.ndarray, counters: np.ndarray, recorded_slot: int, sample_rate: int):
-        self.path, self.sample_rate = check_output_path(Path(path), "--record"), sample_rate
+        self.path, self.sample_rate = Path(path), sample_rate  # Playback checked the path before anything played
         self._ring, self._counters, self._recorded_slot = ring, counters, recorded_slot
         recover_partial(self.path)
         self._wav = WavStream(partial_path(self.path), ring.shape[1], sample_rate)
