@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .engine.live.midi import MIDI_BACKENDS
-from .engine.params import CFG_MODES
+from .engine.params import BACKENDS, CFG_MODES
 
 if TYPE_CHECKING:
     from .engine.live.app import LiveConfig
@@ -36,6 +36,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument(
+        "--precision",
+        default="bf16",
+        choices=("bf16", "fp8"),
+        help="fp8: the DiT's per-tick linear layers in FP8 (Ada/Hopper GPUs, with --dtype bfloat16)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,11 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     tick = targets.add_parser("tick", help="steady-state StreamPipeline ticks at real shapes (random weights)")
     tick.add_argument("--preset", default="turbo-2b")
     tick.add_argument("--seconds", type=float, default=60.0, help="song latent length")
-    tick.add_argument("--depth", type=int, default=4)
+    tick.add_argument("--depth", type=int, nargs="+", default=[4])
     tick.add_argument("--steps", type=int, default=8)
-    tick.add_argument("--cfg", default="off", choices=CFG_MODES)
+    tick.add_argument("--cfg", nargs="+", default=["off"], choices=CFG_MODES)
     tick.add_argument("--ticks", type=int, default=48, help="measured ticks (after warm-up)")
-    tick.add_argument("--backend", default="eager", choices=("eager", "compile"))
+    tick.add_argument("--backend", nargs="+", default=["eager"], choices=BACKENDS)
+    tick.add_argument("--profile", action="store_true", help="print a torch.profiler summary of 8 ticks per run")
+    tick.add_argument(
+        "--precision", nargs="+", default=["bf16"], choices=("bf16", "fp8"), help="fp8 also prints its error vs bf16"
+    )
     tick.add_argument("--device", default="cpu")
     tick.add_argument("--dtype", default="float32", choices=DTYPES)
 
@@ -106,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     latency.add_argument("--trials", type=int, default=12)
     latency.add_argument("--depth", type=int, default=4)
     latency.add_argument("--song-seconds", type=float, default=10.0)
+    latency.add_argument("--backend", default="eager", choices=BACKENDS)
     latency.add_argument(
         "--cfg", default="off", choices=CFG_MODES, help="cfg_mode of the stream (full: negative rows every step)"
     )
@@ -150,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--seconds", type=float, help="stop cleanly after this many seconds (default: run until Ctrl-C)")
     live.add_argument("--depth", type=int, help="in-flight generations (1..8; default 4)")
     live.add_argument("--steps", type=int, help="denoising steps per generation (default 8)")
-    live.add_argument("--backend", default="eager", choices=("eager", "compile"))
+    live.add_argument("--backend", default="eager", choices=BACKENDS)
     live.add_argument("--audio-device", help="output device name or index (see --list-devices)")
     live.add_argument("--list-devices", action="store_true", help="print audio output devices and exit")
     live.add_argument("--no-audio", action="store_true", help="no sound card: advance in real time and only record")
@@ -288,7 +299,18 @@ def load_session(args: argparse.Namespace):
     from .engine.session import Session
 
     check_device(args.device)
-    return Session.load(args.checkpoint, preset=args.preset, device=args.device, dtype=getattr(torch, args.dtype))
+    try:
+        return Session.load(
+            args.checkpoint,
+            preset=args.preset,
+            device=args.device,
+            dtype=getattr(torch, args.dtype),
+            precision=args.precision,
+        )
+    except ValueError as error:
+        if "precision" not in str(error):
+            raise
+        raise CommandError(f"--precision: {error}") from None
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -316,18 +338,24 @@ def bench_lm(args: argparse.Namespace) -> int:
     return 0
 
 
+RUNNER_TIMINGS = ("tick_ms", "decode_ms", "interval_ms", "write_ms", "lead_s", "window_s")
+
+
 def bench_latency(args: argparse.Namespace) -> int:
     from .engine.live.bench import measure_latency
 
     session = load_session(args)
+    session.backend = args.backend
     print(
-        f"knob latency: preset {args.preset}, depth {args.depth}, cfg {args.cfg}, 8 steps, {args.song_seconds:g} s loop, {args.trials} trials per knob, no audio device (real-time clock)"
+        f"knob latency: preset {args.preset}, backend {args.backend}, precision {args.precision}, depth {args.depth}, cfg {args.cfg}, 8 steps, {args.song_seconds:g} s loop, {args.trials} trials per knob, no audio device (real-time clock)"
     )
     print(f"{'knob':>16} {'kind':>8} {'knob->tick ms (median / p95)':>30} {'knob->ear ms (median / p95)':>30}")
-    for s in measure_latency(session, args.trials, args.song_seconds, args.depth, cfg_mode=args.cfg):
+    summaries, status = measure_latency(session, args.trials, args.song_seconds, args.depth, cfg_mode=args.cfg)
+    for s in summaries:
         print(
             f"{s.knob:>16} {s.kind:>8} {s.tick_ms_median:17.1f} / {s.tick_ms_p95:8.1f} {s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f}"
         )
+    print("runner at the end: " + ", ".join(f"{key} {status[key]}" for key in RUNNER_TIMINGS))
     return 0
 
 
@@ -349,6 +377,7 @@ def bench_soak(args: argparse.Namespace) -> int:
 def bench_tick(args: argparse.Namespace) -> int:
     import torch
 
+    from .engine.benchmarks import TickFixture
     from .engine.benchmarks import bench_tick as measure
 
     device_name = (
@@ -357,27 +386,41 @@ def bench_tick(args: argparse.Namespace) -> int:
         else f"cpu ({torch.get_num_threads()} threads)"
     )
     print(
-        f"StreamPipeline tick: preset {args.preset}, {args.seconds:g} s song, depth {args.depth}, {args.steps} steps, cfg {args.cfg}, {args.dtype}, {args.backend}, {device_name}"
+        f"StreamPipeline ticks: preset {args.preset}, {args.seconds:g} s song, {args.steps} steps, {args.dtype}, "
+        f"{device_name}, torch {torch.__version__}"
     )
-    r = measure(
-        args.preset,
-        args.seconds,
-        args.depth,
-        args.steps,
-        args.cfg,
-        args.device,
-        getattr(torch, args.dtype),
-        ticks=args.ticks,
-        backend=args.backend,
-    )
-    print(f"  warm-up           {r.warmup_s:.1f} s (first ticks, compilation included)")
+    fixture = TickFixture.build(args.preset, args.seconds, args.device, getattr(torch, args.dtype))
+    print(f"  measured GEMM peak {fixture.gemm_tflops:.1f} TFLOP/s")
+    reports = []
+    for precision in args.precision:
+        if precision == "fp8":
+            error = fixture.to_fp8(args.steps)
+            print(
+                f"  fp8 vs bf16: velocity relative error {error.velocity:.4f} (one forward, 8 rows), finished "
+                f"{args.steps}-step latent {error.latent:.4f} (relative L2)"
+            )
+        for depth, cfg, backend in ((d, c, b) for d in args.depth for c in args.cfg for b in args.backend):
+            r = measure(fixture, depth, args.steps, cfg, ticks=args.ticks, backend=backend, profile=args.profile)
+            reports.append(r)
+            print(
+                f"  depth {depth} cfg {cfg:10s} {backend:13s} {precision} {r.rows_per_tick:5.2f} rows  "
+                f"{r.median_ms:7.2f} ms/tick (p95 {r.p95_ms:.2f}, free-running {r.free_ms:.2f}, host "
+                f"{r.host_ms:.2f})  bound {r.bound_ms:.2f} ms = {r.median_ms / r.bound_ms:.2f}x  "
+                f"warm-up {r.warmup_s:.1f} s  {r.audio_s_per_s:.0f} audio s/s"
+            )
+            if r.graphs:
+                print(f"    graphs {r.graphs}")
+            if r.profile:
+                print("    " + r.profile.replace("\n", "\n    "))
     print(
-        f"  ms/tick           median {r.median_ms:.2f}   p95 {r.p95_ms:.2f}   ({r.ticks} ticks, {r.rows_per_tick:.2f} rows/tick)"
+        "\n| depth | cfg | rows | backend | precision | ms/tick (p95) | free-running | host ms | bound ms | / bound |"
     )
-    print(f"  finished latents  {r.finished_per_s:.2f} /s   audio generated {r.audio_s_per_s:.1f} s per wall second")
-    print(
-        f"  FLOP bound        {r.row_tflop * 1000:.3f} GFLOP/row x {r.rows_per_tick:.2f} rows at measured GEMM peak {r.gemm_tflops:.1f} TFLOP/s = {r.bound_ms:.2f} ms/tick;  ratio {r.median_ms / r.bound_ms:.2f}x"
-    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in reports:
+        print(
+            f"| {r.depth} | {r.cfg} | {r.rows_per_tick:.2f} | {r.backend} | {r.precision} | {r.median_ms:.2f} ({r.p95_ms:.2f}) | "
+            f"{r.free_ms:.2f} | {r.host_ms:.2f} | {r.bound_ms:.2f} | {r.median_ms / r.bound_ms:.2f}x |"
+        )
     return 0
 
 

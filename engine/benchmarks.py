@@ -12,6 +12,7 @@ import torch
 from .conditioning import Conditioning
 from .models.acestep import AceStepModel
 from .models.dit import DiTDecoder
+from .models.fp8 import to_fp8
 from .models.presets import AceStepConfig, get_preset
 from .models.text_encoder import Qwen3TextEncoder
 from .models.vae import OobleckVAE
@@ -143,71 +144,166 @@ def measure_gemm_tflops(
 
 @dataclass(frozen=True)
 class TickReport:
+    backend: str
+    depth: int
+    cfg: str
     ticks: int
     warmup_s: float
     median_ms: float
     p95_ms: float
+    free_ms: float  # per tick over back-to-back ticks with no synchronisation between them
+    host_ms: float  # the tick() call itself: host time, GPU work not awaited
     rows_per_tick: float
     finished_per_s: float
     audio_s_per_s: float
     row_tflop: float
-    gemm_tflops: float
     bound_ms: float
+    graphs: dict | None
+    profile: str | None
+    precision: str
+
+
+@dataclass(frozen=True)
+class Fp8Error:
+    velocity: float  # relative L2 error of one forward's velocity (8 rows at spread-out t)
+    latent: float  # relative L2 error of a finished generation
+
+
+@dataclass
+class TickFixture:
+    """Random weights at a preset's real shapes and the inputs every measured tick uses."""
+
+    preset: str
+    seconds: float
+    decoder: DiTDecoder
+    positive: Conditioning
+    negative: Conditioning
+    context: torch.Tensor
+    gemm_tflops: float
+    precision: str = "bf16"
+
+    def to_fp8(self, steps: int) -> Fp8Error:
+        """Switch the decoder to FP8 in place; returns its error against the bf16 decoder it replaces."""
+        before = self._probe(steps)
+        to_fp8(self.decoder)
+        self.precision = "fp8"
+        after = self._probe(steps)
+        return Fp8Error(*(_relative_error(a, b) for a, b in zip(after, before)))
+
+    @torch.no_grad()
+    def _probe(self, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(velocity of one 8-row forward, a finished `steps`-step latent), from fixed inputs."""
+        generator = torch.Generator(self.context.device).manual_seed(1)
+        rows = 8
+        x = torch.randn(rows, *self.context.shape[1:2], 64, generator=generator, device=self.context.device)
+        t = torch.linspace(1.0, 0.125, rows, device=x.device)
+        kv = self.positive.cross_kv(self.decoder)
+        velocity = self.decoder(x.to(self.context.dtype), t, self.context.expand(rows, -1, -1), cross_kv=kv)
+        pipeline = StreamPipeline(self.decoder, depth=1)
+        pipeline.submit(SlotRequest(self.positive, self.context, seed=3, steps=steps))
+        latent = pipeline.drain()[0].latent
+        return velocity.float(), latent.float()
+
+    @staticmethod
+    def build(preset_name: str, seconds: float, device: str, dtype: torch.dtype, seed: int = 0) -> TickFixture:
+        config = get_preset(preset_name).dit
+        dev = torch.device(device)
+        frames = round(seconds * LATENT_RATE_HZ)
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.device(dev):
+            torch.manual_seed(seed)
+            dit = DiTDecoder(config).to(dtype).eval()
+            positive = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, dtype=dtype))
+            negative = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, dtype=dtype))
+            context = torch.randn(1, frames, config.in_channels - config.audio_acoustic_hidden_dim, dtype=dtype)
+        return TickFixture(preset_name, seconds, dit, positive, negative, context, measure_gemm_tflops(dev, dtype))
+
+
+def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((value - reference).norm() / reference.norm()).item()
 
 
 def bench_tick(
-    preset_name: str,
-    seconds: float,
+    fixture: TickFixture,
     depth: int,
     steps: int,
     cfg: str,
-    device: str,
-    dtype: torch.dtype,
     ticks: int = 48,
-    seed: int = 0,
     backend: str = "eager",
+    profile: bool = False,
 ) -> TickReport:
-    """Steady-state ticks of a StreamPipeline at real shapes with random weights (a new request every tick)."""
-    config = get_preset(preset_name).dit
-    dev = torch.device(device)
-    frames = round(seconds * LATENT_RATE_HZ)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        dit = DiTDecoder(config).to(dev, dtype).eval()
-        positive = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, device=dev, dtype=dtype))
-        negative = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, device=dev, dtype=dtype))
-        context = torch.randn(1, frames, config.in_channels - config.audio_acoustic_hidden_dim, device=dev, dtype=dtype)
-    pipeline = StreamPipeline(dit, depth=depth, backend=backend)
-    options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else negative, guidance=2.0)
-    warmup = steps + depth
-    times_ms, rows, finished = [], [], 0
+    """Steady-state ticks of a StreamPipeline (a new request every tick) against the FLOP bound at the GEMM peak
+    measured in the same process."""
+    dev = fixture.context.device
+    pipeline = StreamPipeline(fixture.decoder, depth=depth, backend=backend)
+    options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
+    counter = iter(range(1 << 30))
+
+    def submit_and_tick() -> list:
+        pipeline.submit(SlotRequest(fixture.positive, fixture.context, seed=next(counter), steps=steps, **options))
+        return pipeline.tick()
+
+    warmup = 2 * (steps + depth)
     warmup_started = time.perf_counter()
-    for index in range(warmup + ticks):
-        if index == warmup:
-            warmup_s = time.perf_counter() - warmup_started
-        pipeline.submit(SlotRequest(positive, context, seed=index, steps=steps, **options))
+    for _ in range(warmup):
+        submit_and_tick()
+    _sync(dev)
+    warmup_s = time.perf_counter() - warmup_started
+    times_ms, host_ms, rows, finished = [], [], [], 0
+    for _ in range(ticks):
         _sync(dev)
         start = time.perf_counter()
-        out = pipeline.tick()
+        out = submit_and_tick()
+        returned = time.perf_counter()
         _sync(dev)
-        if index >= warmup:
-            times_ms.append((time.perf_counter() - start) * 1000.0)
-            rows.append(pipeline.stats()["rows"])
-            finished += len(out)
+        times_ms.append((time.perf_counter() - start) * 1000.0)
+        host_ms.append((returned - start) * 1000.0)
+        rows.append(pipeline.stats()["rows"])
+        finished += len(out)
+    start = time.perf_counter()
+    for _ in range(ticks):
+        submit_and_tick()
+    _sync(dev)
+    free_ms = (time.perf_counter() - start) * 1000.0 / ticks
+    table = _profile(submit_and_tick, dev) if profile and dev.type == "cuda" else None
     total_s = sum(times_ms) / 1000.0
     ordered = sorted(times_ms)
-    row_flops = dit_row_flops(config, frames)
-    gemm = measure_gemm_tflops(dev, dtype)
+    row_flops = dit_row_flops(fixture.decoder.config, fixture.context.shape[1])
     mean_rows = sum(rows) / len(rows)
     return TickReport(
+        backend=backend,
+        depth=depth,
+        cfg=cfg,
         ticks=ticks,
         warmup_s=warmup_s,
         median_ms=statistics.median(times_ms),
         p95_ms=ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+        free_ms=free_ms,
+        host_ms=statistics.median(host_ms),
         rows_per_tick=mean_rows,
         finished_per_s=finished / total_s,
-        audio_s_per_s=finished * seconds / total_s,
+        audio_s_per_s=finished * fixture.seconds / total_s,
         row_tflop=row_flops / 1e12,
-        gemm_tflops=gemm,
-        bound_ms=mean_rows * row_flops / (gemm * 1e12) * 1000.0,
+        bound_ms=mean_rows * row_flops / (fixture.gemm_tflops * 1e12) * 1000.0,
+        graphs=pipeline.stats()["graphs"],
+        profile=table,
+        precision=fixture.precision,
     )
+
+
+def _profile(tick, device: torch.device, ticks: int = 8) -> str:
+    """torch.profiler over `ticks` ticks on a GPU: device time per tick and the kernels that take it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(ticks):
+            tick()
+        _sync(device)
+    events = prof.key_averages()
+    kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    device_ms = sum(e.self_device_time_total for e in kernels) / 1000.0 / ticks
+    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:12]
+    lines = [f"device time {device_ms:.2f} ms/tick in {sum(e.count for e in kernels) / ticks:.0f} kernels/tick"]
+    lines += [
+        f"  {e.self_device_time_total / 1000.0 / ticks:7.3f} ms  {e.count / ticks:6.1f}x  {e.key[:90]}" for e in top
+    ]
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ LATENT_RATE_HZ = 25  # latent frames per second (48 kHz / 1920-sample hop)
 PRESET_NAMES = ("tiny", "turbo-2b", "xl")  # DiT + encoders + VAE shapes (engine/models/presets.py)
 LM_PRESET_NAMES = ("tiny", "lm-0.6b", "lm-1.7b", "lm-4b")  # 5 Hz LM shapes (engine/models/lm.py)
 
+BACKENDS = ("eager", "compile", "graph", "compile-graph")  # how a stream runs its ticks (engine/backends)
 CFG_MODES = ("off", "full", "initialize", "self")  # off: turbo's own (CFG-distilled); full: uncond row every step
 GUIDANCE_METHODS = ("apg", "cfg")
 SOLVERS = ("ode", "sde")

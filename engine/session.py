@@ -17,6 +17,7 @@ from .conditioning import Conditioning, blend_conditionings
 from .lm.checkpoint import load_lm
 from .lm.sampling import SamplingParams
 from .lm.song import CODE_RATE_HZ, SongCodes, SongWriter
+from .models.fp8 import PRECISIONS, check_fp8_device, to_fp8
 from .params import LATENT_RATE_HZ, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
 
@@ -53,9 +54,19 @@ class Session:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        precision: str = "bf16",
     ) -> Session:
-        """Weights from a local checkpoint path, or the seeded preset (default: tiny, no files needed)."""
-        return cls(load_models(checkpoint, preset=preset, device=device, dtype=dtype, seed=seed))
+        """Weights from a local checkpoint path, or the seeded preset (default: tiny, no files needed).
+
+        `precision="fp8"` runs the DiT's per-tick linear layers in FP8 (Ada/Hopper GPUs; see models/fp8.py)."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if precision == "fp8":
+            check_fp8_device(torch.device(device))
+        session = cls(load_models(checkpoint, preset=preset, device=device, dtype=dtype, seed=seed))
+        if precision == "fp8":
+            to_fp8(session.models.acestep.decoder)
+        return session
 
     @property
     def device(self) -> torch.device:

@@ -11,6 +11,7 @@ the next tick on. Rows never depend on each other: a request's latent equals one
 from __future__ import annotations
 
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,15 +19,17 @@ from typing import Any
 import torch
 
 from . import solver
-from .backends import decoder_forward
+from .backends import decoder_forward, uses_graphs
 from .conditioning import Conditioning
 from .curves import Curve, as_curve
-from .models.dit import CrossGroup, DiTDecoder
+from .models.dit import CrossGroup, CrossKV, DiTDecoder
 from .params import CFG_MODES, DCW_MODES, GUIDANCE_METHODS, SHARED_FIELDS, SOLVERS
 from .schedule import timestep_schedule
+from .tick_graph import StaticTensors, TickGraphs
 
 MAX_DEPTH = 8
 MODULATION_CACHE_SIZE = 512
+FINITE_CHECKS_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -108,31 +111,23 @@ class _Prepared:
 
 @dataclass(eq=False)
 class _Slot:
-    prepared: _Prepared
+    """One in-flight generation: its request, schedule and the device tensors its steps read and write (the
+    request's own tensors, or static copies of them on the graph path)."""
+
+    request: SlotRequest
+    schedule: tuple[float, ...]
+    index: int  # place in the ring
     x: torch.Tensor
+    noise: torch.Tensor
+    source: torch.Tensor | None
+    context: torch.Tensor
+    x0_target: torch.Tensor | None
+    curves: dict[str, torch.Tensor]
+    extra_weights: tuple[torch.Tensor | None, ...]
+    step_noise: torch.Tensor | None = None  # graph path: this step's noise, drawn before the device work
     step: int = 0
     running: torch.Tensor | None = None
     cached_negative: torch.Tensor | None = None
-
-    @property
-    def request(self) -> SlotRequest:
-        return self.prepared.request
-
-    @property
-    def schedule(self) -> tuple[float, ...]:
-        return self.prepared.schedule
-
-    @property
-    def noise(self) -> torch.Tensor:
-        return self.prepared.noise
-
-    @property
-    def source(self) -> torch.Tensor | None:
-        return self.prepared.source
-
-    @property
-    def curves(self) -> dict[str, torch.Tensor]:
-        return self.prepared.curves
 
     @property
     def steps(self) -> int:
@@ -155,6 +150,42 @@ class _Row:
     weight: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class _StepResult:
+    """What one slot's step produced: its next latent and the guidance state the next step reads."""
+
+    x: torch.Tensor
+    running: torch.Tensor | None
+    cached_negative: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The batch of a tick: rows reordered so each condition's rows are contiguous (conditions in order of first
+    use); `batch[p]` is the index in `rows` of batch position p."""
+
+    batch: tuple[int, ...]
+    conditions: tuple[Conditioning, ...]
+    counts: tuple[int, ...]
+
+    @staticmethod
+    def of(rows: list[_Row]) -> _Layout:
+        by_condition: dict[int, list[int]] = {}
+        conditions: dict[int, Conditioning] = {}
+        for index, row in enumerate(rows):
+            by_condition.setdefault(id(row.conditioning), []).append(index)
+            conditions.setdefault(id(row.conditioning), row.conditioning)
+        return _Layout(
+            tuple(i for indices in by_condition.values() for i in indices),
+            tuple(conditions.values()),
+            tuple(len(indices) for indices in by_condition.values()),
+        )
+
+    def groups(self, kvs: list[CrossKV]) -> list[CrossGroup]:
+        starts = [sum(self.counts[:g]) for g in range(len(self.counts))]
+        return [CrossGroup(kv, start, count) for kv, start, count in zip(kvs, starts, self.counts)]
+
+
 @dataclass
 class TickStats:
     ticks: int = 0
@@ -174,11 +205,16 @@ class StreamPipeline:
         self.depth = depth
         self._slots: list[_Slot | None] = [None] * depth
         self._queued: _Prepared | None = None
-        self._row_indices: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
         self._shared: dict[str, torch.Tensor] = {}
         self._modulation: OrderedDict[float, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._stats = TickStats()
+        self.backend = backend
         self.decoder_forward = decoder_forward(decoder, backend)
+        device = self._device_dtype()[0]
+        self._graphs = TickGraphs(device) if uses_graphs(backend) else None
+        self._static = StaticTensors(device)
+        self._kv_owner: dict[int, Conditioning] = {}
+        self._finite_checked: OrderedDict[int, weakref.ref[torch.Tensor]] = OrderedDict()
 
     # ---- configuration ---------------------------------------------------------------------------------------
 
@@ -216,7 +252,10 @@ class StreamPipeline:
             self._shared.pop(name, None)
             return
         frames = self.frames or (self._queued.request.frames if self._queued else None)
-        self._shared[name] = self._to_device(as_curve(value, frames if frames is not None else _length_of(value), name))
+        curve = self._to_device(as_curve(value, frames if frames is not None else _length_of(value), name))
+        if self._graphs is not None and frames is not None:
+            curve = self._static.put(("shared", name), curve, (1, frames, 1))
+        self._shared[name] = curve
 
     def shared_curves(self) -> dict[str, torch.Tensor]:
         return dict(self._shared)
@@ -252,7 +291,9 @@ class StreamPipeline:
         return _Prepared(
             request=request,
             schedule=timestep_schedule(int(request.steps), float(request.shift), float(request.denoise)),
-            noise=seeded_noise(request.seed, frames, self.decoder.config.audio_acoustic_hidden_dim).to(device, dtype),
+            noise=_to_device(
+                seeded_noise(request.seed, frames, self.decoder.config.audio_acoustic_hidden_dim), device, dtype
+            ),
             source=None if request.source_latents is None else request.source_latents.to(device, dtype),
             context=request.context_latents.to(device, dtype),
             x0_target=None if request.x0_target is None else request.x0_target.to(device, dtype),
@@ -285,8 +326,7 @@ class StreamPipeline:
                 name != "context_latents" and tensor.shape[2] != self.decoder.config.audio_acoustic_hidden_dim
             ):
                 raise ValueError(f"{name} must be [1, {frames}, C], got {tuple(tensor.shape)}")
-            if not torch.isfinite(tensor).all():
-                raise ValueError(f"{name} contains NaN or infinite values")
+            self._check_finite(name, tensor)
         if request.solver not in SOLVERS:
             raise ValueError(f"unknown solver {request.solver!r}: choose one of {', '.join(SOLVERS)}")
         if request.cfg_mode not in CFG_MODES:
@@ -308,6 +348,18 @@ class StreamPipeline:
         for name, curve in self._shared.items():
             if curve.shape[1] not in (1, frames):
                 raise ValueError(f"shared curve {name!r} has {curve.shape[1]} frames but the request has T={frames}")
+
+    def _check_finite(self, name: str, tensor: torch.Tensor) -> None:
+        """NaN/inf check (a host-device sync on a GPU), done once per tensor: a stream resubmits the same context
+        and target tensors every tick."""
+        seen = self._finite_checked.get(id(tensor))
+        if seen is not None and seen() is tensor:
+            return
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
+        self._finite_checked[id(tensor)] = weakref.ref(tensor)
+        if len(self._finite_checked) > FINITE_CHECKS_KEPT:
+            self._finite_checked.popitem(last=False)
 
     def drain(self, max_ticks: int = 1000) -> list[Finished]:
         """Tick until every slot and the queue are empty; returns everything delivered on the way."""
@@ -334,20 +386,153 @@ class StreamPipeline:
         if not active:
             return []
         rows = [row for slot in active for row in self._rows_for(slot)]
-        velocities = self._forward(rows)
+        layout = _Layout.of(rows)
+        if self._graphs is None:
+            self._eager_step(active, rows, layout)
+        else:
+            self._graph_step(active, rows, layout)
         finished: list[Finished] = []
         for slot in active:
-            own = [(row, velocities[i]) for i, row in enumerate(rows) if row.slot is slot]
-            self._advance(slot, own)
+            slot.step += 1
             if slot.step == slot.steps:
-                self._slots[next(i for i, s in enumerate(self._slots) if s is slot)] = None
-                finished.append(Finished(slot.x, slot.request, slot.steps))
+                self._slots[slot.index] = None
+                latent = slot.x if self._graphs is None else slot.x.clone()
+                finished.append(Finished(latent, slot.request, slot.steps))
         self._trim()
         if events is not None:
             events[1].record()
             self._stats.gpu_events = events
         self._record(started, rows, active, finished)
         return finished
+
+    def _eager_step(self, active: list[_Slot], rows: list[_Row], layout: _Layout) -> None:
+        ordered = [rows[i].slot for i in layout.batch]
+        embeddings = [self._timestep_embedding(slot.t) for slot in ordered]
+        temb = torch.cat([e[0] for e in embeddings])
+        modulation = torch.cat([e[1] for e in embeddings])
+        groups = layout.groups([c.cross_kv(self.decoder) for c in layout.conditions])
+        times = {id(slot): (slot.t, slot.t_next) for slot in active}
+        for slot, result in zip(active, self._device_step(active, rows, layout, groups, temb, modulation, times)):
+            slot.x, slot.running, slot.cached_negative = result.x, result.running, result.cached_negative
+
+    def _graph_step(self, active: list[_Slot], rows: list[_Row], layout: _Layout) -> None:
+        """The same device work through static tensors: plain PyTorch the first time a plan comes, captured the
+        second, one graph replay after that. Host work here is copies: times, embeddings, changed K/V."""
+        static = self._static
+        device, dtype = self._device_dtype()
+        ordered = [rows[i].slot for i in layout.batch]
+        embeddings = [self._timestep_embedding(slot.t) for slot in ordered]
+        hidden = embeddings[0][0].shape[-1]
+        temb = static.get("temb", (len(rows), hidden), dtype)
+        modulation = static.get("modulation", (len(rows), 6, hidden), dtype)
+        torch.cat([e[0] for e in embeddings], out=temb)
+        torch.cat([e[1] for e in embeddings], out=modulation)
+        clock = torch.tensor([[slot.t, slot.t_next] for slot in active], dtype=torch.float32)
+        times_device = static.get("times", (MAX_DEPTH, 2), torch.float32)
+        times_device[: len(active)].copy_(clock.pin_memory() if device.type == "cuda" else clock, non_blocking=True)
+        times = {
+            id(slot): (times_device[i, 0].view(1, 1, 1), times_device[i, 1].view(1, 1, 1))
+            for i, slot in enumerate(active)
+        }
+        groups = layout.groups([self._static_kv(g, c) for g, c in enumerate(layout.conditions)])
+        for slot in active:
+            if self._uses_step_noise(slot):
+                slot.step_noise.copy_(self._draw_step_noise(slot, slot.step))
+        plan = self._plan(active, rows, layout)
+
+        def step() -> tuple[tuple[bool, bool], ...]:
+            results = self._device_step(active, rows, layout, groups, temb, modulation, times)
+            facts = []
+            for slot, result in zip(active, results):
+                slot.x.copy_(result.x)
+                facts.append(
+                    (
+                        self._keep(slot, "running", result.running),
+                        self._keep(slot, "cached_negative", result.cached_negative),
+                    )
+                )
+            return tuple(facts)
+
+        for slot, (has_running, has_cached) in zip(active, self._graphs.run(plan, step)):
+            slot.running = self._static_state(slot, "running") if has_running else None
+            slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
+
+    def _keep(self, slot: _Slot, name: str, value: torch.Tensor | None) -> bool:
+        """Copy a guidance state into the slot's static tensor (graph path); whether there is one."""
+        if value is None:
+            return False
+        target = self._static_state(slot, name)
+        if value is not target:
+            target.copy_(value)
+        return True
+
+    def _static_state(self, slot: _Slot, name: str) -> torch.Tensor:
+        return self._static.get((slot.index, name), tuple(slot.x.shape), slot.x.dtype)
+
+    def _static_kv(self, group: int, conditioning: Conditioning) -> CrossKV:
+        """The group's static K/V, refreshed (one fused copy) when a different condition takes the group."""
+        kv = conditioning.cross_kv(self.decoder)
+        names = [("kv", group, side, layer) for side in "kv" for layer in range(len(kv.keys))]
+        static = [self._static.get(name, tuple(t.shape), t.dtype) for name, t in zip(names, kv.keys + kv.values)]
+        if self._kv_owner.get(group) is not conditioning:
+            torch._foreach_copy_(static, kv.keys + kv.values)
+            self._kv_owner[group] = conditioning
+        layers = len(kv.keys)
+        return CrossKV(static[:layers], static[layers:])
+
+    def _plan(self, active: list[_Slot], rows: list[_Row], layout: _Layout) -> tuple:
+        """Everything that shapes a tick's device work besides tensor values: the graph's key."""
+        slots = tuple(
+            (
+                slot.index,
+                slot.step,
+                slot.steps,
+                slot.t > 0,
+                slot.t_next > 0,
+                slot.request.solver,
+                slot.request.cfg_mode,
+                slot.request.guidance_method,
+                slot.request.dcw,
+                slot.request.x0_target_gate,
+                slot.source is not None,
+                slot.x0_target is not None,
+                tuple(sorted(slot.curves)),
+                tuple(weight is not None for weight in slot.extra_weights),
+                slot.running is not None,
+                slot.cached_negative is not None,
+            )
+            for slot in active
+        )
+        row_kinds = tuple((row.slot.index, row.negative, row.weight is not None) for row in rows)
+        kv_lengths = tuple(c.length for c in layout.conditions)
+        frames = active[0].x.shape[1]
+        shared = tuple(sorted((name, tuple(curve.shape)) for name, curve in self._shared.items()))
+        return frames, slots, row_kinds, layout.batch, layout.counts, kv_lengths, shared
+
+    def _device_step(
+        self,
+        active: list[_Slot],
+        rows: list[_Row],
+        layout: _Layout,
+        groups: list[CrossGroup],
+        temb: torch.Tensor,
+        modulation: torch.Tensor,
+        times: dict[int, tuple[Any, Any]],
+    ) -> list[_StepResult]:
+        """The device work of a tick: one decoder call over every row, then each slot's guidance and step."""
+        inputs = {id(slot): self._model_input(slot, times[id(slot)][0]) for slot in active}
+        x = torch.cat([inputs[id(rows[i].slot)] for i in layout.batch])
+        context = torch.cat([rows[i].slot.context for i in layout.batch])
+        velocities = self.decoder_forward(x, temb, modulation, context, groups)
+        position = {index: p for p, index in enumerate(layout.batch)}
+        return [
+            self._advance(
+                slot,
+                [(row, velocities[position[i]]) for i, row in enumerate(rows) if row.slot is slot],
+                *times[id(slot)],
+            )
+            for slot in active
+        ]
 
     def _gpu_events(self) -> tuple[Any, Any] | None:
         """A (start, end) CUDA event pair with the start recorded now; None on the CPU."""
@@ -363,11 +548,11 @@ class StreamPipeline:
             return
         for index in range(min(self.depth, len(self._slots))):
             if self._slots[index] is None:
-                self._slots[index] = self._start(self._queued)
+                self._slots[index] = self._start(self._queued, index)
                 self._queued = None
                 return
 
-    def _start(self, prepared: _Prepared) -> _Slot:
+    def _start(self, prepared: _Prepared, index: int) -> _Slot:
         request, source, noise, curves = prepared.request, prepared.source, prepared.noise, prepared.curves
         if source is not None and "initial_noise" in curves:
             x = solver.noised(source, noise, curves["initial_noise"])
@@ -375,7 +560,36 @@ class StreamPipeline:
             x = solver.noised(source, noise, prepared.schedule[0])
         else:
             x = noise
-        return _Slot(prepared, x)
+        slot = _Slot(
+            request,
+            prepared.schedule,
+            index,
+            x,
+            noise,
+            source,
+            prepared.context,
+            prepared.x0_target,
+            curves,
+            prepared.extra_weights,
+        )
+        return slot if self._graphs is None else self._to_static(slot)
+
+    def _to_static(self, slot: _Slot) -> _Slot:
+        """Copy a new slot's tensors into its place's static tensors (curves at full length) and draw its per-step
+        noise ahead, so a captured tick finds everything at fixed addresses."""
+        put, index = self._static.put, slot.index
+        frames_shape = (1, slot.x.shape[1], 1)
+        slot.x = put((index, "x"), slot.x)
+        slot.noise = put((index, "noise"), slot.noise)
+        slot.context = put((index, "context"), slot.context)
+        slot.source = None if slot.source is None else put((index, "source"), slot.source)
+        slot.x0_target = None if slot.x0_target is None else put((index, "x0_target"), slot.x0_target)
+        slot.curves = {name: put((index, "curve", name), c, frames_shape) for name, c in slot.curves.items()}
+        slot.extra_weights = tuple(
+            None if w is None else put((index, "extra", e), w, frames_shape) for e, w in enumerate(slot.extra_weights)
+        )
+        slot.step_noise = self._static.get((index, "step_noise"), tuple(slot.x.shape), slot.x.dtype)
+        return slot
 
     def _curve(self, slot: _Slot, name: str) -> torch.Tensor | None:
         """The effective value of a step-time field: the shared override if set, else the slot's own."""
@@ -391,7 +605,7 @@ class StreamPipeline:
         rows = []
         if solver.step_range_active(request.primary_step_range, slot.step, slot.steps) or not request.extra_conditions:
             rows.append(_Row(slot, request.conditioning, False, slot.curves.get("primary_weight")))
-        for extra, weight in zip(request.extra_conditions, slot.prepared.extra_weights):
+        for extra, weight in zip(request.extra_conditions, slot.extra_weights):
             if solver.step_range_active(extra.step_range, slot.step, slot.steps):
                 rows.append(_Row(slot, extra.conditioning, False, weight))
         if not rows:
@@ -400,40 +614,11 @@ class StreamPipeline:
             rows.append(_Row(slot, request.negative, True))
         return rows
 
-    def _model_input(self, slot: _Slot) -> torch.Tensor:
+    def _model_input(self, slot: _Slot, t: Any) -> torch.Tensor:
         mask = slot.curves.get("latent_mask")
         if mask is None:
             return slot.x
-        return solver.mask_pre_blend(slot.x, mask, slot.source, slot.noise, slot.t)
-
-    def _forward(self, rows: list[_Row]) -> torch.Tensor:
-        """One decoder call over every row; rows are grouped per condition for cross-attention only."""
-        inputs = {id(row.slot): self._model_input(row.slot) for row in rows}
-        x = torch.cat([inputs[id(row.slot)] for row in rows])
-        context = torch.cat([row.slot.prepared.context for row in rows])
-        embeddings = [self._timestep_embedding(row.slot.t) for row in rows]
-        temb = torch.cat([e[0] for e in embeddings])
-        modulation = torch.cat([e[1] for e in embeddings])
-        by_condition: dict[int, list[int]] = {}
-        for index, row in enumerate(rows):
-            by_condition.setdefault(id(row.conditioning), []).append(index)
-        conditions = {id(row.conditioning): row.conditioning for row in rows}
-        groups = [
-            CrossGroup(conditions[key].cross_kv(self.decoder), self._indices(indices))
-            for key, indices in by_condition.items()
-        ]
-        return self.decoder_forward(x, temb, modulation, context, groups)
-
-    def _indices(self, indices: list[int]) -> torch.Tensor:
-        """Row-index tensors on the device, cached: steady-state ticks reuse the same few layouts."""
-        key = tuple(indices)
-        cached = self._row_indices.get(key)
-        if cached is None:
-            cached = torch.tensor(indices, device=self._device_dtype()[0])
-            self._row_indices[key] = cached
-            if len(self._row_indices) > MODULATION_CACHE_SIZE:
-                self._row_indices.popitem(last=False)
-        return cached
+        return solver.mask_pre_blend(slot.x, mask, slot.source, slot.noise, t).to(slot.x.dtype)
 
     def _timestep_embedding(self, t: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(temb [1, H], modulation [1, 6, H]) for one t, computed alone (batch 1) and cached: every row at the
@@ -447,7 +632,8 @@ class StreamPipeline:
                 self._modulation.popitem(last=False)
         return cached
 
-    def _advance(self, slot: _Slot, rows: list[tuple[_Row, torch.Tensor]]) -> None:
+    def _advance(self, slot: _Slot, rows: list[tuple[_Row, torch.Tensor]], t: Any, t_next: Any) -> _StepResult:
+        """Guidance and one solver step for a slot; t and t_next are floats, or fp32 tensors on the graph path."""
         request = slot.request
         positive = [(row, v[None]) for row, v in rows if not row.negative]
         negative = [v[None] for row, v in rows if row.negative]
@@ -455,39 +641,48 @@ class StreamPipeline:
             v_pos = positive[0][1]
         else:
             v_pos = solver.blend_velocities([v for _, v in positive], [row.weight for row, _ in positive])
-        v_neg = None
+        v_neg, running, cached_negative = None, slot.running, slot.cached_negative
         if request.cfg_mode == "self":
             v_neg = slot.noise
         elif negative:
             v_neg = negative[0]
             if request.cfg_mode == "initialize":
-                slot.cached_negative = v_neg
+                cached_negative = v_neg
         elif request.cfg_mode == "initialize":
             v_neg = slot.cached_negative
         velocity = v_pos
         if v_neg is not None:
             scale = self._curve(slot, "guidance")
             if request.guidance_method == "apg":
-                velocity, slot.running = solver.apg(
-                    v_pos, v_neg, scale, slot.running, self._curve(slot, "apg_momentum")
-                )
+                velocity, running = solver.apg(v_pos, v_neg, scale, running, self._curve(slot, "apg_momentum"))
             else:
                 velocity = solver.cfg(v_pos, v_neg, scale)
             rescale = self._curve(slot, "cfg_rescale")
             if rescale is not None:
                 velocity = solver.cfg_rescale(velocity, v_pos, rescale)
-        slot.x = self._integrate(slot, velocity)
-        slot.step += 1
+        return _StepResult(self._integrate(slot, velocity, t, t_next).to(slot.x.dtype), running, cached_negative)
 
-    def _step_noise(self, slot: _Slot) -> torch.Tensor:
-        """Fresh noise for this slot's current step, seeded by (seed, step), drawn on the device: reproducible,
-        independent of the slot's place in the ring, and no host round trip."""
+    def _draw_step_noise(self, slot: _Slot, step: int) -> torch.Tensor:
+        """Noise for `step` of a slot, seeded by (seed, step) and drawn on the device: reproducible, independent
+        of the slot's place in the ring, and no host round trip."""
         device, dtype = self._device_dtype()
-        generator = torch.Generator(device).manual_seed(step_seed(slot.request.seed, slot.step))
+        generator = torch.Generator(device).manual_seed(step_seed(slot.request.seed, step))
         return torch.randn(slot.x.shape, generator=generator, device=device, dtype=dtype)
 
-    def _integrate(self, slot: _Slot, velocity: torch.Tensor) -> torch.Tensor:
-        request, x, t, t_next = slot.request, slot.x, slot.t, slot.t_next
+    def _step_noise(self, slot: _Slot) -> torch.Tensor:
+        return self._draw_step_noise(slot, slot.step) if slot.step_noise is None else slot.step_noise
+
+    def _uses_step_noise(self, slot: _Slot) -> bool:
+        """Whether this step of the slot draws fresh noise (SDE, ODE noise injection, an SDE curve)."""
+        return (
+            slot.request.solver == "sde"
+            or self._curve(slot, "ode_noise") is not None
+            or (self._curve(slot, "sde_denoise") is not None and slot.source is not None)
+        )
+
+    def _integrate(self, slot: _Slot, velocity: torch.Tensor, t: Any, t_next: Any) -> torch.Tensor:
+        """One solver step; branches are decided on the slot's float times, the math uses `t`, `t_next`."""
+        request, x = slot.request, slot.x
         scale = self._curve(slot, "velocity_scale")
         ode_noise = self._curve(slot, "ode_noise")
         sde_curve = self._curve(slot, "sde_denoise")
@@ -501,7 +696,7 @@ class StreamPipeline:
         )
         if not needs_x0:
             x_next = solver.euler_step(x, scaled, t, t_next)
-            if ode_noise is not None and t_next > 0:
+            if ode_noise is not None and slot.t_next > 0:
                 x_next = solver.inject_ode_noise(x_next, self._step_noise(slot), ode_noise, t_next)
         else:
             x0 = solver.predict_x0(x, scaled, t)
@@ -510,9 +705,9 @@ class StreamPipeline:
                 x0 = solver.mask_post_blend(x0, mask, source)
             x0 = self._x0_target(slot, x0)
             if sde_curve is not None and source is not None:
-                noise = self._step_noise(slot) if t_next > 0 else torch.zeros_like(x)
+                noise = self._step_noise(slot) if slot.t_next > 0 else torch.zeros_like(x)
                 x_next = solver.sde_curve_step(x0, source, noise, t_next, sde_curve)
-            elif t_next <= 0:
+            elif slot.t_next <= 0:
                 x_next = x0
             elif request.solver == "sde":
                 x_next = solver.noised(x0, slot.noise if mask is not None else self._step_noise(slot), t_next)
@@ -520,7 +715,7 @@ class StreamPipeline:
                 x_next = solver.euler_step(x, (x - x0) / t, t, t_next)
                 if ode_noise is not None:
                     x_next = solver.inject_ode_noise(x_next, self._step_noise(slot), ode_noise, t_next)
-        if request.dcw is not None and t_next > 0:
+        if request.dcw is not None and slot.t_next > 0:
             x_next = solver.dcw_correct(
                 x_next, solver.predict_x0(x, velocity, t), t, request.dcw.mode, request.dcw.low, request.dcw.high
             )
@@ -529,13 +724,13 @@ class StreamPipeline:
     def _pulls_to_target(self, slot: _Slot) -> bool:
         """Whether this slot has an x0 target and a strength (its own or shared) to pull toward it with; without a
         strength the step takes the plain Euler path, exactly as if there were no target."""
-        if slot.prepared.x0_target is None:
+        if slot.x0_target is None:
             return False
         return "x0_target_curve" in slot.curves or self._curve(slot, "x0_target_strength") is not None
 
     def _x0_target(self, slot: _Slot, x0: torch.Tensor) -> torch.Tensor:
         request = slot.request
-        target = slot.prepared.x0_target
+        target = slot.x0_target
         if not self._pulls_to_target(slot):
             return x0
         curve = slot.curves.get("x0_target_curve")
@@ -586,6 +781,10 @@ class StreamPipeline:
             "finished": s.finished,
             "last_tick_ms": s.last_tick_ms,
             "slot_steps": [None if slot is None else slot.step for slot in self._slots],
+            "backend": self.backend,
+            "graphs": None
+            if self._graphs is None
+            else {**vars(self._graphs.counters), "captured": self._graphs.captured},
         }
 
 
@@ -610,6 +809,13 @@ def seeded_noise(seed: int, frames: int, channels: int) -> torch.Tensor:
     """Gaussian noise [1, T, C] from a CPU generator: the same seed gives the same noise on every device."""
     generator = torch.Generator("cpu").manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
     return torch.randn(1, frames, channels, generator=generator)
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A host tensor to the device without stalling the host behind queued GPU work (pinned, asynchronous copy)."""
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, dtype, non_blocking=True)
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.params import LATENT_RATE_HZ, LM_PRESET_NAMES
-from . import comfy_io
+from . import comfy_io, comfy_models
 from .spec import CATEGORY, MODEL, STRUCTURE, NodeInputError, NodeSpec, Output, Param, check_range
 
 _lm_lock = threading.Lock()
@@ -67,6 +67,7 @@ def lm_structure(
         sampling.validate()
     except ValueError as error:
         raise NodeInputError(f"LM structure: {error}") from None
+    comfy_models.use(model)  # the LM loads on the session's device
     _attach_lm(model, lm_checkpoint, lm_preset, sampling)
     try:
         song = model.generate_codes(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from weakref import WeakValueDictionary
 
 from ..engine.params import (
+    BACKENDS,
     CURVE_OPS,
     LATENT_RATE_HZ,
     MAX_SONG_SECONDS,
@@ -14,7 +15,7 @@ from ..engine.params import (
     WAVE_KINDS,
     seconds_to_frames,
 )
-from . import comfy_io
+from . import comfy_io, comfy_models
 from .lm_nodes import structure_context
 from .spec import (
     AUDIO,
@@ -37,7 +38,7 @@ CHECKPOINT_FIX = (
     "pick ACE-Step 1.5 weights in 'checkpoint' (files in ComfyUI/models/diffusion_models/ or "
     "ComfyUI/models/checkpoints/)"
 )
-_sessions: dict[tuple, Any] = {}
+_sessions: WeakValueDictionary = WeakValueDictionary()  # a session lives while a graph's cache or a stream holds it
 _load_lock = threading.Lock()
 
 
@@ -48,7 +49,8 @@ def _device(choice: str) -> str:
 
 
 def load_model(preset: str, checkpoint: str, device: str, dtype: str, backend: str) -> tuple:
-    """Load once per (preset, checkpoint, device, dtype): re-queued graphs reuse the same session."""
+    """Load once per (preset, checkpoint, device, dtype) while anything holds the session: re-queued graphs reuse it;
+    after ComfyUI frees its cache (and no stream plays it) it is freed, and the next run loads it again."""
     import torch
 
     from ..engine.checkpoints import CheckpointError
@@ -58,12 +60,14 @@ def load_model(preset: str, checkpoint: str, device: str, dtype: str, backend: s
     comfy_io.check_preset("Load model", "preset", preset, PRESET_NAMES, path, CHECKPOINT_FIX)
     key = (preset, str(path), _device(device), dtype)
     with _load_lock:
-        if key not in _sessions:
+        session = _sessions.get(key)
+        if session is None:
             try:
-                _sessions[key] = Session.load(path, preset=preset, device=key[2], dtype=getattr(torch, dtype))
+                session = Session.load(path, preset=preset, device=key[2], dtype=getattr(torch, dtype))
             except CheckpointError as error:
                 raise NodeInputError(f"Load model: input 'checkpoint' {checkpoint!r}: {error}") from None
-        session = _sessions[key]
+            _sessions[key] = session
+            comfy_models.give_back_when_freed(session)
     session.backend = backend
     return (session,)
 
@@ -75,6 +79,7 @@ def text_conditioning(
         raise NodeInputError("Text conditioning: input 'tags' is empty; describe the music (genre, instruments, mood)")
     if task not in TASKS:
         raise NodeInputError(f"Text conditioning: input 'task' must be one of {', '.join(TASKS)}")
+    comfy_models.use(model)
     try:
         conditioning = model.encode_text(
             tags,
@@ -93,6 +98,7 @@ def text_conditioning(
 
 def blend_conditioning(model, a, b, amount: float) -> tuple:
     check_range("Conditioning blend", "amount", amount, 0.0, 1.0)
+    comfy_models.use(model)
     return (model.blend_conditionings(a, b, amount),)
 
 
@@ -104,6 +110,7 @@ def prepare_source(model, audio=None, latent=None) -> tuple:
 
     if (audio is None) == (latent is None):
         raise NodeInputError("Prepare source: connect exactly one of 'audio' or 'latent'")
+    comfy_models.use(model)
     if audio is not None:
         waveform, rate = comfy_io.audio_from_comfy("Prepare source", audio)
         return (model.prepare_source(waveform, rate),)
@@ -200,6 +207,7 @@ def generate(
         )
     if structure is not None and source is not None:
         raise NodeInputError("Generate: connect either 'source' (a cover) or 'structure' (LM structure), not both")
+    comfy_models.use(model)
     progress = _progress_bar(steps)
     options = {} if velocity_scale is None else {"velocity_scale": _fit_curve(velocity_scale, source, seconds)}
     if structure is not None:
@@ -290,9 +298,10 @@ NODES = (
             Param(
                 "backend",
                 "COMBO",
-                "How streams run the DiT: eager, or torch.compile (faster after a one-time compile)",
+                "How streams run the DiT: eager; compile (torch.compile, faster after a one-time compile); graph "
+                "(each tick one CUDA-graph replay); compile-graph (both: the fastest on a GPU)",
                 "eager",
-                options=("eager", "compile"),
+                options=BACKENDS,
             ),
         ),
         (Output(MODEL, "model"),),

@@ -18,7 +18,7 @@ from ..engine.params import (
     SHARED_FIELDS,
     seconds_to_frames,
 )
-from . import comfy_io
+from . import comfy_io, comfy_models
 from .lm_nodes import structure_context
 from .spec import (
     AUDIO,
@@ -123,6 +123,7 @@ def stream_start(
     knobs = StreamKnobs(depth, steps, denoise, seed, shift, prompt_blend, structure, cfg_mode)
     if lm_structure is not None and source is not None:
         raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
+    comfy_models.use(model)
     running = sessions.get(name)
     frames = running.runner.frames if running is not None else seconds_to_frames(song_seconds)
     context = None if lm_structure is None else structure_context("Stream", model, lm_structure, frames)
@@ -158,6 +159,7 @@ def new_stream(model, name: str, song_seconds: float, audio_device: str, knobs: 
     app = LiveApp(
         model, config, registry, initial_conditionings=(sockets.prompt_a, sockets.prompt_b), source=sockets.source
     )
+    comfy_models.keep_for_stream(model)
     app.runner.set_conditioning("negative", sockets.negative)
     if sockets.context is not None:
         app.runner.set_structure(sockets.context)
@@ -210,7 +212,11 @@ def stream_stop(stream: str, after: str | None = None) -> tuple:
     `stream` (and `after`, from another branch) chain the stop after the nodes that use the stream."""
     from ..engine.live import sessions
 
-    return (f"stopped {stream}" if sessions.stop(stream) else not_running(stream),)
+    app = sessions.get(stream)
+    if app is None or not sessions.stop(stream):
+        return (not_running(stream),)
+    comfy_models.use(app.session)  # back on ComfyUI's list (unless another stream plays it)
+    return (f"stopped {stream}",)
 
 
 def stream_capture(stream: str, seconds: float) -> tuple:

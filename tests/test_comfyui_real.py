@@ -113,8 +113,8 @@ np.savez(sys.argv[1], rates=np.array(rates), **{f"a{i}": a for i, a in enumerate
 class Comfy:
     """A running ComfyUI: HTTP helpers, prompt queueing and the folders it reads and writes."""
 
-    def __init__(self, root: Path, python: Path, port: int, dirs: dict[str, Path], log: Path):
-        self.root, self.python, self.port, self.dirs, self.log = root, python, port, dirs, log
+    def __init__(self, root: Path, python: Path, port: int, dirs: dict[str, Path], log: Path, pid: int):
+        self.root, self.python, self.port, self.dirs, self.log, self.pid = root, python, port, dirs, log, pid
         self.base = f"http://127.0.0.1:{port}"
         self.client_id = str(uuid.uuid4())
 
@@ -193,6 +193,22 @@ class Comfy:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else "(no log)"
 
+    def log_since(self, offset: int) -> str:
+        """What the server logged after `offset` bytes (see `log_size`)."""
+        with open(self.log, "rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
+    def log_size(self) -> int:
+        return self.log.stat().st_size
+
+    def rss_bytes(self) -> int:
+        """The server process's resident memory (VmRSS)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"no VmRSS for the server process {self.pid}")
+
     def wait_for(self, condition, timeout: float, what: str):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -264,9 +280,12 @@ def comfy(tmp_path_factory):
         "output": work / "output",
         "temp": work / "temp",
         "user": work / "user",
+        "models": work / "models" / "diffusion_models",
     }
-    for key in ("input", "output", "user"):
-        dirs[key].mkdir()
+    for key in ("input", "output", "user", "models"):
+        dirs[key].mkdir(parents=True)
+    model_paths = work / "extra_model_paths.yaml"  # a diffusion_models folder of its own for the model-memory test
+    model_paths.write_text(f"flowjam_test:\n    base_path: {work}\n    diffusion_models: models/diffusion_models\n")
     _write_wav(dirs["input"] / EXAMPLE, 2, 44_100, 3.5)  # the cover workflow's song: a 3.5 s stereo chord
     _write_wav(dirs["input"] / FIVE_CHANNELS, 5, 44_100, 1.0)
     _write_wav(dirs["input"] / LOW_RATE, 2, 4_000, 1.0)
@@ -301,13 +320,15 @@ def comfy(tmp_path_factory):
         str(dirs["user"]),
         "--database-url",
         f"sqlite:///{work / 'comfyui.db'}",
+        "--extra-model-paths-config",
+        str(model_paths),
     ]
     started = time.monotonic()
     with open(log, "wb") as log_file:
         process = subprocess.Popen(
             command, cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
-    server = Comfy(root, python, port, dirs, log)
+    server = Comfy(root, python, port, dirs, log, process.pid)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -1039,3 +1060,106 @@ def test_the_panel_without_a_stream_is_disabled_backs_off_and_logs_nothing(comfy
     assert len(layout["meterLines"]) == 2 and not any(line["cut"] for line in layout["meterLines"]), layout
     assert layout["meterLines"][0]["text"].startswith("tick ") and "playhead" in layout["meterLines"][1]["text"]
     assert name not in comfy.sessions()
+
+
+# ---- 8. a live graph that stops itself ------------------------------------------------------------------------------
+
+
+def test_a_graph_with_an_osc_bridge_and_a_stream_stop_runs_clean(comfy):
+    """Stream -> OSC bridge, and a Shared curve on another branch; a Stream stop chained after both runs last: the
+    graph runs with no error and no traceback, the bridge's port is free again, and the same graph runs twice."""
+    port = _free_port()
+    prompt = api_prompt("flowjam_prompt_blend_osc.json", osc_port=port)
+    stream = node_id(prompt, "FlowjamStream")
+    prompt[stream]["inputs"]["session_id"] = "osc_stop"
+    for capture in [i for i, n in prompt.items() if n["class_type"] in ("FlowjamStreamCapture", "PreviewAudio")]:
+        del prompt[capture]  # a capture at once after the start may hold no audio yet: not what this test is about
+    prompt["curve"] = {
+        "class_type": "FlowjamSharedCurve",
+        "inputs": {"stream": [stream, 0], "knob": "velocity_scale", "value": 1.2},
+    }
+    prompt["stop"] = {
+        "class_type": "FlowjamStreamStop",
+        "inputs": {"stream": [node_id(prompt, "FlowjamOscBridge"), 0], "after": ["curve", 0]},
+    }
+    for _ in range(2):
+        logged_from = comfy.log_size()
+        started = time.monotonic()
+        comfy.run_ok(prompt)  # a bridge or a curve run after the stop would fail: no running stream
+        print(f"\nOSC bridge + Stream stop graph: {time.monotonic() - started:.1f} s", file=sys.stderr)
+        assert "osc_stop" not in comfy.sessions(), "the Stream stop did not stop the stream"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", port))  # raises if the stopped bridge still holds its port
+        time.sleep(0.5)  # the log is written by the server process: let it catch up
+        logged = comfy.log_since(logged_from)
+        assert "Traceback" not in logged and "Exception" not in logged, logged
+
+
+# ---- 9. ComfyUI's model management: /free gives a model's memory back, a running stream keeps its own ---------------
+
+MODEL_COPIES = 8
+
+
+def _tiny_checkpoints(folder: Path) -> tuple[list[str], int]:
+    """MODEL_COPIES files of the tiny preset in the server's diffusion_models folder -> (their names as Load model
+    lists them, the parameter bytes of one model)."""
+    from flowjam.engine.checkpoints import save_flowjam_file
+    from flowjam.engine.session import Session
+
+    models = Session.load(preset="tiny").models
+    first = save_flowjam_file(models, folder / "acestep_tiny_0.safetensors")
+    for copy in range(1, MODEL_COPIES):
+        shutil.copyfile(first, folder / f"acestep_tiny_{copy}.safetensors")
+    networks = (models.acestep, models.text_encoder, models.vae)
+    weights = sum(t.numel() * t.element_size() for net in networks for t in net.state_dict().values())
+    return [f"diffusion_models/acestep_tiny_{copy}.safetensors" for copy in range(MODEL_COPIES)], weights
+
+
+def _generate_with_each(checkpoints: list[str]) -> dict:
+    """A short Generate per checkpoint, each with its own Load model: one model per checkpoint, held by the cache."""
+    prompt = {}
+    for copy, checkpoint in enumerate(checkpoints):
+        for key, node in _generate_prompt(checkpoint=checkpoint).items():
+            inputs = {k: [f"{copy}_{v[0]}", v[1]] if isinstance(v, list) else v for k, v in node["inputs"].items()}
+            prompt[f"{copy}_{key}"] = {**node, "inputs": inputs}
+    return prompt
+
+
+def test_free_gives_the_models_memory_back_and_a_running_stream_plays_on(comfy):
+    """ComfyUI's /free drops its cache: flowjam's models go with it and their memory back to the system, while a
+    stream playing its own model plays on; the next queue loads them again."""
+    checkpoints, weights = _tiny_checkpoints(comfy.dirs["models"])
+    expected, mb = MODEL_COPIES * weights, 2**20
+    free = {"unload_models": True, "free_memory": True}
+    comfy.run_ok(_lone_stream_prompt("kept"))
+    try:
+        assert comfy.request("POST", "/free", free)[0] == 200  # what earlier tests left goes first
+        time.sleep(2.0)
+        before = comfy.rss_bytes()
+        prompt = _generate_with_each(checkpoints)
+        comfy.run_ok(prompt)
+        loaded = comfy.rss_bytes()
+        ticks = comfy.session("kept")["ticks"]
+        started = time.monotonic()
+        status, body = comfy.request("POST", "/free", free)
+        assert status == 200, body
+
+        def given_back() -> int:
+            freed = loaded - comfy.rss_bytes()
+            return freed if freed >= expected / 2 else 0  # the running stream's own churn takes back tens of MB
+
+        what = f"the server's memory to go down by half the models' {expected / mb:.0f} MB of weights"
+        freed = comfy.wait_for(given_back, 20, what)
+        print(
+            f"\n/free: {MODEL_COPIES} tiny models ({expected / mb:.0f} MB of weights) took {(loaded - before) / mb:.0f} MB;"
+            f" {freed / mb:.0f} MB given back after {time.monotonic() - started:.1f} s",
+            file=sys.stderr,
+        )
+        comfy.wait_for(lambda: comfy.session("kept")["ticks"] > ticks + 10, 10, "the stream to keep ticking")
+        playing = comfy.session("kept")
+        assert playing["playing"] and playing["errors"] == 0, playing
+        comfy.run_ok(prompt)  # the freed models load again on demand
+    finally:
+        comfy.run(stop_prompt("kept"), timeout=30)
+        for checkpoint in checkpoints:
+            (comfy.dirs["models"] / Path(checkpoint).name).unlink()

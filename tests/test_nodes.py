@@ -2,12 +2,14 @@
 live-stream re-queue semantics, capture, and bad inputs (a NodeInputError naming the input; a running stream plays
 on). Tiny preset on the CPU; streams play into a silent clock (audio_device "none")."""
 
+import gc
 import inspect
 import math
 import socket
 import subprocess
 import sys
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -244,9 +246,9 @@ def test_node_input_error_prints_as_flowjam_node_input_error():
 # ---- presets: no full-size random weights in ComfyUI ------------------------------------------------------------
 
 
-def load(preset: str, checkpoint: str = "none"):
+def load(preset: str, checkpoint: str = "none", dtype: str = "float32"):
     return node("FlowjamLoadModel").run(
-        preset=preset, checkpoint=checkpoint, device="cpu", dtype="float32", backend="eager"
+        preset=preset, checkpoint=checkpoint, device="cpu", dtype=dtype, backend="eager"
     )[0]
 
 
@@ -274,6 +276,36 @@ def test_full_size_presets_are_not_offered_and_old_graphs_get_the_fix(model, tmp
     assert time.monotonic() - started < 30 and loaded.models.config == model.models.config, "the checkpoint's shape"
     with pytest.raises(NodeInputError, match="input 'checkpoint'"):
         load("tiny", str(tmp_path / "no_such_acestep.safetensors"))
+
+
+# ---- model lifetime: ComfyUI's /free drops its node-output cache, and what nothing else holds must go ---------------
+
+
+def test_a_loaded_model_is_reused_while_held_and_freed_once_nothing_holds_it():
+    held = load("tiny", dtype="bfloat16")  # the module's float32 model stays held by its fixture
+    assert load("tiny", dtype="bfloat16") is held, "a re-queued graph must reuse the model it holds"
+    freed = weakref.ref(held)
+    del held
+    gc.collect()
+    assert freed() is None, "Load model kept a model nothing else holds: /free could never give its memory back"
+    again = load("tiny", dtype="bfloat16")
+    assert again is not None and text(again, "loaded again on demand").encoder_hidden_states.dtype == torch.bfloat16
+
+
+def test_a_running_stream_keeps_its_model_and_lets_it_go_when_stopped():
+    model = load("tiny", dtype="bfloat16")
+    stream(model, text(model, "held by the stream"), "held", steps=1, depth=1)
+    app = sessions.get("held")
+    kept = weakref.ref(model)
+    del model
+    gc.collect()
+    assert kept() is not None, "the graph let go of the model and the running stream lost it"
+    wait_ticks(app)
+    assert app.runner.alive and app.runner.stats.errors == 0, "the stream must keep playing"
+    assert node("FlowjamStreamStop").run(stream="held") == ("stopped held",)
+    del app
+    gc.collect()
+    assert kept() is None, "a stopped stream still holds its model"
 
 
 # ---- AUDIO / LATENT interop ----------------------------------------------------------------------------------------

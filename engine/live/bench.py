@@ -67,9 +67,10 @@ def measure_latency(
     depth: int = 4,
     playback_mode: str = "null",
     cfg_mode: str = "off",
-) -> list[LatencySummary]:
+) -> tuple[list[LatencySummary], dict]:
     """Turn a shared-curve knob (velocity_scale) and a per-request knob (denoise) `trials` times each; follow every
-    change to the first tick that used it and to the moment the playhead reaches audio made with it."""
+    change to the first tick that used it and to the moment the playhead reaches audio made with it. Returns the
+    summaries and the runner's status at the end (tick, decode, interval between writes, lead)."""
     registry = _registry(depth, cfg_mode)
     app = LiveApp(
         session,
@@ -90,7 +91,7 @@ def measure_latency(
                 records.append(next(r for r in app.runner.stats.latencies if r.change.seq == change.seq))
                 time.sleep(0.05)
             summaries.append(_summarize(knob, registry.specs[knob].kind.value, records))
-        return summaries
+        return summaries, app.runner.status()
     finally:
         app.stop()
 

@@ -3,7 +3,8 @@ freshly decoded audio into the loop buffer just ahead of the playhead.
 
 Every tick decodes a short window at playhead + lead: the newest finished latent, or the last one again when
 none came (gap-fill), so the region the playhead is about to play is always the freshest audio there is. The
-lead follows the measured interval between buffer writes. Prompt changes, source swaps and depth changes come in
+lead follows the measured time from reading the playhead to the patch being in the buffer (tick, decode, copy) and
+its jitter. Prompt changes, source swaps and depth changes come in
 as messages and are applied between ticks; audio keeps playing from the buffer meanwhile.
 """
 
@@ -29,7 +30,8 @@ from .loop_buffer import LoopBuffer
 log = logging.getLogger("flowjam.runner")
 
 FADE_FRAMES = 480  # 10 ms equal-gain edges on every patch
-LEAD_MARGIN_S = 0.05
+LEAD_MARGIN_S = 0.03  # beyond the measured write time: the playback's own block and a late wake-up
+JITTER_COVER = 4.0  # mean absolute deviations of the write time the lead covers
 EMA_WEIGHT = 0.2
 PROMPT_SLOTS = ("a", "b", "negative")  # prompt A, prompt B, and the negative prompt that CFG guides away from
 
@@ -222,7 +224,9 @@ class RunnerStats:
     writes: int = 0
     tick_ms: float = 0.0
     decode_ms: float = 0.0
-    interval_s: float = 0.0
+    interval_s: float = 0.0  # between buffer writes
+    write_s: float = 0.0  # from reading the playhead to the patch being in the buffer
+    write_jitter_s: float = 0.0  # its mean absolute deviation
     lead_s: float = 0.1
     window_s: float = 0.4
     last_error: str | None = None
@@ -505,35 +509,45 @@ class LiveRunner:
             condition, seconds, denoise=knobs.get("denoise"), source_latents=start, **options
         )
 
-    def _write_ahead(self, started: float, fresh_from: int | None) -> None:
+    def _write_ahead(self, started: float | None, fresh_from: int | None) -> None:
         """Decode the window at playhead + lead and patch it into the loop buffer."""
         hop = self.session.models.vae.hop_samples
         rate = self.buffer.sample_rate
+        if not self._loop_filled:  # the first latent fills the whole loop: no never-written (silent) region is left
+            self.buffer.fill(self.session.decode(self._latest))
+            self._loop_filled = True
+            started = None  # that write's interval is the whole-loop decode, not the loop's pace
+        read_at = time.perf_counter()
         playhead = self.buffer.playhead_frames
         lead_samples = int(self.stats.lead_s * rate)
         frame = -(-(playhead + lead_samples) // hop) % self.frames
         decode_started = time.perf_counter()
-        if not self._loop_filled:  # the first latent fills the whole loop: no never-written (silent) region is left
-            self.buffer.fill(self.session.decode(self._latest))
-            self._loop_filled = True
         audio = self.session.decode(
             self._latest, t_start=frame / LATENT_RATE_HZ, window_s=self.stats.window_s, cyclic=True
-        )
+        ).cpu()  # on a GPU this waits for the tick and the decode: the audio is real from here on
         now = time.perf_counter()
         self.buffer.patch(frame * hop, audio, FADE_FRAMES)
+        patched = time.perf_counter()
         self.stats.decode_ms = (now - decode_started) * 1000.0
         self.stats.writes += 1
-        self._adapt(now - started)
+        self._adapt(None if started is None else patched - started, patched - read_at)
         playhead_now = self.buffer.playhead_frames
         ahead_s = ((frame * hop - playhead_now) % self.buffer.frames) / rate
-        self.stats.latency.heard(now + ahead_s, fresh_from)
+        self.stats.latency.heard(patched + ahead_s, fresh_from)
 
-    def _adapt(self, interval_s: float) -> None:
+    def _adapt(self, interval_s: float | None, write_s: float) -> None:
+        """The lead covers the time from reading the playhead to the patch being in the buffer (the tick's GPU
+        work, the decode, the copy), with room for its jitter; the window spans the next write too. The first
+        write sets the averages (its interval, which includes filling the loop, is not counted)."""
         stats, config = self.stats, self.config
-        stats.interval_s = (
-            interval_s if stats.writes <= 1 else (1 - EMA_WEIGHT) * stats.interval_s + EMA_WEIGHT * interval_s
-        )
-        stats.lead_s = min(config.max_lead_s, max(config.min_lead_s, 1.5 * stats.interval_s + LEAD_MARGIN_S))
+        if stats.writes <= 1:
+            stats.interval_s, stats.write_s, stats.write_jitter_s = interval_s or write_s, write_s, 0.0
+        else:
+            stats.interval_s += EMA_WEIGHT * ((interval_s or stats.interval_s) - stats.interval_s)
+            stats.write_jitter_s += EMA_WEIGHT * (abs(write_s - stats.write_s) - stats.write_jitter_s)
+            stats.write_s += EMA_WEIGHT * (write_s - stats.write_s)
+        wanted = stats.write_s + JITTER_COVER * stats.write_jitter_s + LEAD_MARGIN_S
+        stats.lead_s = min(config.max_lead_s, max(config.min_lead_s, wanted))
         song_s = self.buffer.frames / self.buffer.sample_rate
         stats.window_s = min(song_s, max(config.window_s, stats.lead_s + 2 * stats.interval_s))
 
@@ -544,6 +558,8 @@ class LiveRunner:
             "latents": stats.latents,
             "tick_ms": round(stats.tick_ms, 2),
             "decode_ms": round(stats.decode_ms, 2),
+            "interval_ms": round(stats.interval_s * 1000.0, 2),
+            "write_ms": round(stats.write_s * 1000.0, 2),
             "lead_s": round(stats.lead_s, 3),
             "window_s": round(stats.window_s, 3),
             "playhead_s": round(self.buffer.position / self.buffer.sample_rate, 3),

@@ -8,13 +8,14 @@ Output: velocity [B, T, 64] (flow matching: x_t = t*noise + (1-t)*x0, v = noise 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import Attention, RMSNorm, SwiGLU, band_mask, combine_masks, rope_cos_sin
+from .layers import Attention, RMSNorm, SwiGLU, band_mask, rope_cos_sin
 from .presets import AceStepConfig
 
 TIMESTEP_FREQ_DIM = 256
@@ -61,31 +62,33 @@ class CrossKV:
 
     keys: list[torch.Tensor]  # per layer [B, kv_heads, L, head_dim]
     values: list[torch.Tensor]
-    key_mask: torch.Tensor | None = None  # [B, L] True = valid; None = attend to all (the reference)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CrossGroup:
-    """Rows of a batch that cross-attend to one condition. `kv` has batch 1 (shared by every row) or len(rows)."""
+    """A contiguous run of batch rows [start, start + count) that cross-attend to one condition. `kv` has batch 1
+    (shared by every row of the group) or `count`."""
 
     kv: CrossKV
-    rows: torch.Tensor  # int64 row indices into the batch
+    start: int
+    count: int
 
 
-def _group_attention(attn: Attention, q: torch.Tensor, groups: list[CrossGroup], layer: int) -> torch.Tensor:
+CrossSlice = tuple[torch.Tensor, torch.Tensor, int, int]  # one group at one layer: keys, values, start, count
+
+
+def _group_attention(attn: Attention, q: torch.Tensor, cross: tuple[CrossSlice, ...]) -> torch.Tensor:
     """Cross-attention heads [R, heads, S, D] with each group's rows attending to its own condition.
 
-    Rows of different conditions never share a padded K/V tensor, so a row's result does not depend on the
-    other rows in the batch (stream == one-shot generation, bit for bit)."""
-    heads = torch.empty_like(q)
-    for group in groups:
-        k, v = group.kv.keys[layer], group.kv.values[layer]
-        count = group.rows.numel()
+    Groups are contiguous and in row order, so each is a slice of the batch and the results are concatenated:
+    no gather or scatter. Rows of different conditions never share a padded K/V tensor, so a row's result does
+    not depend on the other rows in the batch (stream == one-shot generation, bit for bit)."""
+    outputs = []
+    for k, v, start, count in cross:
         if k.shape[0] == 1 and count > 1:
             k, v = k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)
-        mask = None if group.kv.key_mask is None else combine_masks(None, group.kv.key_mask.expand(count, -1))
-        heads.index_copy_(0, group.rows, attn.heads_attention(q.index_select(0, group.rows), k, v, mask))
-    return heads
+        outputs.append(attn.heads_attention(q.narrow(0, start, count), k, v, None))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
 class DiTLayer(nn.Module):
@@ -108,14 +111,15 @@ class DiTLayer(nn.Module):
         modulation: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         self_mask: torch.Tensor | None,
-        groups: list[CrossGroup],
-        index: int,
+        cross: tuple[CrossSlice, ...],
     ) -> torch.Tensor:
+        """One layer over every row; `cross` is this layer's K/V per condition group (tensors and ints only, so
+        one compiled graph serves every layer)."""
         shift, scale, gate, mlp_shift, mlp_scale, mlp_gate = (self.scale_shift_table + modulation).chunk(6, dim=1)
         h = (self.self_attn_norm(x) * (1 + scale) + shift).type_as(x)
         x = (x + self.self_attn(h, rope, self_mask) * gate).type_as(x)
         h = self.cross_attn_norm(x)
-        x = x + self.cross_attn.project_out(_group_attention(self.cross_attn, self.cross_attn.query(h), groups, index))
+        x = x + self.cross_attn.project_out(_group_attention(self.cross_attn, self.cross_attn.query(h), cross))
         h = (self.mlp_norm(x) * (1 + mlp_scale) + mlp_shift).type_as(x)
         return (x + self.mlp(h) * mlp_gate).type_as(x)
 
@@ -161,11 +165,12 @@ class DiTDecoder(nn.Module):
             temb_r, tproj_r = self.time_embed_r(t - t_r)
         return temb + temb_r, tproj + tproj_r
 
-    def build_cross_kv(self, encoder_hidden_states: torch.Tensor, key_mask: torch.Tensor | None = None) -> CrossKV:
-        """Embed a condition [B, L, Hc] and project it to every layer's cross-attention K/V."""
+    def build_cross_kv(self, encoder_hidden_states: torch.Tensor) -> CrossKV:
+        """Embed a condition [B, L, Hc] and project it to every layer's cross-attention K/V (every token attends,
+        as in the reference)."""
         embedded = self.condition_embedder(encoder_hidden_states)
         keys, values = zip(*(layer.cross_attn.key_value(embedded) for layer in self.layers))
-        return CrossKV(list(keys), list(values), key_mask)
+        return CrossKV(list(keys), list(values))
 
     def forward(
         self,
@@ -181,9 +186,9 @@ class DiTDecoder(nn.Module):
             raise ValueError("pass exactly one of encoder_hidden_states or cross_kv")
         if cross_kv is None:
             cross_kv = self.build_cross_kv(encoder_hidden_states)
-        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
         temb, modulation = self.timestep_modulation(timestep, timestep_r)
-        return self.forward_rows(hidden_states, temb, modulation, context_latents, [CrossGroup(cross_kv, rows)])
+        group = CrossGroup(cross_kv, 0, hidden_states.shape[0])
+        return self.forward_rows(hidden_states, temb, modulation, context_latents, [group])
 
     def forward_rows(
         self,
@@ -192,9 +197,11 @@ class DiTDecoder(nn.Module):
         modulation: torch.Tensor,
         context_latents: torch.Tensor,
         groups: list[CrossGroup],
+        run_layer: Callable[..., torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The batched forward a stream tick runs: rows with their own timestep embeddings (temb [R, H],
-        modulation [R, 6, H]) and conditions (`groups` cover every row exactly once) -> velocity [R, T, 64]."""
+        modulation [R, 6, H]) and conditions (`groups` cover every row once, in order) -> velocity [R, T, 64].
+        `run_layer(layer, *inputs)` runs each layer (a compiled one, say); by default the layer itself."""
         frames = hidden_states.shape[1]
         x = torch.cat([context_latents, hidden_states], dim=-1)
         pad = (-frames) % self.config.patch_size
@@ -207,7 +214,13 @@ class DiTDecoder(nn.Module):
         )
         sliding = band_mask(tokens, self.config.sliding_window, x.device)
         for index, layer in enumerate(self.layers):
-            x = layer(x, modulation, rope, sliding if layer.sliding else None, groups, index)
+            cross = tuple((g.kv.keys[index], g.kv.values[index], g.start, g.count) for g in groups)
+            mask = sliding if layer.sliding else None
+            x = (
+                layer(x, modulation, rope, mask, cross)
+                if run_layer is None
+                else run_layer(layer, x, modulation, rope, mask, cross)
+            )
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
         x = (self.norm_out(x) * (1 + scale) + shift).type_as(x)
         return self.proj_out(x)[:, :frames]

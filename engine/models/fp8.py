@@ -1,0 +1,79 @@
+"""FP8 (e4m3) linear layers for the DiT: weights quantized once with one scale per output channel, activations
+quantized per token at run time, multiplied by `torch._scaled_mm` (FP8 tensor cores on Ada/Hopper GPUs; a CPU
+implementation exists too, which is what CI tests)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+PRECISIONS = ("bf16", "fp8")  # "bf16" means the model's own dtype
+MIN_CAPABILITY = (8, 9)  # Ada and Hopper have FP8 tensor cores
+LAYER_LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "cross_attn.q_proj",
+    "cross_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)  # cross_attn.k/v run once per condition, not per tick: they stay in the model's dtype
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] -> (e4m3 values, fp32 scales [M, 1]) with each row's largest magnitude mapped to 448."""
+    scale = x.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12) / FP8_MAX
+    return (x.float() / scale).to(FP8), scale
+
+
+class Fp8Linear(nn.Module):
+    """A bias-free linear layer with e4m3 weights (per-output-channel scales) and per-token activation scales."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        if linear.bias is not None:
+            raise ValueError("Fp8Linear takes bias-free linear layers")
+        weight, scale = quantize_rows(linear.weight.detach())
+        self.register_buffer("weight", weight)  # [N, K]
+        self.register_buffer("weight_scale", scale.t().contiguous())  # [1, N]
+        self.out_dtype = linear.weight.dtype
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        values, scale = quantize_rows(rows)
+        out = torch._scaled_mm(
+            values, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=self.out_dtype
+        )
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def check_fp8_device(device: torch.device) -> None:
+    """Refuse FP8 where it would not run on tensor cores, naming the fix."""
+    if device.type != "cuda":
+        raise ValueError("precision 'fp8' needs an NVIDIA GPU with FP8 tensor cores (Ada or Hopper); use 'bf16'")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        raise ValueError(
+            f"precision 'fp8' needs compute capability 8.9+ (Ada, Hopper); {torch.cuda.get_device_name(device)} "
+            f"is {capability[0]}.{capability[1]}: use 'bf16'"
+        )
+
+
+def to_fp8(decoder: nn.Module) -> int:
+    """Replace the per-tick linear layers of every DiT layer by Fp8Linear, in place; returns how many."""
+    replaced = 0
+    for layer in decoder.layers:
+        for path in LAYER_LINEARS:
+            parent_name, name = path.split(".")
+            parent = getattr(layer, parent_name)
+            linear = getattr(parent, name)
+            if isinstance(linear, nn.Linear):
+                setattr(parent, name, Fp8Linear(linear))
+                replaced += 1
+    decoder.clear_folded_constants()
+    return replaced

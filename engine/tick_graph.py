@@ -1,0 +1,121 @@
+"""CUDA-graph ticks: a tick reads and writes only static tensors (`StaticTensors`), so its whole device work (the
+DiT forward over every row, CFG/APG and each slot's integration) can be captured once per tick plan and replayed.
+
+A plan (`TickGraphs.run`'s key) is everything that shapes the tick's control flow: rows, conditions' lengths,
+each slot's place, step and options. The first time a plan comes the tick runs as plain PyTorch (the warm-up that
+a capture needs); the second time it is captured; from then on it is one `CUDAGraph.replay()`. New values
+(requests, knobs, curves, prompts) are copies into the static tensors, never re-captures. Graphs share one memory
+pool: they run one at a time and keep nothing but the static tensors between ticks."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+GRAPH_CAPACITY = 64  # captured plans kept (least recently used dropped first)
+
+
+@dataclass
+class GraphCounters:
+    new_plans: int = 0  # ticks whose plan had not been seen (recently)
+    uncaptured: int = 0  # ticks run as plain PyTorch: a new plan's warm-up, or every tick when not capturing
+    captures: int = 0
+    replays: int = 0
+    evictions: int = 0
+
+
+class StaticTensors:
+    """Persistent device tensors by name: the same name and shape always give the same tensor (same address)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._tensors: dict[Hashable, torch.Tensor] = {}
+
+    def get(self, name: Hashable, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        key = (name, tuple(shape), dtype)
+        tensor = self._tensors.get(key)
+        if tensor is None:
+            tensor = self._tensors[key] = torch.zeros(shape, device=self.device, dtype=dtype)
+        return tensor
+
+    def put(self, name: Hashable, value: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Copy `value` (broadcast to `shape` if given) into the static tensor of that name; returns it."""
+        tensor = self.get(name, tuple(value.shape) if shape is None else shape, value.dtype)
+        tensor.copy_(value)
+        return tensor
+
+    def put_all(self, names: list[Hashable], values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Many copies in one fused launch (`torch._foreach_copy_`)."""
+        targets = [self.get(name, tuple(value.shape), value.dtype) for name, value in zip(names, values)]
+        torch._foreach_copy_(targets, values)
+        return targets
+
+
+class TickGraphs:
+    """Warm-up, capture and replay of tick plans. `capture=False` (or a CPU device) runs every tick as is, through
+    the same static tensors: the path CI can test without a GPU."""
+
+    def __init__(self, device: torch.device, capture: bool = True, capacity: int = GRAPH_CAPACITY):
+        self.capture = capture and device.type == "cuda"
+        self.capacity = capacity
+        self.counters = GraphCounters()
+        self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = OrderedDict()
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self._stream: torch.cuda.Stream | None = None
+
+    def run(self, plan: Hashable, step: Callable[[], Any]) -> Any:
+        """Run one tick of this plan; `step` does the device work and returns host-side facts (no tensors)."""
+        entry = self._graphs.get(plan)
+        if entry is not None:
+            self._graphs.move_to_end(plan)
+            entry[0].replay()
+            self.counters.replays += 1
+            return entry[1]
+        if plan not in self._seen:
+            self._remember(plan)
+            self.counters.new_plans += 1
+            self.counters.uncaptured += 1
+            return step()
+        if not self.capture:
+            self._seen.move_to_end(plan)
+            self.counters.uncaptured += 1
+            return step()
+        facts, graph = self._capture(step)
+        graph.replay()
+        self._graphs[plan] = (graph, facts)
+        self.counters.captures += 1
+        if len(self._graphs) > self.capacity:
+            self._graphs.popitem(last=False)
+            self.counters.evictions += 1
+        return facts
+
+    def _capture(self, step: Callable[[], Any]) -> tuple[Any, torch.cuda.CUDAGraph]:
+        """Record `step` on a side stream into a graph of the shared pool. Unlike `torch.cuda.graph`, no device
+        synchronisation, garbage collection or cache emptying first: a capture in a live stream must not stall it
+        for longer than the tick it records."""
+        graph = torch.cuda.CUDAGraph()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
+            graph.capture_begin(pool=self._pool)
+            try:
+                facts = step()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(self._stream)
+        return facts, graph
+
+    def _remember(self, plan: Hashable) -> None:
+        self._seen[plan] = None
+        if len(self._seen) > 4 * self.capacity:
+            self._seen.popitem(last=False)
+
+    @property
+    def captured(self) -> int:
+        return len(self._graphs)
