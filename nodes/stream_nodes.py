@@ -223,7 +223,13 @@ def stream_capture(stream: str, seconds: float) -> tuple:
     """The last `seconds` the stream played, as ComfyUI AUDIO (Save/Preview Audio), and the stream to chain on."""
     check_range("Stream capture", "seconds", seconds, 0.1, MAX_SONG_SECONDS)
     app = _app("Stream capture", stream)
-    return comfy_io.audio_to_comfy(app.capture(seconds), app.buffer.sample_rate), stream
+    audio = app.capture(seconds)
+    if audio.shape[1] == 0:
+        raise NodeInputError(
+            f"Stream capture: stream {stream!r} has not played anything yet (it starts once its first generation is "
+            "decoded); queue Stream capture again in a moment"
+        )
+    return comfy_io.audio_to_comfy(audio, app.buffer.sample_rate), stream
 
 
 def osc_bridge(stream: str, port: int, feedback: str, host: str) -> tuple:
