@@ -267,11 +267,13 @@ class Session:
                 return finished[0].latent
         raise RuntimeError("generation did not finish within its schedule")
 
-    def stream(self, depth: int = 4, backend: str | None = None) -> StreamHandle:
-        """A live pipeline on this session's decoder; feed it requests from `make_request`."""
-        return StreamHandle(
-            self, StreamPipeline(self.models.acestep.decoder, depth=depth, backend=backend or self.backend)
+    def stream(self, depth: int = 4, backend: str | None = None, paced: bool = False) -> StreamHandle:
+        """A live pipeline on this session's decoder; feed it requests from `make_request` (`paced`: see
+        StreamPipeline)."""
+        pipeline = StreamPipeline(
+            self.models.acestep.decoder, depth=depth, backend=backend or self.backend, paced=paced
         )
+        return StreamHandle(self, pipeline)
 
     # ---- decoding --------------------------------------------------------------------------------------------
 

@@ -199,8 +199,12 @@ class TickStats:
 
 
 class StreamPipeline:
-    def __init__(self, decoder: DiTDecoder, depth: int = 4, backend: str = "eager"):
+    def __init__(self, decoder: DiTDecoder, depth: int = 4, backend: str = "eager", paced: bool = False):
+        """`paced`: admit a request only once the youngest slot is steps/depth steps in, so slots stay evenly
+        staggered and a latent finishes every steps/depth ticks (a live stream's shared knobs are heard that
+        soon); unpaced, a free slot is filled on the next tick and finishes bunch together after a ramp-up."""
         self.decoder = decoder
+        self.paced = paced
         self._check_depth(depth)
         self.depth = depth
         self._slots: list[_Slot | None] = [None] * depth
@@ -544,13 +548,18 @@ class StreamPipeline:
         return start, end
 
     def _admit(self) -> None:
-        if self._queued is None:
+        if self._queued is None or (self.paced and self._too_soon(self._queued)):
             return
         for index in range(min(self.depth, len(self._slots))):
             if self._slots[index] is None:
                 self._slots[index] = self._start(self._queued, index)
                 self._queued = None
                 return
+
+    def _too_soon(self, prepared: _Prepared) -> bool:
+        """Paced admission: some slot in flight is not yet steps/depth steps in."""
+        spacing = max(1, (len(prepared.schedule) - 1) // self.depth)
+        return any(slot is not None and slot.step < spacing for slot in self._slots)
 
     def _start(self, prepared: _Prepared, index: int) -> _Slot:
         request, source, noise, curves = prepared.request, prepared.source, prepared.noise, prepared.curves

@@ -322,3 +322,25 @@ def test_decode_margin_must_cover_the_vae_receptive_field(session, prompts):
         for m in (2, 9)
     }
     assert error[9] < 1e-5 < 1e-3 < error[2], error
+
+
+def test_paced_admission_spreads_finishes_evenly(session, prompts):
+    """A live stream (one request per tick, depth 4, 8 steps) paced: after the ramp-up a latent finishes every second
+    tick, so a shared knob is heard within two ticks. Unpaced, finishes bunch and leave longer gaps."""
+    a, _, _ = prompts
+
+    def finish_ticks(paced):
+        pipeline = StreamPipeline(session.models.acestep.decoder, depth=4, paced=paced)
+        ticks = []
+        for tick in range(48):
+            pipeline.submit(session.make_request(a, SECONDS, seed=tick, steps=8))
+            if pipeline.tick():
+                ticks.append(tick)
+        return ticks
+
+    paced, unpaced = finish_ticks(True), finish_ticks(False)
+    paced_gaps = {b - a for a, b in zip(paced[2:], paced[3:])}
+    unpaced_gaps = {b - a for a, b in zip(unpaced[2:], unpaced[3:])}
+    assert paced_gaps == {2}, paced
+    assert max(unpaced_gaps) > 2, unpaced
+    assert len(paced) >= len(unpaced) - 2, "pacing keeps the throughput"

@@ -79,7 +79,8 @@ def measure_latency(
     )
     app.start()
     try:
-        if not _wait(lambda: app.runner.stats.latents > 0, 120):
+        # trials start once the loop is filled and written ahead of (the first latent's whole-loop decode is done)
+        if not _wait(lambda: app.runner.stats.writes > 1, 120):
             raise RuntimeError("the stream produced nothing within 120 s")
         summaries = []
         for knob, values in (("velocity_scale", (1.3, 0.7)), ("denoise", (0.5, 0.8))):

@@ -256,7 +256,7 @@ class LiveRunner:
         self.frames = buffer.frames // session.models.vae.hop_samples
         if self.frames < 1:
             raise ValueError("the loop buffer is shorter than one latent frame")
-        self.stream = session.stream(depth=int(registry.get("depth")), backend=config.backend)
+        self.stream = session.stream(depth=int(registry.get("depth")), backend=config.backend, paced=True)
         buffer.gain = registry.get("volume")
         self._messages: queue.Queue[Message] = queue.Queue()
         self._stop = threading.Event()
