@@ -5,6 +5,7 @@ with new widget values updates the running stream in place."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -35,6 +36,8 @@ from .spec import (
     Param,
     check_range,
 )
+
+CAPTURE_WAIT_S = 10.0  # how long Stream capture waits for a just-started stream to play its first audio
 
 _structures: dict[str, object] = {}  # stream name -> the LM structure it was last given
 
@@ -224,10 +227,14 @@ def stream_capture(stream: str, seconds: float) -> tuple:
     check_range("Stream capture", "seconds", seconds, 0.1, MAX_SONG_SECONDS)
     app = _app("Stream capture", stream)
     audio = app.capture(seconds)
+    deadline = time.monotonic() + CAPTURE_WAIT_S
+    while audio.shape[1] == 0 and time.monotonic() < deadline:  # queued with its Stream: wait for the first audio
+        time.sleep(0.05)
+        audio = app.capture(seconds)
     if audio.shape[1] == 0:
         raise NodeInputError(
-            f"Stream capture: stream {stream!r} has not played anything yet (it starts once its first generation is "
-            "decoded); queue Stream capture again in a moment"
+            f"Stream capture: stream {stream!r} has played nothing in {CAPTURE_WAIT_S:.0f} s (it starts once its "
+            "first generation is decoded); queue Stream capture again in a moment"
         )
     return comfy_io.audio_to_comfy(audio, app.buffer.sample_rate), stream
 

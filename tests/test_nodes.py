@@ -494,12 +494,8 @@ def heard(app, loop: np.ndarray, what: str, timeout: float = 30.0) -> np.ndarray
 def test_stream_capture_returns_the_requested_length(model, prompt_a):
     stream(model, prompt_a, "capture", song_seconds=4.0)
     app = sessions.get("capture")
-    try:
-        early = node("FlowjamStreamCapture").run(stream="capture", seconds=2.0)[0]
-    except NodeInputError as error:  # nothing played yet: said so, never an empty AUDIO that Save Audio chokes on
-        assert "has not played anything yet" in str(error)
-    else:
-        assert early["waveform"].shape[:2] == (1, 2) and 0 < early["waveform"].shape[2] < 2 * RATE, "what has played"
+    early = node("FlowjamStreamCapture").run(stream="capture", seconds=2.0)[0]  # waits for the first audio
+    assert early["waveform"].shape[:2] == (1, 2) and 0 < early["waveform"].shape[2] < 2 * RATE, "what has played"
     wait_played(app, 2.3)
     for seconds in (2.0, 0.5, 0.1):
         audio, passed_on = node("FlowjamStreamCapture").run(stream="capture", seconds=seconds)
