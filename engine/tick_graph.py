@@ -48,12 +48,6 @@ class StaticTensors:
         tensor.copy_(value)
         return tensor
 
-    def put_all(self, names: list[Hashable], values: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Many copies in one fused launch (`torch._foreach_copy_`)."""
-        targets = [self.get(name, tuple(value.shape), value.dtype) for name, value in zip(names, values)]
-        torch._foreach_copy_(targets, values)
-        return targets
-
 
 class TickGraphs:
     """Warm-up, capture and replay of tick plans. `capture=False` (or a CPU device) runs every tick as is, through
