@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .engine.live.midi import MIDI_BACKENDS
-from .engine.params import BACKENDS, CFG_MODES
+from .engine.params import BACKENDS, CFG_MODES, PRECISIONS
 
 if TYPE_CHECKING:
     from .engine.live.app import LiveConfig
@@ -39,7 +39,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         default="bf16",
-        choices=("bf16", "fp8"),
+        choices=PRECISIONS,
         help="fp8: the DiT's per-tick linear layers in FP8 (Ada/Hopper GPUs, with --dtype bfloat16)",
     )
 
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--backend", nargs="+", default=["eager"], choices=BACKENDS)
     tick.add_argument("--profile", action="store_true", help="print a torch.profiler summary of 8 ticks per run")
     tick.add_argument(
-        "--precision", nargs="+", default=["bf16"], choices=("bf16", "fp8"), help="fp8 also prints its error vs bf16"
+        "--precision", nargs="+", default=["bf16"], choices=PRECISIONS, help="fp8 also prints its error vs bf16"
     )
     tick.add_argument("--device", default="cpu")
     tick.add_argument("--dtype", default="float32", choices=DTYPES)
@@ -299,18 +299,20 @@ def load_session(args: argparse.Namespace):
     from .engine.session import Session
 
     check_device(args.device)
-    try:
-        return Session.load(
-            args.checkpoint,
-            preset=args.preset,
-            device=args.device,
-            dtype=getattr(torch, args.dtype),
-            precision=args.precision,
-        )
-    except ValueError as error:
-        if "precision" not in str(error):
-            raise
-        raise CommandError(f"--precision: {error}") from None
+    if args.precision == "fp8":
+        from .engine.models.fp8 import check_fp8_device
+
+        try:
+            check_fp8_device(torch.device(args.device))
+        except ValueError as error:
+            raise CommandError(f"--precision: {error}") from None
+    return Session.load(
+        args.checkpoint,
+        preset=args.preset,
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        precision=args.precision,
+    )
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -147,16 +147,13 @@ class TickReport:
     backend: str
     depth: int
     cfg: str
-    ticks: int
     warmup_s: float
     median_ms: float
     p95_ms: float
     free_ms: float  # per tick over back-to-back ticks with no synchronisation between them
     host_ms: float  # the tick() call itself: host time, GPU work not awaited
     rows_per_tick: float
-    finished_per_s: float
     audio_s_per_s: float
-    row_tflop: float
     bound_ms: float
     graphs: dict | None
     profile: str | None
@@ -273,16 +270,13 @@ def bench_tick(
         backend=backend,
         depth=depth,
         cfg=cfg,
-        ticks=ticks,
         warmup_s=warmup_s,
         median_ms=statistics.median(times_ms),
         p95_ms=ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
         free_ms=free_ms,
         host_ms=statistics.median(host_ms),
         rows_per_tick=mean_rows,
-        finished_per_s=finished / total_s,
         audio_s_per_s=finished * fixture.seconds / total_s,
-        row_tflop=row_flops / 1e12,
         bound_ms=mean_rows * row_flops / (fixture.gemm_tflops * 1e12) * 1000.0,
         graphs=pipeline.stats()["graphs"],
         profile=table,

@@ -13,6 +13,7 @@ PRESET_NAMES = ("tiny", "turbo-2b", "xl")  # DiT + encoders + VAE shapes (engine
 LM_PRESET_NAMES = ("tiny", "lm-0.6b", "lm-1.7b", "lm-4b")  # 5 Hz LM shapes (engine/models/lm.py)
 
 BACKENDS = ("eager", "compile", "graph", "compile-graph")  # how a stream runs its ticks (engine/backends)
+PRECISIONS = ("bf16", "fp8")  # the DiT's per-tick linear layers: the model's dtype, or FP8 (engine/models/fp8.py)
 CFG_MODES = ("off", "full", "initialize", "self")  # off: turbo's own (CFG-distilled); full: uncond row every step
 GUIDANCE_METHODS = ("apg", "cfg")
 SOLVERS = ("ode", "sde")

@@ -17,8 +17,8 @@ from .conditioning import Conditioning, blend_conditionings
 from .lm.checkpoint import load_lm
 from .lm.sampling import SamplingParams
 from .lm.song import CODE_RATE_HZ, SongCodes, SongWriter
-from .models.fp8 import PRECISIONS, check_fp8_device, to_fp8
-from .params import LATENT_RATE_HZ, seconds_to_frames
+from .models.fp8 import check_fp8_device, to_fp8
+from .params import LATENT_RATE_HZ, PRECISIONS, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
 
 CAPTION_MAX_TOKENS = 256

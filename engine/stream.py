@@ -409,9 +409,12 @@ class StreamPipeline:
         self._record(started, rows, active, finished)
         return finished
 
+    def _row_embeddings(self, rows: list[_Row], layout: _Layout) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each batch row's (temb, modulation) at its slot's t, in batch order."""
+        return [self._timestep_embedding(rows[i].slot.t) for i in layout.batch]
+
     def _eager_step(self, active: list[_Slot], rows: list[_Row], layout: _Layout) -> None:
-        ordered = [rows[i].slot for i in layout.batch]
-        embeddings = [self._timestep_embedding(slot.t) for slot in ordered]
+        embeddings = self._row_embeddings(rows, layout)
         temb = torch.cat([e[0] for e in embeddings])
         modulation = torch.cat([e[1] for e in embeddings])
         groups = layout.groups([c.cross_kv(self.decoder) for c in layout.conditions])
@@ -424,8 +427,7 @@ class StreamPipeline:
         second, one graph replay after that. Host work here is copies: times, embeddings, changed K/V."""
         static = self._static
         device, dtype = self._device_dtype()
-        ordered = [rows[i].slot for i in layout.batch]
-        embeddings = [self._timestep_embedding(slot.t) for slot in ordered]
+        embeddings = self._row_embeddings(rows, layout)
         hidden = embeddings[0][0].shape[-1]
         temb = static.get("temb", (len(rows), hidden), dtype)
         modulation = static.get("modulation", (len(rows), 6, hidden), dtype)
@@ -433,7 +435,7 @@ class StreamPipeline:
         torch.cat([e[1] for e in embeddings], out=modulation)
         clock = torch.tensor([[slot.t, slot.t_next] for slot in active], dtype=torch.float32)
         times_device = static.get("times", (MAX_DEPTH, 2), torch.float32)
-        times_device[: len(active)].copy_(clock.pin_memory() if device.type == "cuda" else clock, non_blocking=True)
+        times_device[: len(active)].copy_(_pinned(clock, device), non_blocking=True)
         times = {
             id(slot): (times_device[i, 0].view(1, 1, 1), times_device[i, 1].view(1, 1, 1))
             for i, slot in enumerate(active)
@@ -584,8 +586,8 @@ class StreamPipeline:
         return slot if self._graphs is None else self._to_static(slot)
 
     def _to_static(self, slot: _Slot) -> _Slot:
-        """Copy a new slot's tensors into its place's static tensors (curves at full length) and draw its per-step
-        noise ahead, so a captured tick finds everything at fixed addresses."""
+        """Copy a new slot's tensors into its place's static tensors (curves at full length) and give it a static
+        tensor for its per-step noise, so a captured tick finds everything at fixed addresses."""
         put, index = self._static.put, slot.index
         frames_shape = (1, slot.x.shape[1], 1)
         slot.x = put((index, "x"), slot.x)
@@ -820,11 +822,14 @@ def seeded_noise(seed: int, frames: int, channels: int) -> torch.Tensor:
     return torch.randn(1, frames, channels, generator=generator)
 
 
+def _pinned(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor ready for an asynchronous copy to `device` (page-locked when that is a GPU): the copy does not
+    stall the host behind queued GPU work."""
+    return tensor.pin_memory() if device.type == "cuda" else tensor
+
+
 def _to_device(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A host tensor to the device without stalling the host behind queued GPU work (pinned, asynchronous copy)."""
-    if device.type == "cuda":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, dtype, non_blocking=True)
+    return _pinned(tensor, device).to(device, dtype, non_blocking=True)
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -1,5 +1,8 @@
-"""Shared fixtures: a JACK dummy server (real audio and MIDI routing on a machine without a sound card)."""
+"""Shared fixtures: a JACK dummy server (real audio and MIDI routing on a machine without a sound card), and the
+tiny session with two prompts, the null condition and a source that the stream tests share (a module may define its
+own under the same names)."""
 
+import math
 import os
 import shutil
 import subprocess
@@ -8,6 +11,7 @@ import time
 
 import pytest
 import torch
+from flowjam.engine.session import Session
 
 JACK_RATE = 48_000
 JACK_PERIOD = 1024
@@ -72,3 +76,22 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session.load(preset="tiny")
+
+
+@pytest.fixture(scope="module")
+def prompts(session):
+    a = session.encode_text("warm analog synth pads")
+    b = session.encode_text("breakbeat drums, fast", lyrics="[Verse]\nla la la")
+    return a, b, session.null_conditioning(a)
+
+
+@pytest.fixture(scope="module")
+def source(session):
+    t = torch.arange(48_000 * 10) / 48_000
+    audio = 0.4 * torch.stack([torch.sin(2 * math.pi * 110 * t), torch.sin(2 * math.pi * 165 * t)])
+    return session.prepare_source(audio, 48_000)

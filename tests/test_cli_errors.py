@@ -45,6 +45,9 @@ CASES = {
     "render --seconds 1e-9": Case("render", lambda f: ["--seconds", "1e-9"], "shorter than one latent frame"),
     "render --lyrics @folder": Case("render", lambda f: ["--lyrics", f"@{f.tmp}"], "is a folder; give a text file"),
     "render --lyrics @missing": Case("render", lambda f: ["--lyrics", f"@{f.tmp / 'no.txt'}"], "no such file"),
+    "render --precision fp8 on a CPU": Case(
+        "render", lambda f: ["--precision", "fp8"], "--precision: precision 'fp8' needs an NVIDIA GPU"
+    ),
     # render: where the WAV goes
     "render --out folder": Case("render", lambda f: ["--out", str(f.outs)], "is a folder; give a file path"),
     "render --out missing folder": Case(

@@ -1,35 +1,14 @@
 """StreamPipeline on the tiny preset: stream == one-shot, shared curves, latency in ticks, CFG rows, depth, errors."""
 
 import copy
-import math
 
 import pytest
 import torch
 from flowjam.engine.models.dit import CrossGroup
-from flowjam.engine.session import Session
 from flowjam.engine.stream import DCW, StreamPipeline
 
 SECONDS = 10.0  # T = 250 frames (125 tokens): large enough for batch-size-invariant CPU GEMMs
 FRAMES = 250
-
-
-@pytest.fixture(scope="module")
-def session():
-    return Session.load(preset="tiny")
-
-
-@pytest.fixture(scope="module")
-def prompts(session):
-    a = session.encode_text("warm analog synth pads")
-    b = session.encode_text("breakbeat drums, fast", lyrics="[Verse]\nla la la")
-    return a, b, session.null_conditioning(a)
-
-
-@pytest.fixture(scope="module")
-def source(session):
-    t = torch.arange(48_000 * 10) / 48_000
-    audio = 0.4 * torch.stack([torch.sin(2 * math.pi * 110 * t), torch.sin(2 * math.pi * 165 * t)])
-    return session.prepare_source(audio, 48_000)
 
 
 def slot_states(pipeline):

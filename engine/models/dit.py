@@ -213,14 +213,10 @@ class DiTDecoder(nn.Module):
             torch.arange(tokens, device=x.device), self.config.head_dim, self.config.rope_theta, x.dtype
         )
         sliding = band_mask(tokens, self.config.sliding_window, x.device)
+        run = DiTLayer.__call__ if run_layer is None else run_layer
         for index, layer in enumerate(self.layers):
             cross = tuple((g.kv.keys[index], g.kv.values[index], g.start, g.count) for g in groups)
-            mask = sliding if layer.sliding else None
-            x = (
-                layer(x, modulation, rope, mask, cross)
-                if run_layer is None
-                else run_layer(layer, x, modulation, rope, mask, cross)
-            )
+            x = run(layer, x, modulation, rope, sliding if layer.sliding else None, cross)
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
         x = (self.norm_out(x) * (1 + scale) + shift).type_as(x)
         return self.proj_out(x)[:, :frames]

@@ -9,7 +9,6 @@ from torch import nn
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
-PRECISIONS = ("bf16", "fp8")  # "bf16" means the model's own dtype
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper have FP8 tensor cores
 LAYER_LINEARS = (
     "self_attn.q_proj",
