@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--device", default="cpu")
     tick.add_argument("--dtype", default="float32", choices=DTYPES)
 
+    decode = targets.add_parser("decode", help="windowed VAE decodes: plain against CUDA-graph replays")
+    decode.add_argument("--preset", default="turbo-2b")
+    decode.add_argument("--window", type=float, nargs="+", default=[0.1, 0.2, 0.4, 1.6], help="window seconds")
+    decode.add_argument("--repeats", type=int, default=20)
+    decode.add_argument("--device", default="cpu")
+    decode.add_argument("--dtype", default="float32", choices=DTYPES)
+
     latency = targets.add_parser(
         "latency", help="knob -> first changed tick and knob -> ear, shared vs per-request knob"
     )
@@ -126,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--depth", type=int, default=4)
     soak.add_argument("--song-seconds", type=float, default=10.0)
     soak.add_argument("--cfg", default="off", choices=CFG_MODES, help="cfg_mode of the stream")
+    soak.add_argument("--backend", default="eager", choices=BACKENDS)
     add_model_arguments(soak)
 
     lm = targets.add_parser("lm", help="5 Hz LM code generation: ms/step and codes/s vs transformers' generate")
@@ -316,9 +324,23 @@ def load_session(args: argparse.Namespace):
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    return {"dit": bench_dit, "tick": bench_tick, "lm": bench_lm, "latency": bench_latency, "soak": bench_soak}[
-        args.target
-    ](args)
+    benches = {"dit": bench_dit, "tick": bench_tick, "decode": bench_decode, "lm": bench_lm}
+    return {**benches, "latency": bench_latency, "soak": bench_soak}[args.target](args)
+
+
+def bench_decode(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine.benchmarks import bench_decode as measure
+
+    check_device(args.device)
+    device_name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    print(f"windowed VAE decode: preset {args.preset}, {args.dtype}, {device_name}, torch {torch.__version__}")
+    print("| window s | plain ms | graph ms | audio ms per ms |")
+    print("|---|---|---|---|")
+    for r in measure(args.preset, args.window, args.device, getattr(torch, args.dtype), args.repeats):
+        print(f"| {r.window_s:g} | {r.plain_ms:.2f} | {r.graph_ms:.2f} | {r.audio_ms_per_ms:.0f} |")
+    return 0
 
 
 def bench_lm(args: argparse.Namespace) -> int:
@@ -340,7 +362,7 @@ def bench_lm(args: argparse.Namespace) -> int:
     return 0
 
 
-RUNNER_TIMINGS = ("tick_ms", "decode_ms", "interval_ms", "write_ms", "lead_s", "window_s")
+RUNNER_TIMINGS = ("tick_ms", "loop_ms", "decode_ms", "interval_ms", "write_ms", "lead_s", "window_s")
 
 
 def bench_latency(args: argparse.Namespace) -> int:
@@ -351,11 +373,15 @@ def bench_latency(args: argparse.Namespace) -> int:
     print(
         f"knob latency: preset {args.preset}, backend {args.backend}, precision {args.precision}, depth {args.depth}, cfg {args.cfg}, 8 steps, {args.song_seconds:g} s loop, {args.trials} trials per knob, no audio device (real-time clock)"
     )
-    print(f"{'knob':>16} {'kind':>8} {'knob->tick ms (median / p95)':>30} {'knob->ear ms (median / p95)':>30}")
+    print(
+        f"{'knob':>16} {'kind':>8} {'knob->tick ms (median / p95)':>30} {'knob->written ms':>17} "
+        f"{'knob->ear ms (median / p95)':>30}"
+    )
     summaries, status = measure_latency(session, args.trials, args.song_seconds, args.depth, cfg_mode=args.cfg)
     for s in summaries:
         print(
-            f"{s.knob:>16} {s.kind:>8} {s.tick_ms_median:17.1f} / {s.tick_ms_p95:8.1f} {s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f}"
+            f"{s.knob:>16} {s.kind:>8} {s.tick_ms_median:17.1f} / {s.tick_ms_p95:8.1f} {s.written_ms_median:17.1f} "
+            f"{s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f}"
         )
     print("runner at the end: " + ", ".join(f"{key} {status[key]}" for key in RUNNER_TIMINGS))
     return 0
@@ -364,7 +390,9 @@ def bench_latency(args: argparse.Namespace) -> int:
 def bench_soak(args: argparse.Namespace) -> int:
     from .engine.live.bench import soak
 
-    r = soak(load_session(args), args.minutes, args.song_seconds, args.depth, cfg_mode=args.cfg)
+    session = load_session(args)
+    session.backend = args.backend
+    r = soak(session, args.minutes, args.song_seconds, args.depth, cfg_mode=args.cfg)
     print(
         f"soak {r.minutes:g} min: {r.ticks} ticks, {r.knob_sets} knob sets, {r.prompt_swaps} prompt swaps, {r.errors} runner errors"
     )
@@ -372,7 +400,10 @@ def bench_soak(args: argparse.Namespace) -> int:
     print(
         f"  tick ms median: first {r.tick_ms_first:.2f}, last {r.tick_ms_last:.2f} (drift {r.tick_ms_last - r.tick_ms_first:+.2f})"
     )
+    if r.gpu_mb is not None:
+        print(f"  GPU memory allocated {r.gpu_mb[0]:.1f} -> {r.gpu_mb[1]:.1f} MB, peak {r.gpu_mb[2]:.1f} MB")
     print(f"  underruns {r.underruns}")
+    print("  runner at the end: " + ", ".join(f"{key} {r.status[key]}" for key in RUNNER_TIMINGS))
     return 0 if r.errors == 0 else 1
 
 

@@ -301,3 +301,41 @@ def _profile(tick, device: torch.device, ticks: int = 8) -> str:
         f"  {e.self_device_time_total / 1000.0 / ticks:7.3f} ms  {e.count / ticks:6.1f}x  {e.key[:90]}" for e in top
     ]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class DecodeReport:
+    window_s: float
+    plain_ms: float  # median of plain PyTorch window decodes
+    graph_ms: float  # median of CUDA-graph replays (plain again where nothing is captured)
+    audio_ms_per_ms: float  # window audio per ms of graph decode
+
+
+def bench_decode(
+    preset_name: str, windows_s: list[float], device: str, dtype: torch.dtype, repeats: int = 20, seconds: float = 60.0
+) -> list[DecodeReport]:
+    """Windowed VAE decodes (the runner's writes: cyclic windows with the session's margin) of a random latent,
+    plain against graph-replayed, each timed to the audio on the host."""
+    from .session import DECODE_MARGIN_FRAMES
+    from .window_decode import WindowDecoder
+
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    vae = OobleckVAE(get_preset(preset_name).vae).to(dev, dtype).eval()
+    latent = torch.randn(1, round(seconds * LATENT_RATE_HZ), 64, device=dev, dtype=dtype)
+    plain, graphed = WindowDecoder(vae, dev, dtype, capture=False), WindowDecoder(vae, dev, dtype)
+
+    def median_ms(decoder: WindowDecoder, window_s: float) -> float:
+        times = []
+        for index in range(repeats + 3):
+            start = time.perf_counter()
+            decoder(latent, 7.3 * index % seconds, window_s, DECODE_MARGIN_FRAMES).cpu()
+            if index >= 3:
+                times.append((time.perf_counter() - start) * 1000.0)
+        return statistics.median(times)
+
+    reports = []
+    for window_s in windows_s:
+        plain_ms, graph_ms = median_ms(plain, window_s), median_ms(graphed, window_s)
+        reports.append(DecodeReport(window_s, plain_ms, graph_ms, window_s * 1000.0 / graph_ms))
+    return reports

@@ -18,8 +18,9 @@ from .lm.checkpoint import load_lm
 from .lm.sampling import SamplingParams
 from .lm.song import CODE_RATE_HZ, SongCodes, SongWriter
 from .models.fp8 import check_fp8_device, to_fp8
-from .params import LATENT_RATE_HZ, PRECISIONS, seconds_to_frames
+from .params import PRECISIONS, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
+from .window_decode import WindowDecoder, plan_window
 
 CAPTION_MAX_TOKENS = 256
 DECODE_MARGIN_FRAMES = 12
@@ -293,26 +294,15 @@ class Session:
         ([2, window_frames*1920]), decoded with `margin_frames` of context on each side (the VAE decoder sees
         about 9 frames each way, so the kept audio equals a full decode); `cyclic` takes the context across the
         loop seam."""
-        frames = latent.shape[1]
         if t_start is None:
             return self._vae_decode(latent)
-        if window_s is None or window_s <= 0:
-            raise ValueError(f"window_s must be > 0 for a windowed decode, got {window_s}")
-        if margin_frames < 0:
-            raise ValueError(f"margin_frames must be >= 0, got {margin_frames}")
-        keep = min(frames, max(1, math.ceil(window_s * LATENT_RATE_HZ)))
-        start = int(t_start * LATENT_RATE_HZ)
-        start = start % frames if cyclic else min(max(start, 0), frames - keep)
-        if cyclic:
-            index = torch.arange(start - margin_frames, start + keep + margin_frames, device=latent.device) % frames
-            audio = self._vae_decode(latent.index_select(1, index))
-            left = margin_frames
-        else:
-            lo, hi = max(0, start - margin_frames), min(frames, start + keep + margin_frames)
-            audio = self._vae_decode(latent[:, lo:hi])
-            left = start - lo
-        hop = self.models.vae.hop_samples
-        return audio[:, left * hop : (left + keep) * hop]
+        window = plan_window(latent.shape[1], t_start, window_s, margin_frames, cyclic)
+        audio = self._vae_decode(window.frames_of(latent))
+        return audio[:, window.kept_samples(self.models.vae.hop_samples)]
+
+    def window_decoder(self, capture: bool = True) -> WindowDecoder:
+        """A decoder of windows for one thread: CUDA-graph replays on a GPU, the same audio as `decode`."""
+        return WindowDecoder(self.models.vae, self.device, self.dtype, capture=capture)
 
     def _vae_decode(self, latent: torch.Tensor) -> torch.Tensor:
         return self.models.vae.decode(latent.transpose(1, 2).to(self.device, self.dtype))[0].float()

@@ -141,9 +141,8 @@ def blend_velocities(velocities: Sequence[torch.Tensor], weights: Sequence[Curve
             f"need one weight per velocity and at least one velocity, got {len(velocities)} and {len(weights)}"
         )
     like = velocities[0]
-    factors = [
-        torch.as_tensor(_curve(1.0 if w is None else w, like), dtype=like.dtype, device=like.device) for w in weights
-    ]
+    factors = [_curve(1.0 if w is None else w, like) for w in weights]
+    factors = [f if isinstance(f, torch.Tensor) else like.new_full((1, 1, 1), f) for f in factors]  # no host copy
     total = sum(factors)
     weighted = sum(w * v for w, v in zip(factors, velocities))
     unweighted = sum(velocities) / len(velocities)

@@ -9,12 +9,16 @@ pool: they run one at a time and keep nothing but the static tensors between tic
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+log = logging.getLogger("flowjam.graphs")
 
 GRAPH_CAPACITY = 64  # captured plans kept (least recently used dropped first)
 
@@ -26,6 +30,7 @@ class GraphCounters:
     captures: int = 0
     replays: int = 0
     evictions: int = 0
+    capture_failures: int = 0  # plans whose capture failed: they run uncaptured from then on
 
 
 class StaticTensors:
@@ -59,6 +64,7 @@ class TickGraphs:
         self.counters = GraphCounters()
         self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = OrderedDict()
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self._uncapturable: set[Hashable] = set()
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._stream: torch.cuda.Stream | None = None
 
@@ -75,11 +81,16 @@ class TickGraphs:
             self.counters.new_plans += 1
             self.counters.uncaptured += 1
             return step()
-        if not self.capture:
+        if not self.capture or plan in self._uncapturable:
             self._seen.move_to_end(plan)
             self.counters.uncaptured += 1
             return step()
-        facts, graph = self._capture(step)
+        try:
+            facts, graph = self._capture(step)
+        except RuntimeError as error:  # the device work did not run: run it plain, and never capture this plan
+            self._give_up(plan, error)
+            self.counters.uncaptured += 1
+            return step()
         graph.replay()
         self._graphs[plan] = (graph, facts)
         self.counters.captures += 1
@@ -91,19 +102,33 @@ class TickGraphs:
     def _capture(self, step: Callable[[], Any]) -> tuple[Any, torch.cuda.CUDAGraph]:
         """Record `step` on a side stream into a graph of the shared pool. Unlike `torch.cuda.graph`, no device
         synchronisation, garbage collection or cache emptying first: a capture in a live stream must not stall it
-        for longer than the tick it records."""
+        for longer than the tick it records. Thread-local capture: another thread's CUDA calls (the writer's decode
+        and copies, say) neither fail nor spoil it."""
         graph = torch.cuda.CUDAGraph()
         if self._stream is None:
             self._stream = torch.cuda.Stream()
         self._stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._stream):
-            graph.capture_begin(pool=self._pool)
+            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
             try:
                 facts = step()
-            finally:
-                graph.capture_end()
+            except BaseException:
+                with contextlib.suppress(RuntimeError):  # ending an invalidated capture fails too
+                    graph.capture_end()
+                raise
+            graph.capture_end()
         torch.cuda.current_stream().wait_stream(self._stream)
         return facts, graph
+
+    def _give_up(self, plan: Hashable, error: RuntimeError) -> None:
+        """A capture failed (an operation a capture forbids): log it once per kind, run the plan uncaptured from
+        now on, and capture later plans into a fresh pool (a failed capture can leave its pool marked busy)."""
+        self.counters.capture_failures += 1
+        self._uncapturable.add(plan)
+        self._pool = torch.cuda.graph_pool_handle()
+        self._stream = None
+        if self.counters.capture_failures == 1:
+            log.warning("a CUDA-graph capture failed, that plan runs uncaptured: %s", error)
 
     def _remember(self, plan: Hashable) -> None:
         self._seen[plan] = None

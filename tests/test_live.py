@@ -376,7 +376,10 @@ def test_a_burst_of_200_prompts_never_stalls_the_ticks_and_the_last_one_wins(ses
     calm = np.diff([t for t in changes if t < seen[before][0]])
     burst = np.diff([t for t in changes if t >= seen[before][0]])
     assert len(calm) > 5 and len(burst) > 5
-    assert burst.max() <= 3 * np.median(calm), (
+    # A stall is prompts encoded in the tick (16 ms each here, 200 of them: seconds). Ticks alone are ~10 ms since
+    # the writer decodes on its own thread, and four busy threads (ticks, writer, encoder, OSC parsing 200 messages)
+    # share two cores, so the bound has a 100 ms floor (it was 3 x ~25-35 ms when each tick also decoded).
+    assert burst.max() <= max(3 * np.median(calm), 0.1), (
         f"a tick waited {burst.max() * 1000:.0f} ms during the burst (median tick {np.median(calm) * 1000:.0f} ms)"
     )
     played, _ = read_wav(record)

@@ -1,10 +1,16 @@
-"""GPU checks of the stream (skipped without CUDA): no host-device synchronisation inside tick()."""
+"""GPU checks (skipped without CUDA, the reason printed): no host-device synchronisation inside tick(), graph replay
+against eager, FP8's error at real shapes, graph-replayed window decodes, the runner's writer on its own stream."""
+
+import sys
+import time
 
 import pytest
 import torch
 from flowjam.engine.session import Session
 from flowjam.engine.stream import DCW, StreamPipeline
 
+if not torch.cuda.is_available():
+    print("\nSKIPPED tests/test_stream_gpu.py: no CUDA device (run it on the GPU machine)", file=sys.stderr)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -86,3 +92,122 @@ def test_graph_backend_replays_ticks_close_to_eager_without_host_syncs():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert pipeline.stats()["graphs"]["replays"] == counters["replays"] + 1
+
+
+@cuda
+def test_fp8_error_against_bf16_at_the_turbo_shapes():
+    """The figures the README gives beside FP8's speed: one 8-row forward's velocity and a finished 8-step latent,
+    turbo-2b shapes (random weights), 30 s."""
+    from flowjam.engine.benchmarks import TickFixture
+    from flowjam.engine.models.fp8 import check_fp8_device
+
+    try:
+        check_fp8_device(torch.device("cuda"))
+    except ValueError as error:
+        print(f"\nSKIPPED FP8 error figures: {error}", file=sys.stderr)
+        pytest.skip(str(error))
+    fixture = TickFixture.build("turbo-2b", 30.0, "cuda", torch.bfloat16)
+    error = fixture.to_fp8(steps=8)
+    print(f"\nFP8 vs bf16 (turbo-2b shapes, 30 s): velocity {error.velocity:.4f}, 8-step latent {error.latent:.4f}")
+    assert 0 < error.velocity < 0.05 and 0 < error.latent < 0.05
+
+
+@cuda
+def test_window_decoder_replays_the_plain_decode_without_host_syncs():
+    """The full-size VAE (random weights, bf16): a replayed window is the plain decode's audio, bit for bit."""
+    from flowjam.engine.models.presets import get_preset
+    from flowjam.engine.models.vae import OobleckVAE
+    from flowjam.engine.window_decode import WindowDecoder
+
+    device = torch.device("cuda")
+    vae = OobleckVAE(get_preset("turbo-2b").vae).to(device, torch.bfloat16).eval()
+    latent = torch.randn(1, 500, 64, device=device, dtype=torch.bfloat16)
+    plain = WindowDecoder(vae, device, torch.bfloat16, capture=False)(latent, 19.7, 0.6, margin_frames=12)
+    decoder = WindowDecoder(vae, device, torch.bfloat16)
+    for _ in range(2):  # plain warm-up, then the capture
+        decoder(latent, 19.7, 0.6, margin_frames=12)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        replayed = decoder(latent, 19.7, 0.6, margin_frames=12)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert decoder.counters.captures == 1 and decoder.counters.replays == 1
+    assert torch.equal(replayed, plain), f"max diff {(replayed - plain).abs().max().item()}"
+
+
+@cuda
+def test_runner_writes_from_its_own_cuda_stream_while_graph_ticks_run():
+    from flowjam.engine.live.knobs import KnobRegistry
+    from flowjam.engine.live.loop_buffer import LoopBuffer
+    from flowjam.engine.live.runner import LiveRunner, RunnerConfig
+
+    session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
+    buffer = LoopBuffer(10 * 25 * 1920, channels=2, sample_rate=session.sample_rate)
+    runner = LiveRunner(session, KnobRegistry(), buffer, "gpu writer", config=RunnerConfig(backend="graph"))
+    runner.start()
+    try:
+        time.sleep(4.0)
+        status = runner.status()
+    finally:
+        runner.stop()
+        buffer.unlink()
+    graphs = runner.stream.pipeline.stats()["graphs"]
+    assert status["errors"] == 0, status["last_error"]
+    assert runner.stats.writes > 10 and graphs["captures"] > 0 and graphs["replays"] > 0, (runner.stats, graphs)
+    assert runner._writer._decode.counters.replays > 0
+
+
+@cuda
+@pytest.mark.parametrize("shared", [False, True], ids=["own values", "shared curves"])
+def test_every_feature_is_captured_and_replayed(shared):
+    """Each feature a request can use (and the shared curves a knob storm sets) runs as captured graphs: a plan
+    that does something a capture forbids (a host sync, a pageable copy) fails here, not in a live stream."""
+    from test_tick_graph import feature_requests
+
+    session = Session.load(preset="tiny", device="cuda")
+    a, b = session.encode_text("capture a"), session.encode_text("capture b")
+    source = session.prepare_source(0.3 * torch.randn(2, 10 * 48_000), 48_000)
+    requests = feature_requests(session, (a, b, session.null_conditioning(a)), source)
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=4, backend="graph")
+    if shared:
+        for name, value in {
+            "guidance": 3.5,
+            "velocity_scale": 1.1,
+            "x0_target_strength": 0.4,
+            "ode_noise": 0.2,
+            "sde_denoise": 0.5,
+            "cfg_rescale": 0.3,
+            "apg_momentum": -0.5,
+        }.items():
+            pipeline.set_shared_curve(name, value)
+    for request in requests:
+        for _ in range(24):  # the same request over and over: its plans repeat, are captured and replayed
+            pipeline.submit(request)
+            pipeline.tick()
+    torch.cuda.synchronize()
+    counters = pipeline.stats()["graphs"]
+    assert counters["captures"] > 0 and counters["replays"] > counters["captures"], counters
+
+
+@cuda
+def test_a_plan_whose_capture_fails_runs_uncaptured_and_later_plans_still_capture():
+    from flowjam.engine.tick_graph import TickGraphs
+
+    graphs = TickGraphs(torch.device("cuda"))
+    out = torch.zeros(4, device="cuda")
+
+    def pageable_copy():  # a host -> device copy from pageable memory: forbidden inside a capture
+        out.copy_(torch.arange(4.0))
+
+    def on_device():
+        out.add_(1.0)
+
+    for _ in range(3):
+        graphs.run("pageable", pageable_copy)
+    assert graphs.counters.capture_failures == 1 and graphs.counters.uncaptured == 3
+    assert out.tolist() == [0.0, 1.0, 2.0, 3.0]
+    for _ in range(3):
+        graphs.run("device", on_device)
+    torch.cuda.synchronize()
+    assert graphs.counters.captures == 1 and graphs.counters.replays == 1
+    assert out.tolist() == [3.0, 4.0, 5.0, 6.0]

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..session import Session
 from .app import LiveApp, LiveConfig
 from .knobs import KnobRegistry
@@ -37,6 +39,7 @@ class LatencySummary:
     trials: int
     tick_ms_median: float
     tick_ms_p95: float
+    written_ms_median: float  # knob -> its first audio patched into the loop
     ear_ms_median: float
     ear_ms_p95: float
 
@@ -44,12 +47,13 @@ class LatencySummary:
 def _summarize(knob: str, kind: str, records) -> LatencySummary:
     ticks = sorted(r.knob_to_tick_ms for r in records)
     ears = sorted(r.knob_to_ear_ms for r in records)
+    written = statistics.median(r.knob_to_written_ms for r in records)
 
     def p95(values):
         return values[min(len(values) - 1, int(0.95 * len(values)))]
 
     return LatencySummary(
-        knob, kind, len(records), statistics.median(ticks), p95(ticks), statistics.median(ears), p95(ears)
+        knob, kind, len(records), statistics.median(ticks), p95(ticks), written, statistics.median(ears), p95(ears)
     )
 
 
@@ -109,6 +113,8 @@ class SoakReport:
     tick_ms_first: float
     tick_ms_last: float
     errors: int
+    gpu_mb: tuple[float, float, float] | None  # allocated at the start and the end, peak (None off a GPU)
+    status: dict
 
 
 def soak(
@@ -151,14 +157,23 @@ def soak(
     worker = threading.Thread(target=storm, daemon=True)
     tick_samples: list[tuple[float, float]] = []
     try:
-        _wait(lambda: app.runner.stats.latents > 0, 120)
+        _wait(lambda: app.runner.stats.writes > 1, 120)
         rss_start = _rss_mb()
+        cuda = session.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(session.device)
+            gpu_start = torch.cuda.memory_allocated(session.device) / 2**20
         started = time.monotonic()
         worker.start()
         while time.monotonic() - started < minutes * 60:
             time.sleep(0.5)
             tick_samples.append((time.monotonic() - started, app.runner.stats.tick_ms))
         rss_end = _rss_mb()
+        gpu_mb = None
+        if cuda:
+            allocated = torch.cuda.memory_allocated(session.device) / 2**20
+            gpu_mb = (gpu_start, allocated, torch.cuda.max_memory_allocated(session.device) / 2**20)
+        status = app.runner.status()
     finally:
         stop.set()
         worker.join(timeout=5)
@@ -178,4 +193,6 @@ def soak(
         tick_ms_first=statistics.median(first) if first else float("nan"),
         tick_ms_last=statistics.median(last) if last else float("nan"),
         errors=app.runner.stats.errors,
+        gpu_mb=gpu_mb,
+        status=status,
     )

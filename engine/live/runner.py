@@ -1,11 +1,11 @@
-"""The runner thread: owns the stream, turns knob values into shared curves and requests, ticks, and writes
-freshly decoded audio into the loop buffer just ahead of the playhead.
+"""The runner thread: owns the stream, turns knob values into shared curves and requests, and ticks; each finished
+latent goes to the writer (`writer.py`), which decodes it just ahead of the playhead on a thread (and CUDA stream) of
+its own while the next tick runs.
 
-Every tick decodes a short window at playhead + lead: the newest finished latent, or the last one again when
-none came (gap-fill), so the region the playhead is about to play is always the freshest audio there is. The
-lead follows the measured time from reading the playhead to the patch being in the buffer (tick, decode, copy) and
-its jitter. Prompt changes, source swaps and depth changes come in
-as messages and are applied between ticks; audio keeps playing from the buffer meanwhile.
+Knob changes are applied at the top of every tick, so a shared knob is in the very next tick. On a GPU each tick
+is waited for before the next one is prepared: the host never queues ticks ahead of the device, where a knob
+change would wait behind them. Prompt changes, source swaps and depth changes come in as messages and are applied
+between ticks; audio keeps playing from the buffer meanwhile.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,15 +24,14 @@ import torch
 from ..conditioning import Conditioning
 from ..params import KNOBS_BY_NAME, LATENT_RATE_HZ, KnobKind
 from ..session import Session, Source
-from .knobs import KnobChange, KnobRegistry
+from .knobs import KnobRegistry
+from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
+from .writer import AheadWriter
 
 log = logging.getLogger("flowjam.runner")
 
-FADE_FRAMES = 480  # 10 ms equal-gain edges on every patch
-LEAD_MARGIN_S = 0.03  # beyond the measured write time: the playback's own block and a late wake-up
-JITTER_COVER = 4.0  # mean absolute deviations of the write time the lead covers
-EMA_WEIGHT = 0.2
+LOOP_EMA_WEIGHT = 0.2
 PROMPT_SLOTS = ("a", "b", "negative")  # prompt A, prompt B, and the negative prompt that CFG guides away from
 
 
@@ -147,98 +146,6 @@ class PromptEncoder:
                     self._busy = False
 
 
-# ---- latency bookkeeping --------------------------------------------------------------------------------------
-
-
-@dataclass
-class LatencyRecord:
-    """One knob change followed to the engine and to the ear (perf_counter seconds)."""
-
-    change: KnobChange
-    kind: KnobKind
-    applied_tick: int = 0  # index of the tick whose knob pass applied it
-    ticks_started_since_received: int = (
-        0  # ticks that began after the change arrived but before it applied (0 = next tick)
-    )
-    tick_done_at: float | None = None  # end of the first tick that used the new value
-    ear_at: float | None = None  # when the playhead reaches the first audio made with it
-
-    @property
-    def knob_to_tick_ms(self) -> float | None:
-        return None if self.tick_done_at is None else (self.tick_done_at - self.change.received_at) * 1000.0
-
-    @property
-    def knob_to_ear_ms(self) -> float | None:
-        return None if self.ear_at is None else (self.ear_at - self.change.received_at) * 1000.0
-
-
-class LatencyTracker:
-    """Follows knob changes from their arrival to the first tick that used them and to the ear.
-
-    A shared knob is in the very next tick; a per-request knob is in the first finished latent whose request was
-    made after it (requests carry the registry's sequence number as their tag)."""
-
-    def __init__(self, keep: int = 256):
-        self.keep = keep
-        self.done: list[LatencyRecord] = []
-        self._pending: list[LatencyRecord] = []
-        self._tick_starts: list[float] = []
-        self._lock = threading.Lock()
-
-    def tick_started(self, at: float) -> None:
-        self._tick_starts.append(at)
-        del self._tick_starts[:-64]
-
-    def track(self, change: KnobChange, kind: KnobKind, tick: int) -> None:
-        waited = sum(start > change.received_at for start in self._tick_starts)
-        with self._lock:
-            self._pending.append(LatencyRecord(change, kind, tick, waited))
-
-    def tick_done(self, at: float, fresh_from: int | None) -> None:
-        """A tick ended at `at`; `fresh_from` is the tag of the request it finished (None if none finished)."""
-        for record in self._pending:
-            if record.tick_done_at is not None:
-                continue
-            if record.kind is KnobKind.SHARED or (fresh_from is not None and fresh_from >= record.change.seq):
-                record.tick_done_at = at
-
-    def heard(self, ear_at: float, fresh_from: int | None) -> None:
-        """Audio of a latent from request `fresh_from` reaches the playhead at `ear_at`; a gap-fill re-decode of an
-        older latent (None) carries no new change."""
-        if fresh_from is None:
-            return
-        with self._lock:
-            for record in self._pending:
-                if record.ear_at is None and record.tick_done_at is not None:
-                    if record.kind is KnobKind.SHARED or fresh_from >= record.change.seq:
-                        record.ear_at = ear_at
-            finished = [r for r in self._pending if r.ear_at is not None]
-            self._pending = [r for r in self._pending if r.ear_at is None][-self.keep :]
-            self.done = (self.done + finished)[-self.keep :]
-
-
-@dataclass
-class RunnerStats:
-    ticks: int = 0
-    latents: int = 0
-    writes: int = 0
-    tick_ms: float = 0.0
-    decode_ms: float = 0.0
-    interval_s: float = 0.0  # between buffer writes
-    write_s: float = 0.0  # from reading the playhead to the patch being in the buffer
-    write_jitter_s: float = 0.0  # its mean absolute deviation
-    lead_s: float = 0.1
-    window_s: float = 0.4
-    last_error: str | None = None
-    errors: int = 0
-    latency: LatencyTracker = field(default_factory=LatencyTracker)
-
-    @property
-    def latencies(self) -> list[LatencyRecord]:
-        """Changes that have reached the ear, oldest first (the newest 256)."""
-        return self.latency.done
-
-
 class LiveRunner:
     def __init__(
         self,
@@ -274,9 +181,20 @@ class LiveRunner:
         self._set_source(source)
         self._latest: torch.Tensor | None = None
         self._latest_seq = 0
-        self._loop_filled = source is not None  # LiveApp fills the loop with the source; else the first latent does
         self._encoder = PromptEncoder(session.encode_text, self._messages.put, self._count_error)
+        self._errors_lock = threading.Lock()
         self.stats = RunnerStats(window_s=config.window_s)
+        self._writer = AheadWriter(
+            session,
+            buffer,
+            self.stats,
+            self._count_error,
+            (config.min_lead_s, config.max_lead_s),
+            config.window_s,
+            loop_filled=source is not None,  # LiveApp fills the loop with the source; else the first latent does
+        )
+        self._tick_done = torch.cuda.Event() if session.device.type == "cuda" else None
+        self._tick_started: float | None = None
 
     def _encode(self, prompt: str | Conditioning) -> Conditioning:
         return prompt if isinstance(prompt, Conditioning) else self.session.encode_text(prompt)
@@ -329,15 +247,18 @@ class LiveRunner:
         self._messages.put(TargetClear())
 
     def start(self) -> None:
+        self._writer.start()
         self._thread = threading.Thread(target=self._run, name="flowjam-runner", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Ask the loop to end after the tick in progress and wait up to `config.stop_timeout_s` for it."""
+        """Ask the loop to end after the tick (and the write) in progress and wait up to `config.stop_timeout_s`."""
         self._stop.set()
         self._encoder.stop()
+        deadline = time.monotonic() + self.config.stop_timeout_s
         if self._thread is not None:
             self._thread.join(self.config.stop_timeout_s)
+        self._writer.stop(max(0.0, deadline - time.monotonic()))
 
     @property
     def current_source(self) -> Source | None:
@@ -370,26 +291,39 @@ class LiveRunner:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.step()
+                self.tick()
             except Exception as error:  # a bad message or knob must never stop the music
                 self._count_error(error)
                 time.sleep(0.01)
 
     def _count_error(self, error: Exception) -> None:
-        self.stats.errors += 1
-        if str(error) != self.stats.last_error:
-            log.error("runner: %s; the stream keeps playing", error, exc_info=not isinstance(error, ValueError))
-        self.stats.last_error = str(error)
+        with self._errors_lock:
+            self.stats.errors += 1
+            if str(error) != self.stats.last_error:
+                log.error("runner: %s; the stream keeps playing", error, exc_info=not isinstance(error, ValueError))
+            self.stats.last_error = str(error)
 
     def step(self) -> None:
-        """One tick: messages, knobs, submit, tick, write the window ahead of the playhead."""
+        """One tick and, for a runner stepped by hand (not started), its write ahead of the playhead."""
+        self.tick()
+        if not self._writer.running:
+            self._writer.write_pending()
+
+    def tick(self) -> None:
+        """Messages, knobs, submit, one tick (waited for on a GPU); a finished latent goes to the writer."""
         self._drain_messages()
         self._apply_knobs()
         latency = self.stats.latency
         started = time.perf_counter()
+        if self._tick_started is not None:
+            self.stats.loop_s += LOOP_EMA_WEIGHT * (started - self._tick_started - self.stats.loop_s)
+        self._tick_started = started
         latency.tick_started(started)
         self.stream.submit(self._request())
         finished = self.stream.tick()
+        if self._tick_done is not None:
+            self._tick_done.record()
+            self._tick_done.synchronize()
         tick_done = time.perf_counter()
         self.stats.ticks += 1
         self.stats.tick_ms = (tick_done - started) * 1000.0
@@ -399,8 +333,8 @@ class LiveRunner:
             fresh_from = self._latest_seq = finished[-1].request.tag
             self.stats.latents += len(finished)
         latency.tick_done(tick_done, fresh_from)
-        if self._latest is not None:
-            self._write_ahead(started, fresh_from)
+        if fresh_from is not None:
+            self._writer.offer(self._latest, fresh_from, self.stats.ticks)
 
     def _drain_messages(self) -> None:
         """Apply every waiting message in order."""
@@ -425,6 +359,7 @@ class LiveRunner:
         elif isinstance(message, SourceSwap):
             self._set_source(message.source)
             self._latest = None  # the next generation starts from the new source, not the old loop
+            self._writer.forget()
         elif isinstance(message, StructureSwap):
             self._source = None
             self._hints_context = (
@@ -509,54 +444,13 @@ class LiveRunner:
             condition, seconds, denoise=knobs.get("denoise"), source_latents=start, **options
         )
 
-    def _write_ahead(self, started: float | None, fresh_from: int | None) -> None:
-        """Decode the window at playhead + lead and patch it into the loop buffer."""
-        hop = self.session.models.vae.hop_samples
-        rate = self.buffer.sample_rate
-        if not self._loop_filled:  # the first latent fills the whole loop: no never-written (silent) region is left
-            self.buffer.fill(self.session.decode(self._latest))
-            self._loop_filled = True
-            started = None  # that write's interval is the whole-loop decode, not the loop's pace
-        read_at = time.perf_counter()
-        playhead = self.buffer.playhead_frames
-        lead_samples = int(self.stats.lead_s * rate)
-        frame = -(-(playhead + lead_samples) // hop) % self.frames
-        decode_started = time.perf_counter()
-        audio = self.session.decode(
-            self._latest, t_start=frame / LATENT_RATE_HZ, window_s=self.stats.window_s, cyclic=True
-        ).cpu()  # on a GPU this waits for the tick and the decode: the audio is real from here on
-        now = time.perf_counter()
-        self.buffer.patch(frame * hop, audio, FADE_FRAMES)
-        patched = time.perf_counter()
-        self.stats.decode_ms = (now - decode_started) * 1000.0
-        self.stats.writes += 1
-        self._adapt(None if started is None else patched - started, patched - read_at)
-        playhead_now = self.buffer.playhead_frames
-        ahead_s = ((frame * hop - playhead_now) % self.buffer.frames) / rate
-        self.stats.latency.heard(patched + ahead_s, fresh_from)
-
-    def _adapt(self, interval_s: float | None, write_s: float) -> None:
-        """The lead covers the time from reading the playhead to the patch being in the buffer (the tick's GPU
-        work, the decode, the copy), with room for its jitter; the window spans the next write too. The first
-        write sets the averages (its interval, which includes filling the loop, is not counted)."""
-        stats, config = self.stats, self.config
-        if stats.writes <= 1:
-            stats.interval_s, stats.write_s, stats.write_jitter_s = interval_s or write_s, write_s, 0.0
-        else:
-            stats.interval_s += EMA_WEIGHT * ((interval_s or stats.interval_s) - stats.interval_s)
-            stats.write_jitter_s += EMA_WEIGHT * (abs(write_s - stats.write_s) - stats.write_jitter_s)
-            stats.write_s += EMA_WEIGHT * (write_s - stats.write_s)
-        wanted = stats.write_s + JITTER_COVER * stats.write_jitter_s + LEAD_MARGIN_S
-        stats.lead_s = min(config.max_lead_s, max(config.min_lead_s, wanted))
-        song_s = self.buffer.frames / self.buffer.sample_rate
-        stats.window_s = min(song_s, max(config.window_s, stats.lead_s + 2 * stats.interval_s))
-
     def status(self) -> dict[str, Any]:
         stats = self.stats
         return {
             "ticks": stats.ticks,
             "latents": stats.latents,
             "tick_ms": round(stats.tick_ms, 2),
+            "loop_ms": round(stats.loop_s * 1000.0, 2),
             "decode_ms": round(stats.decode_ms, 2),
             "interval_ms": round(stats.interval_s * 1000.0, 2),
             "write_ms": round(stats.write_s * 1000.0, 2),

@@ -1,0 +1,98 @@
+"""The runner's tick thread and its writer overlap: a new latent's decode and patch do not wait for the next tick,
+and the next tick does not wait for them. Ordering is asserted with gates (a tick or a patch held until the test
+lets it go), not timings."""
+
+import threading
+import time
+
+import pytest
+from flowjam.engine.live.knobs import KnobRegistry
+from flowjam.engine.live.loop_buffer import LoopBuffer
+from flowjam.engine.live.runner import LiveRunner
+
+SONG_SECONDS = 2.0
+TIMEOUT_S = 20.0
+
+
+class GatedBuffer(LoopBuffer):
+    """A real loop buffer whose patches can be held at a gate: `hold()` makes the next patch wait for `release()`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.holding = threading.Event()
+        self.held = threading.Event()
+        self.released = threading.Event()
+
+    def hold(self) -> None:
+        self.released.clear()
+        self.holding.set()
+
+    def release(self) -> None:
+        self.holding.clear()
+        self.released.set()
+
+    def patch(self, *args, **kwargs) -> None:
+        if self.holding.is_set():
+            self.held.set()
+            self.released.wait(TIMEOUT_S)
+        super().patch(*args, **kwargs)
+
+
+def wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def runner(session):
+    frames = round(SONG_SECONDS * 25) * session.models.vae.hop_samples
+    buffer = GatedBuffer(frames, channels=2, sample_rate=session.sample_rate)
+    runner = LiveRunner(session, KnobRegistry(), buffer, "overlap a")
+    yield runner
+    buffer.release()
+    runner.stop()
+    buffer.unlink()
+
+
+def test_ticks_go_on_while_a_write_is_in_progress(runner):
+    runner.start()
+    wait_until(lambda: runner.stats.writes >= 2, "the first writes")
+    runner.buffer.hold()
+    wait_until(runner.buffer.held.is_set, "a write to reach the buffer")
+    ticks, latents = runner.stats.ticks, runner.stats.latents
+    wait_until(lambda: runner.stats.latents >= latents + 2, "two more latents while the write is held")
+    assert runner.stats.ticks >= ticks + 2 and runner.alive
+    runner.buffer.release()
+    writes = runner.stats.writes
+    wait_until(lambda: runner.stats.writes > writes, "the held write to land")
+    assert runner.stats.errors == 0, runner.stats.last_error
+
+
+def test_a_new_latent_is_written_while_the_next_tick_is_held(runner, monkeypatch):
+    handle = runner.stream
+    real_tick = handle.tick
+    gate, held = threading.Event(), threading.Event()
+    delivered: list[int] = []
+
+    def tick():
+        if delivered and not gate.is_set():  # the tick after the first latent since arming waits at the gate
+            held.set()
+            gate.wait(TIMEOUT_S)
+        finished = real_tick()
+        if finished and runner.stats.writes >= 1:
+            delivered.append(finished[-1].request.tag)
+        return finished
+
+    monkeypatch.setattr(handle, "tick", tick)
+    runner.registry.set("velocity_scale", 1.1, origin="test")  # a latent made after it carries a new sequence
+    runner.start()
+    wait_until(held.is_set, "a tick held after a new latent")
+    ticks = runner.stats.ticks
+    wait_until(lambda: runner.stats.written_seq == delivered[0], "the new latent's write while the next tick waits")
+    assert runner.stats.ticks == ticks, "the next tick must still be held"
+    gate.set()
+    wait_until(lambda: runner.stats.ticks > ticks, "ticks to resume")
+    assert runner.stats.errors == 0, runner.stats.last_error
