@@ -20,7 +20,8 @@ import torch
 
 log = logging.getLogger("flowjam.graphs")
 
-GRAPH_CAPACITY = 64  # captured plans kept (least recently used dropped first)
+GRAPH_CAPACITY = 64
+CAPTURE_TRIES = 2  # failed captures of one plan before it always runs uncaptured  # captured plans kept (least recently used dropped first)
 
 
 @dataclass
@@ -30,7 +31,7 @@ class GraphCounters:
     captures: int = 0
     replays: int = 0
     evictions: int = 0
-    capture_failures: int = 0  # plans whose capture failed: they run uncaptured from then on
+    capture_failures: int = 0  # failed captures (the tick then runs uncaptured)
 
 
 class StaticTensors:
@@ -64,7 +65,7 @@ class TickGraphs:
         self.counters = GraphCounters()
         self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = OrderedDict()
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
-        self._uncapturable: set[Hashable] = set()
+        self._failures: dict[Hashable, int] = {}  # failed captures per plan
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._stream: torch.cuda.Stream | None = None
 
@@ -81,14 +82,14 @@ class TickGraphs:
             self.counters.new_plans += 1
             self.counters.uncaptured += 1
             return step()
-        if not self.capture or plan in self._uncapturable:
+        if not self.capture or self._failures.get(plan, 0) >= CAPTURE_TRIES:
             self._seen.move_to_end(plan)
             self.counters.uncaptured += 1
             return step()
         try:
             facts, graph = self._capture(step)
-        except RuntimeError as error:  # the device work did not run: run it plain, and never capture this plan
-            self._give_up(plan, error)
+        except RuntimeError as error:  # nothing ran on the device: run the tick plain (a fresh warm-up of the plan)
+            self._failed(plan, error)
             self.counters.uncaptured += 1
             return step()
         graph.replay()
@@ -120,15 +121,16 @@ class TickGraphs:
         torch.cuda.current_stream().wait_stream(self._stream)
         return facts, graph
 
-    def _give_up(self, plan: Hashable, error: RuntimeError) -> None:
-        """A capture failed (an operation a capture forbids): log it once per kind, run the plan uncaptured from
-        now on, and capture later plans into a fresh pool (a failed capture can leave its pool marked busy)."""
+    def _failed(self, plan: Hashable, error: RuntimeError) -> None:
+        """A capture failed (an operation a capture forbids, or a kernel first loaded inside it because compiled code
+        changed since the plan's warm-up): the tick runs plain, which warms the plan again; after CAPTURE_TRIES
+        failures the plan always runs plain. Later captures use a fresh pool (a failed one can stay marked busy)."""
         self.counters.capture_failures += 1
-        self._uncapturable.add(plan)
+        self._failures[plan] = self._failures.get(plan, 0) + 1
         self._pool = torch.cuda.graph_pool_handle()
         self._stream = None
         if self.counters.capture_failures == 1:
-            log.warning("a CUDA-graph capture failed, that plan runs uncaptured: %s", error)
+            log.warning("a CUDA-graph capture failed, the tick runs uncaptured: %s", error)
 
     def _remember(self, plan: Hashable) -> None:
         self._seen[plan] = None

@@ -202,9 +202,9 @@ def test_a_plan_whose_capture_fails_runs_uncaptured_and_later_plans_still_captur
     def on_device():
         out.add_(1.0)
 
-    for _ in range(3):
+    for _ in range(4):  # seen, two failed captures (run plain), then plain without trying
         graphs.run("pageable", pageable_copy)
-    assert graphs.counters.capture_failures == 1 and graphs.counters.uncaptured == 3
+    assert graphs.counters.capture_failures == 2 and graphs.counters.uncaptured == 4
     assert out.tolist() == [0.0, 1.0, 2.0, 3.0]
     for _ in range(3):
         graphs.run("device", on_device)
