@@ -27,11 +27,10 @@ from ..session import Session, Source
 from .knobs import KnobRegistry
 from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
-from .writer import AheadWriter
+from .writer import EMA_WEIGHT, AheadWriter
 
 log = logging.getLogger("flowjam.runner")
 
-LOOP_EMA_WEIGHT = 0.2
 PROMPT_SLOTS = ("a", "b", "negative")  # prompt A, prompt B, and the negative prompt that CFG guides away from
 
 
@@ -316,7 +315,7 @@ class LiveRunner:
         latency = self.stats.latency
         started = time.perf_counter()
         if self._tick_started is not None:
-            self.stats.loop_s += LOOP_EMA_WEIGHT * (started - self._tick_started - self.stats.loop_s)
+            self.stats.loop_s += EMA_WEIGHT * (started - self._tick_started - self.stats.loop_s)
         self._tick_started = started
         latency.tick_started(started)
         self.stream.submit(self._request())
