@@ -110,20 +110,12 @@ class _Prepared:
 
 
 @dataclass(eq=False)
-class _Slot:
-    """One in-flight generation: its request, schedule and the device tensors its steps read and write (the
-    request's own tensors, or static copies of them on the graph path)."""
+class _Slot(_Prepared):
+    """One in-flight generation: a prepared request in its place in the ring, with the state its steps read and
+    write (the request's own tensors, or static copies of them on the graph path)."""
 
-    request: SlotRequest
-    schedule: tuple[float, ...]
     index: int  # place in the ring
     x: torch.Tensor
-    noise: torch.Tensor
-    source: torch.Tensor | None
-    context: torch.Tensor
-    x0_target: torch.Tensor | None
-    curves: dict[str, torch.Tensor]
-    extra_weights: tuple[torch.Tensor | None, ...]
     step_noise: torch.Tensor | None = None  # graph path: this step's noise, drawn before the device work
     step: int = 0
     running: torch.Tensor | None = None
@@ -571,18 +563,7 @@ class StreamPipeline:
             x = solver.noised(source, noise, prepared.schedule[0])
         else:
             x = noise
-        slot = _Slot(
-            request,
-            prepared.schedule,
-            index,
-            x,
-            noise,
-            source,
-            prepared.context,
-            prepared.x0_target,
-            curves,
-            prepared.extra_weights,
-        )
+        slot = _Slot(**vars(prepared), index=index, x=x)
         return slot if self._graphs is None else self._to_static(slot)
 
     def _to_static(self, slot: _Slot) -> _Slot:
