@@ -392,7 +392,7 @@ def bench_soak(args: argparse.Namespace) -> int:
 
     session = load_session(args)
     session.backend = args.backend
-    r = soak(session, args.minutes, args.song_seconds, args.depth, cfg_mode=args.cfg)
+    r = soak(session, args.minutes, args.song_seconds, args.depth, cfg_mode=args.cfg, report=print)
     print(
         f"soak {r.minutes:g} min: {r.ticks} ticks, {r.knob_sets} knob sets, {r.prompt_swaps} prompt swaps, {r.errors} runner errors"
     )
@@ -402,8 +402,13 @@ def bench_soak(args: argparse.Namespace) -> int:
     )
     if r.gpu_mb is not None:
         print(f"  GPU memory allocated {r.gpu_mb[0]:.1f} -> {r.gpu_mb[1]:.1f} MB, peak {r.gpu_mb[2]:.1f} MB")
-    print(f"  underruns {r.underruns}")
+    print(f"  underruns {r.underruns} (and {r.start_underruns} while starting, before the storm)")
     print("  runner at the end: " + ", ".join(f"{key} {r.status[key]}" for key in RUNNER_TIMINGS))
+    for which in ("tick_graphs", "window_graphs"):
+        if r.status[which] is not None:
+            print(
+                f"  {which.replace('_', ' ')}: " + ", ".join(f"{key} {value}" for key, value in r.status[which].items())
+            )
     return 0 if r.errors == 0 else 1
 
 

@@ -25,7 +25,7 @@ from .curves import Curve, as_curve
 from .models.dit import CrossGroup, CrossKV, DiTDecoder
 from .params import CFG_MODES, DCW_MODES, GUIDANCE_METHODS, SHARED_FIELDS, SOLVERS
 from .schedule import timestep_schedule
-from .tick_graph import StaticTensors, TickGraphs
+from .tick_graph import DEVICE_WORK, StaticTensors, TickGraphs
 
 MAX_DEPTH = 8
 MODULATION_CACHE_SIZE = 512
@@ -384,7 +384,8 @@ class StreamPipeline:
         rows = [row for slot in active for row in self._rows_for(slot)]
         layout = _Layout.of(rows)
         if self._graphs is None:
-            self._eager_step(active, rows, layout)
+            with DEVICE_WORK:  # a compiled layer's first run autotunes with a device sync
+                self._eager_step(active, rows, layout)
         else:
             self._graph_step(active, rows, layout)
         finished: list[Finished] = []
@@ -483,8 +484,7 @@ class StreamPipeline:
         slots = tuple(
             (
                 slot.index,
-                slot.step,
-                slot.steps,
+                self._step_facts(slot),
                 slot.t > 0,
                 slot.t_next > 0,
                 slot.request.solver,
@@ -506,6 +506,15 @@ class StreamPipeline:
         frames = active[0].x.shape[1]
         shared = tuple(sorted((name, tuple(curve.shape)) for name, curve in self._shared.items()))
         return frames, slots, row_kinds, layout.batch, layout.counts, kv_lengths, shared
+
+    def _step_facts(self, slot: _Slot) -> tuple:
+        """What a slot's place in its schedule changes in the device work: the conditions whose step range is
+        active, the negative row, and the x0 target's pull. Not the step itself: every step of a schedule (of any
+        length) with the same facts shares one plan, so knob changes do not multiply plans."""
+        request = slot.request
+        ranges = (request.primary_step_range, *(extra.step_range for extra in request.extra_conditions))
+        active = tuple(solver.step_range_active(r, slot.step, slot.steps) for r in ranges)
+        return active, self._needs_negative(slot), self._x0_pull(slot)
 
     def _device_step(
         self,
@@ -720,19 +729,23 @@ class StreamPipeline:
             return False
         return "x0_target_curve" in slot.curves or self._curve(slot, "x0_target_strength") is not None
 
-    def _x0_target(self, slot: _Slot, x0: torch.Tensor) -> torch.Tensor:
-        request = slot.request
-        target = slot.x0_target
+    def _x0_pull(self, slot: _Slot) -> float | bool | None:
+        """How this step pulls x0 toward the slot's target: its progress through the schedule (per-frame curve),
+        whether the scalar strength applies (second half of the schedule), None without a target."""
         if not self._pulls_to_target(slot):
-            return x0
+            return None
+        if "x0_target_curve" in slot.curves:
+            return slot.step / max(slot.steps - 1, 1)
+        return slot.step >= slot.steps // 2 and slot.t > 0
+
+    def _x0_target(self, slot: _Slot, x0: torch.Tensor) -> torch.Tensor:
+        pull = self._x0_pull(slot)
         curve = slot.curves.get("x0_target_curve")
+        if pull is None or pull is False:
+            return x0
         if curve is not None:
-            progress = slot.step / max(slot.steps - 1, 1)
-            return solver.blend_x0_target(x0, target, curve, progress, request.x0_target_gate)
-        strength = self._curve(slot, "x0_target_strength")
-        if strength is not None and slot.step >= slot.steps // 2 and slot.t > 0:
-            return solver.blend_x0_target_scalar(x0, target, strength)
-        return x0
+            return solver.blend_x0_target(x0, slot.x0_target, curve, pull, slot.request.x0_target_gate)
+        return solver.blend_x0_target_scalar(x0, slot.x0_target, self._curve(slot, "x0_target_strength"))
 
     # ---- bookkeeping -----------------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -20,8 +21,12 @@ import torch
 
 log = logging.getLogger("flowjam.graphs")
 
-GRAPH_CAPACITY = 64
-CAPTURE_TRIES = 2  # failed captures of one plan before it always runs uncaptured  # captured plans kept (least recently used dropped first)
+GRAPH_CAPACITY = 64  # captured plans kept (least recently used dropped first)
+CAPTURE_TRIES = 2  # failed captures of one plan before it always runs uncaptured
+DEVICE_WORK = threading.RLock()
+"""Held by every capture and by device work that may synchronise the whole device (a compiled kernel's first run
+autotunes with a device sync; a graph's first run loads kernels): a capture on one thread must never see it from
+another, or the capture breaks. Replays and steady ticks do not need it."""
 
 
 @dataclass
@@ -69,29 +74,31 @@ class TickGraphs:
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._stream: torch.cuda.Stream | None = None
 
-    def run(self, plan: Hashable, step: Callable[[], Any]) -> Any:
-        """Run one tick of this plan; `step` does the device work and returns host-side facts (no tensors)."""
+    def run(self, plan: Hashable, step: Callable[[], Any], capture: bool = True) -> Any:
+        """Run one tick of this plan; `step` does the device work and returns host-side facts (no tensors).
+        `capture=False`: always run it plain (a rare plan not worth a graph's memory)."""
         entry = self._graphs.get(plan)
         if entry is not None:
             self._graphs.move_to_end(plan)
             entry[0].replay()
             self.counters.replays += 1
             return entry[1]
-        if plan not in self._seen:
-            self._remember(plan)
-            self.counters.new_plans += 1
-            self.counters.uncaptured += 1
-            return step()
-        if not self.capture or self._failures.get(plan, 0) >= CAPTURE_TRIES:
-            self._seen.move_to_end(plan)
-            self.counters.uncaptured += 1
-            return step()
-        try:
-            facts, graph = self._capture(step)
-        except RuntimeError as error:  # nothing ran on the device: run the tick plain (a fresh warm-up of the plan)
-            self._failed(plan, error)
-            self.counters.uncaptured += 1
-            return step()
+        with DEVICE_WORK:
+            if plan not in self._seen:
+                self._remember(plan)
+                self.counters.new_plans += 1
+                self.counters.uncaptured += 1
+                return step()
+            if not (self.capture and capture) or self._failures.get(plan, 0) >= CAPTURE_TRIES:
+                self._seen.move_to_end(plan)
+                self.counters.uncaptured += 1
+                return step()
+            try:
+                facts, graph = self._capture(step)
+            except RuntimeError as error:  # nothing ran on the device: run the tick plain (a fresh warm-up)
+                self._failed(plan, error)
+                self.counters.uncaptured += 1
+                return step()
         graph.replay()
         self._graphs[plan] = (graph, facts)
         self.counters.captures += 1
@@ -114,12 +121,28 @@ class TickGraphs:
             try:
                 facts = step()
             except BaseException:
-                with contextlib.suppress(RuntimeError):  # ending an invalidated capture fails too
-                    graph.capture_end()
+                self._end_failed_capture(graph)
                 raise
-            graph.capture_end()
+            try:
+                graph.capture_end()
+            except RuntimeError:
+                self._release_pool()
+                raise
         torch.cuda.current_stream().wait_stream(self._stream)
         return facts, graph
+
+    def _end_failed_capture(self, graph: torch.cuda.CUDAGraph) -> None:
+        """End a capture whose step raised; ending an invalidated capture raises too, and leaves the pool marked
+        as being recorded into (every later capture into it would fail), so the pool is let go of as well."""
+        try:
+            graph.capture_end()
+        except RuntimeError:
+            self._release_pool()
+
+    def _release_pool(self) -> None:
+        """Stop the allocator routing this device's allocations to the pool of a capture that ended in error."""
+        with contextlib.suppress(RuntimeError):  # raises if the failed capture_end let go of it already
+            torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), self._pool)
 
     def _failed(self, plan: Hashable, error: RuntimeError) -> None:
         """A capture failed (an operation a capture forbids, or a kernel first loaded inside it because compiled code
@@ -129,8 +152,12 @@ class TickGraphs:
         self._failures[plan] = self._failures.get(plan, 0) + 1
         self._pool = torch.cuda.graph_pool_handle()
         self._stream = None
-        if self.counters.capture_failures == 1:
-            log.warning("a CUDA-graph capture failed, the tick runs uncaptured: %s", error)
+        log.warning(
+            "a CUDA-graph capture failed (%d so far), the tick runs uncaptured: %s",
+            self.counters.capture_failures,
+            error,
+            exc_info=self.counters.capture_failures == 1,
+        )
 
     def _remember(self, plan: Hashable) -> None:
         self._seen[plan] = None

@@ -14,6 +14,7 @@ from .params import LATENT_RATE_HZ
 from .tick_graph import StaticTensors, TickGraphs
 
 WINDOW_GRAPHS = 16  # window shapes kept captured (least recently used dropped first)
+MAX_CAPTURED_WINDOW_S = 1.6  # longer windows (a loop that fell behind, a whole-loop fill) always decode plain
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class WindowDecoder:
         counters = self._graphs.counters
         before = (counters.new_plans, counters.captures)
         with torch.no_grad():
-            self._graphs.run((shape, kept.start), decode)
+            self._graphs.run((shape, kept.start), decode, capture=window_s <= MAX_CAPTURED_WINDOW_S)
         self.last_was_warm_up = (counters.new_plans, counters.captures) != before
         return static_out.clone()
 

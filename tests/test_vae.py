@@ -110,3 +110,26 @@ def test_seeded_tiny_vae_plays_a_centred_texture_not_a_dc_offset():
     assert audio.mean(dim=1).abs().max() < 0.01, f"DC offset per channel: {audio.mean(dim=1).tolist()}"
     assert 0.2 < audio.abs().max() < 0.8, f"peak {audio.abs().max():.3f}"
     assert audio.std(dim=1).min() > 0.02, "the texture must be audible"
+
+
+def test_kept_weight_norm_and_snake_constants_follow_weight_changes():
+    """Inference keeps each conv's weight-normed weight and each Snake's constants instead of recomputing them every
+    decode: the result is bit for bit the recomputed one, and a weight written in place reaches the next decode
+    (and its old value returns the old audio exactly)."""
+    vae = OobleckVAE(SMALL).eval()
+    _randomize(vae, 3)
+    z = torch.randn(1, SMALL.latent_channels, 12, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        kept = vae.decode(z)
+        again = vae.decode(z)
+    recomputed = vae.decode(z).detach()  # autograd on: nothing kept, everything recomputed
+    assert torch.equal(kept, recomputed) and torch.equal(again, recomputed)
+    conv, snake = vae.decoder.block[1].conv_t1, vae.decoder.block[1].res_unit1.snake1
+    with torch.no_grad():
+        for param in (conv.weight_g, snake.alpha):
+            original = param.clone()
+            param.mul_(1.5)
+            changed = vae.decode(z)
+            param.copy_(original)
+            restored = vae.decode(z)
+            assert not torch.equal(changed, kept) and torch.equal(restored, kept)

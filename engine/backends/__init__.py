@@ -10,30 +10,35 @@ from collections.abc import Callable
 
 import torch
 
-from ..models.dit import DiTDecoder, DiTLayer
+from ..models.dit import DiTDecoder, DiTLayer, LayerStages
 from ..params import BACKENDS
 
 
-def _run_layer(layer: DiTLayer, *inputs) -> torch.Tensor:
-    return layer(*inputs)
+def _attend_self(layer: DiTLayer, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return layer.attend_self(*inputs)
 
 
-_compiled_layer = torch.compile(_run_layer)
-LAYER_VARIANTS = 64  # compiled variants of the layer kept (group layouts x sliding or not x precision; row counts
-# become dynamic after the second one)
+def _finish(layer: DiTLayer, *inputs) -> torch.Tensor:
+    return layer.finish(*inputs)
+
+
+COMPILED_STAGES = LayerStages(torch.compile(_attend_self), torch.compile(_finish))
+LAYER_VARIANTS = 16  # compiled variants of a layer half kept (sliding or not x precision; row counts become dynamic
+# after the second one)
 
 
 def decoder_forward(decoder: DiTDecoder, backend: str = "eager") -> Callable:
     """The callable a StreamPipeline uses for its batched forward (`DiTDecoder.forward_rows` signature).
 
-    The compiled layer is one module-level compilation (regional: parameters are its inputs), shared by every
-    layer of every decoder, so compiling costs one layer's worth per tick layout (row counts turn dynamic after
-    the second one); nothing here holds the decoder."""
+    The compiled layer halves are module-level compilations (regional: parameters are their inputs), shared by
+    every layer of every decoder, so compiling costs one layer's worth; the cross-attention between the halves
+    runs uncompiled, so no prompt length or condition grouping ever recompiles (row counts turn dynamic after
+    the second one). Nothing here holds the decoder."""
     if backend in ("eager", "graph"):
         return decoder.forward_rows
     if backend in ("compile", "compile-graph"):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, LAYER_VARIANTS)
-        return functools.partial(decoder.forward_rows, run_layer=_compiled_layer)
+        return functools.partial(decoder.forward_rows, stages=COMPILED_STAGES)
     raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
 

@@ -6,6 +6,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,7 +110,8 @@ class SoakReport:
     prompt_swaps: int
     rss_start_mb: float
     rss_end_mb: float
-    underruns: int
+    underruns: int  # while soaking
+    start_underruns: int  # while starting (first compiles and captures), before the storm
     tick_ms_first: float
     tick_ms_last: float
     errors: int
@@ -125,9 +127,10 @@ def soak(
     playback_mode: str = "null",
     seed: int = 0,
     cfg_mode: str = "off",
+    report: Callable[[str], None] | None = None,
 ) -> SoakReport:
     """Play for `minutes` under a knob storm (~200 sets/s over every knob but steps, depth and cfg_mode) with a
-    prompt swap every 5 s."""
+    prompt swap every 5 s; `report` gets a progress line every 30 s."""
     rng = random.Random(seed)
     registry = _registry(depth, cfg_mode)
     app = LiveApp(
@@ -163,11 +166,19 @@ def soak(
         if cuda:
             torch.cuda.reset_peak_memory_stats(session.device)
             gpu_start = torch.cuda.memory_allocated(session.device) / 2**20
+        underruns_at_start = app.playback.stats().get("underruns", 0)
         started = time.monotonic()
         worker.start()
         while time.monotonic() - started < minutes * 60:
             time.sleep(0.5)
             tick_samples.append((time.monotonic() - started, app.runner.stats.tick_ms))
+            if report is not None and len(tick_samples) % 60 == 0:
+                stats = app.runner.stats
+                report(
+                    f"{tick_samples[-1][0]:.0f} s: {stats.ticks} ticks, {stats.errors} runner errors, "
+                    f"{app.playback.stats().get('underruns', 0) - underruns_at_start} underruns, "
+                    f"tick {stats.tick_ms:.1f} ms"
+                )
         rss_end = _rss_mb()
         gpu_mb = None
         if cuda:
@@ -189,7 +200,8 @@ def soak(
         prompt_swaps=counts["prompts"],
         rss_start_mb=rss_start,
         rss_end_mb=rss_end,
-        underruns=int(underruns or 0),
+        underruns=int(underruns or 0) - int(underruns_at_start or 0),
+        start_underruns=int(underruns_at_start or 0),
         tick_ms_first=statistics.median(first) if first else float("nan"),
         tick_ms_last=statistics.median(last) if last else float("nan"),
         errors=app.runner.stats.errors,

@@ -459,6 +459,8 @@ class LiveRunner:
             "errors": stats.errors,
             "last_error": stats.last_error,
             "depth": self.stream.pipeline.depth,
+            "tick_graphs": self.stream.stats()["graphs"],
+            "window_graphs": self._writer.graph_counters,
             "cfg_mode": self.registry.specs["cfg_mode"].choice(self.registry.get("cfg_mode")),
             "negative": "null condition" if self._prompts["negative"] is None else self._prompts["negative"].caption,
             "target": "captured"

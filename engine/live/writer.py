@@ -62,6 +62,11 @@ class AheadWriter:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def graph_counters(self) -> dict[str, int]:
+        """The window decoder's graph counters (captures, replays, failures)."""
+        return dict(vars(self._decode.counters))
+
     def offer(self, latent: torch.Tensor, fresh_from: int, tick: int) -> None:
         """A latent finished by tick `tick` (complete on the device), its request made at registry sequence
         `fresh_from`; one not yet taken is replaced."""

@@ -113,15 +113,52 @@ class DiTLayer(nn.Module):
         self_mask: torch.Tensor | None,
         cross: tuple[CrossSlice, ...],
     ) -> torch.Tensor:
-        """One layer over every row; `cross` is this layer's K/V per condition group (tensors and ints only, so
-        one compiled graph serves every layer)."""
-        shift, scale, gate, mlp_shift, mlp_scale, mlp_gate = (self.scale_shift_table + modulation).chunk(6, dim=1)
+        """One layer over every row; `cross` is this layer's K/V per condition group."""
+        return run_layer(LayerStages(), self, x, modulation, rope, self_mask, cross)
+
+    def attend_self(
+        self,
+        x: torch.Tensor,
+        modulation: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        self_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer up to its cross-attention: modulated self-attention -> (x, cross-attention queries)."""
+        shift, scale, gate = (self.scale_shift_table[:, :3] + modulation[:, :3]).chunk(3, dim=1)
         h = (self.self_attn_norm(x) * (1 + scale) + shift).type_as(x)
         x = (x + self.self_attn(h, rope, self_mask) * gate).type_as(x)
-        h = self.cross_attn_norm(x)
-        x = x + self.cross_attn.project_out(_group_attention(self.cross_attn, self.cross_attn.query(h), cross))
+        return x, self.cross_attn.query(self.cross_attn_norm(x))
+
+    def finish(self, x: torch.Tensor, cross_heads: torch.Tensor, modulation: torch.Tensor) -> torch.Tensor:
+        """The layer after its cross-attention heads: output projection, then the modulated MLP."""
+        x = x + self.cross_attn.project_out(cross_heads)
+        mlp_shift, mlp_scale, mlp_gate = (self.scale_shift_table[:, 3:] + modulation[:, 3:]).chunk(3, dim=1)
         h = (self.mlp_norm(x) * (1 + mlp_scale) + mlp_shift).type_as(x)
         return (x + self.mlp(h) * mlp_gate).type_as(x)
+
+
+@dataclass(frozen=True)
+class LayerStages:
+    """How a layer's two halves run around its cross-attention (plain methods, or compiled ones). The
+    cross-attention between them always runs as is: its condition groups (how many, how long) vary from tick to
+    tick, so compiled code never sees them and never recompiles for a new prompt or group layout."""
+
+    attend_self: Callable[..., tuple[torch.Tensor, torch.Tensor]] = DiTLayer.attend_self
+    finish: Callable[..., torch.Tensor] = DiTLayer.finish
+
+
+def run_layer(
+    stages: LayerStages,
+    layer: DiTLayer,
+    x: torch.Tensor,
+    modulation: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    self_mask: torch.Tensor | None,
+    cross: tuple[CrossSlice, ...],
+) -> torch.Tensor:
+    """One layer: its first half, the grouped cross-attention, its second half."""
+    x, queries = stages.attend_self(layer, x, modulation, rope, self_mask)
+    return stages.finish(layer, x, _group_attention(layer.cross_attn, queries, cross), modulation)
 
 
 class DiTDecoder(nn.Module):
@@ -197,11 +234,11 @@ class DiTDecoder(nn.Module):
         modulation: torch.Tensor,
         context_latents: torch.Tensor,
         groups: list[CrossGroup],
-        run_layer: Callable[..., torch.Tensor] | None = None,
+        stages: LayerStages | None = None,
     ) -> torch.Tensor:
         """The batched forward a stream tick runs: rows with their own timestep embeddings (temb [R, H],
         modulation [R, 6, H]) and conditions (`groups` cover every row once, in order) -> velocity [R, T, 64].
-        `run_layer(layer, *inputs)` runs each layer (a compiled one, say); by default the layer itself."""
+        `stages` runs each layer's halves (compiled ones, say); by default the layer's own methods."""
         frames = hidden_states.shape[1]
         x = torch.cat([context_latents, hidden_states], dim=-1)
         pad = (-frames) % self.config.patch_size
@@ -213,10 +250,10 @@ class DiTDecoder(nn.Module):
             torch.arange(tokens, device=x.device), self.config.head_dim, self.config.rope_theta, x.dtype
         )
         sliding = band_mask(tokens, self.config.sliding_window, x.device)
-        run = DiTLayer.__call__ if run_layer is None else run_layer
+        stages = LayerStages() if stages is None else stages
         for index, layer in enumerate(self.layers):
             cross = tuple((g.kv.keys[index], g.kv.values[index], g.start, g.count) for g in groups)
-            x = run(layer, x, modulation, rope, sliding if layer.sliding else None, cross)
+            x = run_layer(stages, layer, x, modulation, rope, sliding if layer.sliding else None, cross)
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
         x = (self.norm_out(x) * (1 + scale) + shift).type_as(x)
         return self.proj_out(x)[:, :frames]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +44,40 @@ def _split_weight(conv: nn.Module) -> None:
 
 def _joined_weight(conv: nn.Module) -> torch.Tensor:
     """Weight-normed weight g * v / ||v||."""
-    return conv.weight_g * conv.weight_v / _norm_except_dim0(conv.weight_v)
+    return _constant(
+        conv, lambda: conv.weight_g * conv.weight_v / _norm_except_dim0(conv.weight_v), conv.weight_g, conv.weight_v
+    )
+
+
+def _constant(module: nn.Module, compute: Callable[[], Any], *params: torch.Tensor) -> Any:
+    """`compute()` (a tensor or a tuple of tensors, functions of `params` alone), kept on the module until one of
+    them is moved, cast or written in place, so a decode runs no weight-norm or exp kernels; computed afresh
+    wherever autograd records. A recomputed value of the same device, dtype and shape is written into the kept
+    tensors: a captured CUDA graph that reads them stays valid."""
+    if torch.is_grad_enabled():
+        return compute()
+    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+    cached = module.__dict__.get("_folded")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    value = compute()
+    if cached is not None and _same_layout(cached[1], value):
+        for kept, new in zip(_tensors(cached[1]), _tensors(value)):
+            kept.copy_(new)
+        value = cached[1]
+    module.__dict__["_folded"] = (key, value)
+    return value
+
+
+def _tensors(value: Any) -> tuple[torch.Tensor, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    pairs = list(zip(_tensors(a), _tensors(b)))
+    return len(_tensors(a)) == len(_tensors(b)) and all(
+        x.shape == y.shape and x.dtype == y.dtype and x.device == y.device for x, y in pairs
+    )
 
 
 class WNConv1d(nn.Conv1d):
@@ -85,7 +120,8 @@ class Snake1d(nn.Module):
         self.beta = nn.Parameter(torch.zeros(1, channels, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.sin(self.alpha.exp() * x).pow(2) / (self.beta.exp() + 1e-9)
+        frequency, height = _constant(self, lambda: (self.alpha.exp(), self.beta.exp() + 1e-9), self.alpha, self.beta)
+        return torch.addcdiv(x, torch.sin(frequency * x).square(), height)
 
 
 class ResidualUnit(nn.Module):
