@@ -326,8 +326,8 @@ class StreamHandle:
         self.session = session
         self.pipeline = pipeline
 
-    def submit(self, request: SlotRequest) -> None:
-        self.pipeline.submit(request)
+    def submit(self, request: SlotRequest, supersedes: bool = False) -> None:
+        self.pipeline.submit(request, supersedes)
 
     def tick(self) -> list[Finished]:
         return self.pipeline.tick()

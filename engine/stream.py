@@ -107,6 +107,7 @@ class _Prepared:
     x0_target: torch.Tensor | None
     curves: dict[str, torch.Tensor]
     extra_weights: tuple[torch.Tensor | None, ...]
+    supersedes: bool = field(default=False, kw_only=True)  # new per-request values: may replace a stale slot
 
 
 @dataclass(eq=False)
@@ -258,12 +259,18 @@ class StreamPipeline:
 
     # ---- requests --------------------------------------------------------------------------------------------
 
-    def submit(self, request: SlotRequest) -> None:
+    def submit(self, request: SlotRequest, supersedes: bool = False) -> None:
         """Queue a request (a queue of one: a newer submission replaces one that has not started).
 
-        Validation, cross-attention K/V of its conditions, its seeded noise and curves are all made here."""
+        `supersedes`: the request carries new per-request values (a knob, a prompt), so what is in flight is stale.
+        Paced, where it would wait for the youngest slot to get steps/depth steps in, it takes that slot's place at
+        once, unless that slot superseded too (so a knob swept every tick cannot starve the ring). A queued request
+        that supersedes passes that on to the one replacing it. Validation, cross-attention K/V of its conditions,
+        its seeded noise and curves are all made here."""
         self._validate(request)
+        supersedes = supersedes or (self._queued is not None and self._queued.supersedes)
         self._queued = self._prepare(request)
+        self._queued.supersedes = supersedes
 
     def _prepare(self, request: SlotRequest) -> _Prepared:
         device, dtype = self._device_dtype()
@@ -551,13 +558,26 @@ class StreamPipeline:
         return start, end
 
     def _admit(self) -> None:
-        if self._queued is None or (self.paced and self._too_soon(self._queued)):
+        if self._queued is None:
+            return
+        if self.paced and self._too_soon(self._queued):
+            if self._queued.supersedes:
+                self._replace_youngest()
             return
         for index in range(min(self.depth, len(self._slots))):
             if self._slots[index] is None:
                 self._slots[index] = self._start(self._queued, index)
                 self._queued = None
                 return
+
+    def _replace_youngest(self) -> None:
+        """Start the queued request in the youngest slot's place, dropping that slot's few steps, unless it
+        superseded an older one itself."""
+        in_ring = [slot for slot in self._slots[: self.depth] if slot is not None]
+        youngest = min(in_ring, key=lambda slot: slot.step, default=None)
+        if youngest is not None and not youngest.supersedes:
+            self._slots[youngest.index] = self._start(self._queued, youngest.index)
+            self._queued = None
 
     def _too_soon(self, prepared: _Prepared) -> bool:
         """Paced admission: some slot in flight is not yet steps/depth steps in."""

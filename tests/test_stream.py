@@ -396,3 +396,41 @@ def test_compiled_stream_never_recompiles_for_new_prompts_or_condition_groupings
         pipeline.submit(session.make_request(prompt, SECONDS, seed=seed, steps=4, cfg_mode="full", negative=null))
         pipeline.tick()
     assert counters["frames"]["ok"] == compiled
+
+
+def _first_finish_of_new_values(session, prompt, supersede, sweep=False):
+    """A paced live-style stream (a request every tick, depth 4, 8 steps); from tick 21 requests carry new values
+    (seed 99), the first submitted with `supersede` (every one of them with `sweep`). -> (tick the first latent of
+    the new values finished, that latent, ticks at which latents finished)."""
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=4, paced=True)
+    first, finished_at = None, []
+    for tick in range(48):
+        new = tick >= 21
+        request = session.make_request(prompt, SECONDS, seed=99 if new else tick, steps=8, tag=int(new))
+        pipeline.submit(request, supersedes=supersede and new and (sweep or tick == 21))
+        for done in pipeline.tick():
+            finished_at.append(tick)
+            if done.request.tag == 1 and first is None:
+                first = (tick, done.latent)
+    return first[0], first[1], finished_at
+
+
+def test_a_request_with_new_values_takes_the_youngest_slot_at_once(session, prompts):
+    """Paced, a request waits for the youngest slot to get steps/depth steps in. One carrying new per-request values
+    (a knob, a prompt) takes a stale youngest slot's place instead: its latent finishes `steps` ticks after it was
+    submitted, sooner than waiting, and is the same latent the request makes alone."""
+    a = prompts[0]
+    waited, _, _ = _first_finish_of_new_values(session, a, supersede=False)
+    superseded, latent, _ = _first_finish_of_new_values(session, a, supersede=True)
+    assert superseded == 21 + 8 - 1 < waited
+    alone = StreamPipeline(session.models.acestep.decoder, depth=1)
+    alone.submit(session.make_request(a, SECONDS, seed=99, steps=8, tag=1))
+    assert torch.equal(alone.drain()[0].latent, latent)
+
+
+def test_new_values_every_tick_never_starve_the_ring(session, prompts):
+    """A knob swept on every tick makes every request supersede: a slot that superseded is not taken over, so the
+    ring keeps finishing a latent every second tick."""
+    _, _, finished_at = _first_finish_of_new_values(session, prompts[0], supersede=True, sweep=True)
+    late = [t for t in finished_at if t >= 30]
+    assert {b - a for a, b in zip(late, late[1:])} == {2}, finished_at

@@ -168,6 +168,7 @@ class LiveRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seq_applied = 0
+        self._request_changed = False  # a per-request knob or a prompt changed since the last submitted request
         self._prompts: dict[str, Conditioning | None] = {
             "a": self._encode(prompt),
             "b": self._encode(prompt_b if prompt_b is not None else prompt),
@@ -318,7 +319,8 @@ class LiveRunner:
             self.stats.loop_s += EMA_WEIGHT * (started - self._tick_started - self.stats.loop_s)
         self._tick_started = started
         latency.tick_started(started)
-        self.stream.submit(self._request())
+        self.stream.submit(self._request(), supersedes=self._request_changed)
+        self._request_changed = False
         finished = self.stream.tick()
         if self._tick_done is not None:
             self._tick_done.record()
@@ -375,6 +377,7 @@ class LiveRunner:
 
     def _set_prompt(self, slot: str, conditioning: Conditioning | None) -> None:
         self._prompts[slot] = conditioning
+        self._request_changed = True
         if slot != "negative":
             self._blends.clear()
 
@@ -387,6 +390,7 @@ class LiveRunner:
                 self.stream.set_depth(int(change.value))
             elif change.name == "volume":
                 self.buffer.gain = change.value
+            self._request_changed |= spec.kind is KnobKind.REQUEST
             if spec.kind is not KnobKind.GLOBAL:
                 self.stats.latency.track(change, spec.kind, self.stats.ticks + 1)
             self._seq_applied = max(self._seq_applied, change.seq)
