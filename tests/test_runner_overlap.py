@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import torch
 from flowjam.engine.live.knobs import KnobRegistry
 from flowjam.engine.live.loop_buffer import LoopBuffer
 from flowjam.engine.live.runner import LiveRunner
@@ -96,3 +97,41 @@ def test_a_new_latent_is_written_while_the_next_tick_is_held(runner, monkeypatch
     gate.set()
     wait_until(lambda: runner.stats.ticks > ticks, "ticks to resume")
     assert runner.stats.errors == 0, runner.stats.last_error
+
+
+class PatchLog(LoopBuffer):
+    """A real loop buffer that remembers where each patch started and what it held."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.patches = []
+
+    def patch(self, start_frame, audio, fade_frames=480) -> None:
+        self.patches.append((start_frame, audio.copy() if hasattr(audio, "copy") else audio.clone()))
+        super().patch(start_frame, audio, fade_frames)
+
+
+def test_new_audio_starts_at_playhead_plus_lead_not_at_the_next_latent_frame(session):
+    """The writer patches from playhead + lead to the sample: rounding up to the next latent frame (40 ms) would
+    add up to 40 ms to every knob's way to the ear. What it writes there is the decoded latent at that time."""
+    from flowjam.engine.live.loop_buffer import PLAYED
+
+    hop = session.models.vae.hop_samples
+    buffer = PatchLog(round(SONG_SECONDS * 25) * hop, channels=2, sample_rate=session.sample_rate)
+    runner = LiveRunner(session, KnobRegistry(), buffer, "exact start")
+    try:
+        while runner.stats.writes < 2:
+            runner.step()
+        writes = runner.stats.writes
+        buffer.counters[PLAYED] = 7 * hop + 333  # the playhead inside a latent frame
+        lead_s, window_s = runner.stats.lead_s, runner.stats.window_s  # what the next write uses (then adapts)
+        while runner.stats.writes == writes:
+            runner.step()
+        start, audio = buffer.patches[-1]
+        assert start == 7 * hop + 333 + int(lead_s * session.sample_rate) and start % hop != 0
+        frame, skip = start // hop, start % hop
+        decoded = runner.session.decode(runner.latest, frame / 25, window_s, cyclic=True)
+        assert torch.equal(torch.as_tensor(audio), decoded[:, skip:])
+    finally:
+        runner.stop()
+        buffer.unlink()

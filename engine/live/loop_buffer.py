@@ -11,6 +11,7 @@ playhead, where this never happens. Each counter has a single writer, and aligne
 
 from __future__ import annotations
 
+import threading
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -56,6 +57,7 @@ class LoopBuffer:
                 raise ValueError("attaching to a LoopBuffer needs its name")
             self._shm = shared_memory.SharedMemory(name=name)
         self._owner = create
+        self._lock = threading.Lock()  # this process's threads against close(): none touches an unmapped view
         self.counters = np.ndarray((_COUNTERS,), np.int64, self._shm.buf, 0)
         self.reals = np.ndarray((_REALS,), np.float64, self._shm.buf, 8 * _COUNTERS)
         if create:
@@ -98,21 +100,24 @@ class LoopBuffer:
         if fade:
             rise = (np.sin(0.5 * np.pi * (np.arange(fade) + 0.5) / fade) ** 2).astype(np.float32)[:, None]
             fall = 1.0 - rise
-            old_head = self.data[(start + np.arange(fade)) % self.frames]
-            old_tail = self.data[(start + count - fade + np.arange(fade)) % self.frames]
+            with self._lock:
+                old_head = self.data[(start + np.arange(fade)) % self.frames]
+                old_tail = self.data[(start + count - fade + np.arange(fade)) % self.frames]
             new = new.copy()
             new[:fade] = new[:fade] * rise + old_head * fall
             new[count - fade :] = new[count - fade :] * rise[::-1] + old_tail * fall[::-1]
         first = min(count, self.frames - start)
-        self.data[start : start + first] = new[:first]
-        self.data[: count - first] = new[first:]
+        with self._lock:
+            self.data[start : start + first] = new[:first]
+            self.data[: count - first] = new[first:]
 
     def fill(self, audio) -> None:
         """Replace the whole loop (initial content); audio must be [channels, frames] of exactly the loop length."""
         new = self._as_frames_major(audio)
         if new.shape[0] != self.frames:
             raise ValueError(f"fill needs exactly {self.frames} frames, got {new.shape[0]}")
-        self.data[:] = new
+        with self._lock:
+            self.data[:] = new
 
     def _as_frames_major(self, audio) -> np.ndarray:
         """[channels, N] (numpy or torch; 1-D means one channel for all) -> float32 [N, channels] view or copy."""
@@ -143,14 +148,15 @@ class LoopBuffer:
 
     def snapshot(self) -> np.ndarray:
         """A copy of the loop as [channels, frames]."""
-        return np.ascontiguousarray(self.data.T)
+        with self._lock:
+            return np.ascontiguousarray(self.data.T)
 
     # --- clock and meters --------------------------------------------------------------------------------------
 
     @property
     def playhead_frames(self) -> int:
         """Absolute frames played since the buffer was created (monotonic): the audio clock."""
-        return int(self.counters[PLAYED])
+        return self._counter(PLAYED)
 
     @property
     def position(self) -> int:
@@ -159,57 +165,71 @@ class LoopBuffer:
 
     @property
     def underruns(self) -> int:
-        return int(self.counters[UNDERRUNS])
+        return self._counter(UNDERRUNS)
 
     @property
     def callbacks(self) -> int:
-        return int(self.counters[CALLBACKS])
+        return self._counter(CALLBACKS)
 
     @property
     def running(self) -> bool:
-        return bool(self.counters[RUNNING])
+        return bool(self._counter(RUNNING))
 
     @property
     def gain(self) -> float:
-        return float(self.reals[GAIN])
+        return self._real(GAIN)
 
     @gain.setter
     def gain(self, value: float) -> None:
         """Linear volume; the callback ramps to a new value over one block (no clicks)."""
         if not np.isfinite(value) or value < 0:
             raise ValueError(f"gain must be a finite number >= 0, got {value}")
-        self.reals[GAIN] = float(value)
+        self._set_real(GAIN, float(value))
 
     @property
     def playing(self) -> bool:
         """Transport state: False after stop (the output fades to silence while the clock runs on)."""
-        return bool(self.reals[TRANSPORT])
+        return bool(self._real(TRANSPORT))
 
     @playing.setter
     def playing(self, value: bool) -> None:
         """Stop fades the output to silence over TRANSPORT_FADE_FRAMES, play fades it back in at the playhead."""
-        self.reals[TRANSPORT] = 1.0 if value else 0.0
+        self._set_real(TRANSPORT, 1.0 if value else 0.0)
 
     @property
     def fade_started_frames(self) -> int:
         """The playhead at the start of the newest transport fade (-1 before any)."""
-        return int(self.counters[FADE_STARTED])
+        return self._counter(FADE_STARTED)
+
+    def _counter(self, index: int) -> int:
+        with self._lock:
+            return int(self.counters[index])
+
+    def _real(self, index: int) -> float:
+        with self._lock:
+            return float(self.reals[index])
+
+    def _set_real(self, index: int, value: float) -> None:
+        with self._lock:
+            self.reals[index] = value
 
     # --- lifetime ----------------------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Drop this process's mapping. The counters, levels and audio stay readable (and writable, to no effect) as
-        private copies of their last values, so a thread that still finishes a tick or reads the status after a
-        stop sees the final state instead of failing. Views of the mapping that a caller still holds keep it alive
-        until they go."""
-        if self._shm is None:
-            return
-        shm, self._shm = self._shm, None
-        self.counters, self.reals, self.data = self.counters.copy(), self.reals.copy(), self.data.copy()
-        try:
-            shm.close()
-        except BufferError:  # someone still holds a view (e.g. a finished callback's arrays); the GC unmaps it
-            pass
+        private copies of their last values, so a thread that still finishes a tick or a write after a stop (a
+        runner stopped with a timeout) sees the final state instead of failing: the methods and properties here
+        wait for one in progress, and none touches the mapping afterwards. Arrays taken from the mapping directly
+        (the output callback's) must not be used after it: stop the playback first."""
+        with self._lock:
+            if self._shm is None:
+                return
+            shm, self._shm = self._shm, None
+            self.counters, self.reals, self.data = self.counters.copy(), self.reals.copy(), self.data.copy()
+            try:
+                shm.close()
+            except BufferError:  # someone still holds an export of it; the mapping goes with the last one
+                pass
 
     def unlink(self) -> None:
         """Free the shared memory (creator only; attached processes just close). The name disappears at once;

@@ -144,13 +144,13 @@ class AheadWriter:
         if stats.writes == 0:  # window shapes a steady stream uses, captured before they are needed
             self._decode.warm_up(latent, WARM_WINDOWS_S, DECODE_MARGIN_FRAMES)
         read_at = time.perf_counter()
-        playhead = self.buffer.playhead_frames
-        frame = -(-(playhead + int(stats.lead_s * rate)) // hop) % frames
+        start = self.buffer.playhead_frames + int(stats.lead_s * rate)  # the first sample the new audio replaces
+        frame, skip = (start // hop) % frames, start % hop  # the latent frame holding it, and where in that frame
         audio = self._decode(
             latent, frame / LATENT_RATE_HZ, stats.window_s, DECODE_MARGIN_FRAMES, cyclic=True
         ).cpu()  # on a GPU this waits for the decode only (the writer's own stream): the audio is real from here on
         decoded = time.perf_counter()
-        self.buffer.patch(frame * hop, audio, FADE_FRAMES)
+        self.buffer.patch(start, audio[:, skip:], FADE_FRAMES)  # from playhead + lead exactly, not the next frame
         patched = time.perf_counter()
         stats.decode_ms = (decoded - read_at) * 1000.0
         stats.writes += 1
@@ -160,7 +160,7 @@ class AheadWriter:
         self._last_write = patched
         if not self._decode.last_was_warm_up:  # a one-off capture is not the write time the lead must cover
             self._adapt(interval, patched - read_at)
-        ahead_s = ((frame * hop - self.buffer.playhead_frames) % self.buffer.frames) / rate
+        ahead_s = ((start - self.buffer.playhead_frames) % self.buffer.frames) / rate
         if fresh is not None:
             stats.latency.heard(patched, patched + ahead_s, *fresh)
 
