@@ -101,7 +101,6 @@ class _Prepared:
 
     request: SlotRequest
     schedule: tuple[float, ...]
-    noise: torch.Tensor
     source: torch.Tensor | None
     context: torch.Tensor
     x0_target: torch.Tensor | None
@@ -117,6 +116,7 @@ class _Slot(_Prepared):
 
     index: int  # place in the ring
     x: torch.Tensor
+    noise: torch.Tensor  # the request's seeded noise, drawn when it entered the ring
     step_noise: torch.Tensor | None = None  # graph path: this step's noise, drawn before the device work
     step: int = 0
     running: torch.Tensor | None = None
@@ -265,8 +265,9 @@ class StreamPipeline:
         `supersedes`: the request carries new per-request values (a knob, a prompt), so what is in flight is stale.
         Paced, where it would wait for the youngest slot to get steps/depth steps in, it takes that slot's place at
         once, unless that slot superseded too (so a knob swept every tick cannot starve the ring). A queued request
-        that supersedes passes that on to the one replacing it. Validation, cross-attention K/V of its conditions,
-        its seeded noise and curves are all made here."""
+        that supersedes passes that on to the one replacing it. Validation, cross-attention K/V of its conditions
+        and curves are all made here; its seeded noise when it enters the ring (most queued requests of a live
+        stream are replaced before they do)."""
         self._validate(request)
         supersedes = supersedes or (self._queued is not None and self._queued.supersedes)
         self._queued = self._prepare(request)
@@ -294,9 +295,6 @@ class StreamPipeline:
         return _Prepared(
             request=request,
             schedule=timestep_schedule(int(request.steps), float(request.shift), float(request.denoise)),
-            noise=_to_device(
-                seeded_noise(request.seed, frames, self.decoder.config.audio_acoustic_hidden_dim), device, dtype
-            ),
             source=None if request.source_latents is None else request.source_latents.to(device, dtype),
             context=request.context_latents.to(device, dtype),
             x0_target=None if request.x0_target is None else request.x0_target.to(device, dtype),
@@ -585,14 +583,17 @@ class StreamPipeline:
         return any(slot is not None and slot.step < spacing for slot in self._slots)
 
     def _start(self, prepared: _Prepared, index: int) -> _Slot:
-        request, source, noise, curves = prepared.request, prepared.source, prepared.noise, prepared.curves
+        request, source, curves = prepared.request, prepared.source, prepared.curves
+        device, dtype = self._device_dtype()
+        channels = self.decoder.config.audio_acoustic_hidden_dim
+        noise = _to_device(seeded_noise(request.seed, request.frames, channels), device, dtype)
         if source is not None and "initial_noise" in curves:
             x = solver.noised(source, noise, curves["initial_noise"])
         elif source is not None and request.denoise < 1.0:
             x = solver.noised(source, noise, prepared.schedule[0])
         else:
             x = noise
-        slot = _Slot(**vars(prepared), index=index, x=x)
+        slot = _Slot(**vars(prepared), index=index, x=x, noise=noise)
         return slot if self._graphs is None else self._to_static(slot)
 
     def _to_static(self, slot: _Slot) -> _Slot:
