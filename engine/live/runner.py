@@ -177,6 +177,7 @@ class LiveRunner:
         self._blends: OrderedDict[float, Conditioning] = OrderedDict()
         self._null_conditions: dict[int, Conditioning] = {}  # condition length -> its null condition
         self._silence_context = session.context_latents(self.frames, None)
+        self._blended_context: tuple[torch.Tensor, float, torch.Tensor] | None = None  # hints, structure, context
         self._captured_target: torch.Tensor | None = None
         self._set_source(source)
         self._latest: torch.Tensor | None = None
@@ -438,14 +439,24 @@ class LiveRunner:
             negative=None if cfg_mode == "off" else self._negative(condition),
             x0_target=self.target,
         )
-        if self._hints_context is not None:
-            options["context_latents"] = torch.lerp(self._silence_context, self._hints_context, knobs.get("structure"))
+        options["context_latents"] = self._context()
         start = self._latest if self._latest is not None else (None if self._source is None else self._source.latents)
         if start is None:
             return self.session.make_request(condition, seconds, **options)
         return self.session.make_request(
             condition, seconds, denoise=knobs.get("denoise"), source_latents=start, **options
         )
+
+    def _context(self) -> torch.Tensor:
+        """The requests' context latents: silence, or structure hints blended in by the `structure` knob. The same
+        tensor while neither changes, so the stream checks it for NaN once, not with a GPU sync on every tick."""
+        if self._hints_context is None:
+            return self._silence_context
+        hints, structure = self._hints_context, self.registry.get("structure")
+        kept = self._blended_context
+        if kept is None or kept[0] is not hints or kept[1] != structure:
+            kept = self._blended_context = (hints, structure, torch.lerp(self._silence_context, hints, structure))
+        return kept[2]
 
     def status(self) -> dict[str, Any]:
         stats = self.stats
