@@ -761,9 +761,9 @@ class StreamPipeline:
 
     def _x0_target(self, slot: _Slot, x0: torch.Tensor) -> torch.Tensor:
         pull = self._x0_pull(slot)
-        curve = slot.curves.get("x0_target_curve")
-        if pull is None or pull is False:
+        if pull is None or pull is False:  # a progress of 0.0 still pulls
             return x0
+        curve = slot.curves.get("x0_target_curve")
         if curve is not None:
             return solver.blend_x0_target(x0, slot.x0_target, curve, pull, slot.request.x0_target_gate)
         return solver.blend_x0_target_scalar(x0, slot.x0_target, self._curve(slot, "x0_target_strength"))

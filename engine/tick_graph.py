@@ -121,23 +121,21 @@ class TickGraphs:
             try:
                 facts = step()
             except BaseException:
-                self._end_failed_capture(graph)
+                with contextlib.suppress(RuntimeError):  # ending an invalidated capture raises too
+                    self._end_capture(graph)
                 raise
-            try:
-                graph.capture_end()
-            except RuntimeError:
-                self._release_pool()
-                raise
+            self._end_capture(graph)
         torch.cuda.current_stream().wait_stream(self._stream)
         return facts, graph
 
-    def _end_failed_capture(self, graph: torch.cuda.CUDAGraph) -> None:
-        """End a capture whose step raised; ending an invalidated capture raises too, and leaves the pool marked
-        as being recorded into (every later capture into it would fail), so the pool is let go of as well."""
+    def _end_capture(self, graph: torch.cuda.CUDAGraph) -> None:
+        """End the capture; one that ends in error leaves the pool marked as being recorded into (every later
+        capture into it would fail), so the pool is let go of before the error goes on."""
         try:
             graph.capture_end()
         except RuntimeError:
             self._release_pool()
+            raise
 
     def _release_pool(self) -> None:
         """Stop the allocator routing this device's allocations to the pool of a capture that ended in error."""

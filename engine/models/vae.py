@@ -74,9 +74,9 @@ def _tensors(value: Any) -> tuple[torch.Tensor, ...]:
 
 
 def _same_layout(a: Any, b: Any) -> bool:
-    pairs = list(zip(_tensors(a), _tensors(b)))
-    return len(_tensors(a)) == len(_tensors(b)) and all(
-        x.shape == y.shape and x.dtype == y.dtype and x.device == y.device for x, y in pairs
+    a, b = _tensors(a), _tensors(b)
+    return len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and x.device == y.device for x, y in zip(a, b)
     )
 
 
