@@ -375,13 +375,13 @@ def bench_latency(args: argparse.Namespace) -> int:
     )
     print(
         f"{'knob':>16} {'kind':>8} {'knob->tick ms (median / p95)':>30} {'knob->written ms':>17} "
-        f"{'knob->ear ms (median / p95)':>30}"
+        f"{'knob->ear ms (median / p95)':>30} {'first touch ->ear ms':>21}"
     )
     summaries, status = measure_latency(session, args.trials, args.song_seconds, args.depth, cfg_mode=args.cfg)
     for s in summaries:
         print(
             f"{s.knob:>16} {s.kind:>8} {s.tick_ms_median:17.1f} / {s.tick_ms_p95:8.1f} {s.written_ms_median:17.1f} "
-            f"{s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f}"
+            f"{s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f} {s.first_touch_ear_ms:21.1f}"
         )
     print("runner at the end: " + ", ".join(f"{key} {status[key]}" for key in RUNNER_TIMINGS))
     return 0
@@ -608,7 +608,7 @@ def run_live(args: argparse.Namespace) -> int:
         song_seconds=args.song_seconds,
         session_name=args.session,
         audio_device=args.audio_device,
-        playback_mode="null" if args.no_audio else args.playback,
+        playback_mode=("null-process" if args.playback == "process" else "null") if args.no_audio else args.playback,
         record=args.record,
         osc_host=args.osc_host or LiveConfig.osc_host,
         osc_port=args.osc_port or None,

@@ -24,6 +24,7 @@ from .conditioning import Conditioning
 from .curves import Curve, as_curve
 from .models.dit import CrossGroup, CrossKV, DiTDecoder
 from .params import CFG_MODES, DCW_MODES, GUIDANCE_METHODS, SHARED_FIELDS, SOLVERS
+from .pinned import PinnedStaging
 from .schedule import timestep_schedule
 from .tick_graph import DEVICE_WORK, StaticTensors, TickGraphs
 
@@ -210,6 +211,8 @@ class StreamPipeline:
         device = self._device_dtype()[0]
         self._graphs = TickGraphs(device) if uses_graphs(backend) else None
         self._static = StaticTensors(device)
+        self._staging = PinnedStaging(device)
+        self._last_noise: tuple[tuple, torch.Tensor] | None = None
         self._kv_owner: dict[int, Conditioning] = {}
         self._finite_checked: OrderedDict[int, weakref.ref[torch.Tensor]] = OrderedDict()
 
@@ -424,7 +427,7 @@ class StreamPipeline:
         """The same device work through static tensors: plain PyTorch the first time a plan comes, captured the
         second, one graph replay after that. Host work here is copies: times, embeddings, changed K/V."""
         static = self._static
-        device, dtype = self._device_dtype()
+        dtype = self._device_dtype()[1]
         embeddings = self._row_embeddings(rows, layout)
         hidden = embeddings[0][0].shape[-1]
         temb = static.get("temb", (len(rows), hidden), dtype)
@@ -433,7 +436,7 @@ class StreamPipeline:
         torch.cat([e[1] for e in embeddings], out=modulation)
         clock = torch.tensor([[slot.t, slot.t_next] for slot in active], dtype=torch.float32)
         times_device = static.get("times", (MAX_DEPTH, 2), torch.float32)
-        times_device[: len(active)].copy_(_pinned(clock, device), non_blocking=True)
+        self._staging.copy(clock, times_device[: len(active)])
         times = {
             id(slot): (times_device[i, 0].view(1, 1, 1), times_device[i, 1].view(1, 1, 1))
             for i, slot in enumerate(active)
@@ -584,9 +587,9 @@ class StreamPipeline:
 
     def _start(self, prepared: _Prepared, index: int) -> _Slot:
         request, source, curves = prepared.request, prepared.source, prepared.curves
-        device, dtype = self._device_dtype()
+        dtype = self._device_dtype()[1]
         channels = self.decoder.config.audio_acoustic_hidden_dim
-        noise = _to_device(seeded_noise(request.seed, request.frames, channels), device, dtype)
+        noise = self._seeded_noise(request.seed, request.frames, channels, dtype)
         if source is not None and "initial_noise" in curves:
             x = solver.noised(source, noise, curves["initial_noise"])
         elif source is not None and request.denoise < 1.0:
@@ -595,6 +598,14 @@ class StreamPipeline:
             x = noise
         slot = _Slot(**vars(prepared), index=index, x=x, noise=noise)
         return slot if self._graphs is None else self._to_static(slot)
+
+    def _seeded_noise(self, seed: int, frames: int, channels: int, dtype: torch.dtype) -> torch.Tensor:
+        """A request's starting noise on the device. The last one is kept: a live stream's requests share the seed
+        knob's value, and drawing 60 s of noise costs ~1 ms of host time (no slot writes into it)."""
+        key = (int(seed), frames, channels, dtype)
+        if self._last_noise is None or self._last_noise[0] != key:
+            self._last_noise = (key, self._staging.to_device(seeded_noise(seed, frames, channels), dtype))
+        return self._last_noise[1]
 
     def _to_static(self, slot: _Slot) -> _Slot:
         """Copy a new slot's tensors into its place's static tensors (curves at full length) and give it a static
@@ -835,16 +846,6 @@ def seeded_noise(seed: int, frames: int, channels: int) -> torch.Tensor:
     """Gaussian noise [1, T, C] from a CPU generator: the same seed gives the same noise on every device."""
     generator = torch.Generator("cpu").manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
     return torch.randn(1, frames, channels, generator=generator)
-
-
-def _pinned(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor ready for an asynchronous copy to `device` (page-locked when that is a GPU): the copy does not
-    stall the host behind queued GPU work."""
-    return tensor.pin_memory() if device.type == "cuda" else tensor
-
-
-def _to_device(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return _pinned(tensor, device).to(device, dtype, non_blocking=True)
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -262,13 +262,14 @@ def test_recording_written_by_stop_equals_what_jack_heard(jack_server, loop, tmp
     )
 
 
-def test_null_mode_plays_in_real_time_and_records_exactly_what_it_played(loop, tmp_path):
+@pytest.mark.parametrize("mode", ["null", "null-process"])
+def test_null_mode_plays_in_real_time_and_records_exactly_what_it_played(loop, tmp_path, mode):
     wav = tmp_path / "null.wav"
-    playback = Playback(loop, mode="null", record_path=str(wav))
-    started = time.monotonic()
+    playback = Playback(loop, mode=mode, record_path=str(wav))
     playback.start()
+    started, first = time.monotonic(), playback.playhead_frames  # a spawned clock starts once its process runs
     time.sleep(1.0)
-    played, elapsed_s = playback.playhead_frames, time.monotonic() - started
+    played, elapsed_s = playback.playhead_frames - first, time.monotonic() - started
     playback.stop()
     assert abs(played / (elapsed_s * SR) - 1) < 0.1, f"null clock played {played} frames in {elapsed_s:.2f} s"
     recorded, _ = read_wav(wav)
@@ -277,6 +278,33 @@ def test_null_mode_plays_in_real_time_and_records_exactly_what_it_played(loop, t
     assert np.array_equal(np.round(recorded.numpy().T * 32768), expected), (
         "null mode recorded other audio than the loop"
     )
+
+
+def hold_the_gil(seconds: float) -> None:
+    """Keep the GIL for about `seconds` in one C call (as a compile or a graph capture does): no thread of this
+    process runs meanwhile."""
+    per_second = 60_000_000
+    started = time.perf_counter()
+    sum(range(int(per_second * 0.05)))
+    rate = 0.05 * per_second / (time.perf_counter() - started)
+    sum(range(int(rate * seconds)))
+
+
+def test_the_null_clock_in_its_own_process_is_never_late_when_the_engine_holds_the_gil(loop):
+    """A clock thread shares the engine's GIL and misses blocks while the engine holds it; the null-process clock,
+    like the output process a sound card gets, keeps time."""
+    underruns = {}
+    for mode in ("null", "null-process"):
+        playback = Playback(loop, mode=mode)
+        playback.start()
+        time.sleep(0.2)
+        before = playback.underruns
+        hold_the_gil(0.4)
+        time.sleep(0.2)
+        underruns[mode] = playback.underruns - before
+        playback.stop()
+    assert underruns["null"] >= 1, "the thread clock was never late: the GIL was not held"
+    assert underruns["null-process"] == 0, f"the process clock was late {underruns['null-process']} times"
 
 
 def test_killed_output_process_is_reported_and_stop_still_works(jack_server, loop):

@@ -211,3 +211,23 @@ def test_a_plan_whose_capture_fails_runs_uncaptured_and_later_plans_still_captur
     torch.cuda.synchronize()
     assert graphs.counters.captures == 1 and graphs.counters.replays == 1
     assert out.tolist() == [3.0, 4.0, 5.0, 6.0]
+
+
+@cuda
+def test_pinned_staging_copies_every_value_while_the_gpu_is_busy_and_does_not_wait_for_it():
+    from flowjam.engine.pinned import BUFFERS_PER_SHAPE, PinnedStaging
+
+    device = torch.device("cuda")
+    staging = PinnedStaging(device)
+    busy = torch.randn(4096, 4096, device=device)
+    torch.cuda.synchronize()
+    for _ in range(40):  # ~tens of ms of queued GPU work
+        busy = busy @ busy
+        busy /= busy.norm()
+    sources = [torch.full((3, 5), float(i)) for i in range(4 * BUFFERS_PER_SHAPE)]
+    outputs = [staging.to_device(source, torch.bfloat16) for source in sources[:BUFFERS_PER_SHAPE]]
+    assert not torch.cuda.current_stream().query(), "staging waited for the queued GPU work"
+    outputs += [staging.to_device(source, torch.bfloat16) for source in sources[BUFFERS_PER_SHAPE:]]
+    torch.cuda.synchronize()
+    for source, output in zip(sources, outputs):
+        assert torch.equal(output.cpu().float(), source), "a reused buffer was overwritten before its copy ran"

@@ -34,7 +34,7 @@ class LiveConfig:
     song_seconds: float = 30.0
     session_name: str = "default"
     audio_device: str | int | None = None
-    playback_mode: str = "process"  # process | thread | null (no audio device)
+    playback_mode: str = "process"  # process | thread | null | null-process (no audio device; see playback.py)
     record: Path | None = None
     osc_host: str = "127.0.0.1"
     osc_port: int | None = 9000  # None: no OSC
@@ -234,7 +234,7 @@ class LiveApp:
         try:
             self.playback.start()
         except Exception as error:
-            if self.config.audio_device is not None or self.config.playback_mode == "null":
+            if self.config.audio_device is not None or self.config.playback_mode.startswith("null"):
                 raise
             log.warning(
                 "no audio output (%s); running without sound%s", error, ", recording only" if self.config.record else ""

@@ -1,11 +1,13 @@
 """Playback: plays a LoopBuffer on an audio device through a sounddevice callback, and keeps the clock.
 
-Three modes:
+Four modes:
 - "process" (default): a spawned process attaches to the shared buffer and runs the output stream there, so the
   engine's Python threads (GIL load) cannot starve the callback. The engine's entry script needs the usual
   `if __name__ == "__main__":` guard, and `flowjam` must be importable by name in the child (spawn re-imports).
 - "thread": the callback runs in this process (simpler; fine when the process is otherwise idle).
 - "null": no audio device; a clock thread 'plays' one block every blocksize / sample_rate seconds into nowhere.
+- "null-process": the same clock in a spawned process, as "process" runs a device: the engine's compiles and
+  captures (which hold the GIL) cannot make it late, so its underruns are the ones a sound card would have had.
 
 The callback never allocates audio memory, never locks and never waits: it copies the block at the playhead,
 applies the gain, optionally copies the block into a preallocated recording ring, and advances the counter.
@@ -22,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import shared_memory
 from pathlib import Path
 
@@ -46,7 +49,9 @@ from .loop_buffer import (
 )
 from .recording import RING_SECONDS, RecordingDrain
 
-MODES = ("process", "thread", "null")
+MODES = ("process", "thread", "null", "null-process")
+SPAWNED = ("process", "null-process")  # the modes whose output runs in its own process
+NULL_DEVICE_NAME = "null (no audio device)"
 LIST_HINT = "run with --list-devices to see the outputs, or --no-audio to run without sound"
 log = logging.getLogger("flowjam.playback")
 _START_TIMEOUT_S = 30.0
@@ -228,17 +233,51 @@ def _open_stream(renderer: _Renderer, device, blocksize: int):
     return stream, name
 
 
+def run_null_clock(renderer: _Renderer, blocksize: int, stopped: Callable[[float], bool]) -> None:
+    """'Play' a block per period of real time until `stopped(seconds)` (a wait) says so; a wake-up later than one
+    block counts an underrun and, like a real device, the lost time is not made up."""
+    buffer = renderer.buffer
+    out = np.zeros((blocksize, buffer.channels), np.float32)
+    period_s = blocksize / buffer.sample_rate
+    deadline = time.monotonic()
+    while True:
+        renderer.render(out, blocksize)
+        deadline += period_s
+        if time.monotonic() - deadline > period_s:
+            buffer.counters[UNDERRUNS] += 1
+            deadline = time.monotonic()
+        if stopped(max(0.0, deadline - time.monotonic())):
+            return
+
+
+def _null_process_main(buffer: LoopBuffer, renderer: _Renderer, blocksize: int, conn) -> None:
+    """The null clock as the output process runs it: until STOP or the parent's death."""
+    parent = multiprocessing.parent_process()
+    buffer.counters[RUNNING] = 1
+    conn.send(("started", NULL_DEVICE_NAME))
+
+    def stopped(wait_s: float) -> bool:
+        time.sleep(wait_s)
+        return bool(buffer.counters[STOP]) or not parent.is_alive()
+
+    run_null_clock(renderer, blocksize, stopped)
+
+
 def _output_process_main(
-    buffer_name: str, device, blocksize: int, record_name: str | None, record_frames: int, conn
+    buffer_name: str, device, blocksize: int, record_name: str | None, record_frames: int, conn, null: bool = False
 ) -> None:
-    """Entry of the output process: play until Playback sets STOP, the parent dies, or the stream dies. Ctrl-C
-    reaches the whole process group: the parent decides when this process stops, so it ignores SIGINT."""
+    """Entry of the output process: play until Playback sets STOP, the parent dies, or the stream dies (`null`: the
+    null clock instead of a device). Ctrl-C reaches the whole process group: the parent decides when this process
+    stops, so it ignores SIGINT."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     buffer = LoopBuffer.attach(buffer_name)
     record_shm = shared_memory.SharedMemory(name=record_name) if record_name else None
     record = np.ndarray((record_frames, buffer.channels), np.float32, record_shm.buf) if record_shm else None
     stream, stream_died = None, False
     try:
+        if null:
+            _null_process_main(buffer, _Renderer(buffer, blocksize, record), blocksize, conn)
+            return
         try:
             stream, device_name = _open_stream(_Renderer(buffer, blocksize, record), device, blocksize)
         except PlaybackError as error:
@@ -305,11 +344,11 @@ class Playback:
         if self._started:
             raise RuntimeError("this Playback was already started; make a new one")
         self._started = True
-        if self.mode == "process" and not _importable_by_name():
+        if self.mode in SPAWNED and not _importable_by_name():
             log.warning(
                 "this package was loaded from a file path (as ComfyUI does): the audio callback runs in a thread"
             )
-            self.mode = "thread"
+            self.mode = "thread" if self.mode == "process" else "null"
         counters = self.buffer.counters
         counters[[STOP, RECORDED, UNDERRUNS, CALLBACKS, RUNNING]] = 0
         self.buffer.reals[LATENCY_S] = 0.0
@@ -318,14 +357,14 @@ class Playback:
         try:
             if self.record_path:
                 self._allocate_recording()
-            if self.mode == "process":
+            if self.mode in SPAWNED:
                 self._start_process()
             elif self.mode == "thread":
                 self._stream, self.device_name = _open_stream(
                     _Renderer(self.buffer, self.blocksize, self._record), self.device, self.blocksize
                 )
             else:
-                self.device_name = "null (no audio device)"
+                self.device_name = NULL_DEVICE_NAME
                 self._clock = threading.Thread(target=self._clock_main, name="flowjam-null-clock", daemon=True)
                 counters[RUNNING] = 1
                 self._clock.start()
@@ -341,7 +380,7 @@ class Playback:
 
     def _allocate_recording(self) -> None:
         shape = (self.record_frames, self.buffer.channels)
-        if self.mode == "process":  # pages are only committed as they are written, but they must fit /dev/shm
+        if self.mode in SPAWNED:  # pages are only committed as they are written, but they must fit /dev/shm
             needed = 4 * shape[0] * shape[1]
             try:
                 free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
@@ -367,6 +406,7 @@ class Playback:
             name="flowjam-audio-output",
             daemon=True,
             args=(self.buffer.name, self.device, self.blocksize, record_name, self.record_frames, child_conn),
+            kwargs={"null": self.mode == "null-process"},
         )
         self._process.start()
         child_conn.close()
@@ -425,21 +465,8 @@ class Playback:
             self._record_shm = None
 
     def _clock_main(self) -> None:
-        """Null mode: 'play' a block per period of real time; a wake-up later than one block counts an underrun
-        and, like a real device, the lost time is not made up."""
-        renderer = _Renderer(self.buffer, self.blocksize, self._record)
-        out = np.zeros((self.blocksize, self.buffer.channels), np.float32)
-        period_s = self.blocksize / self.buffer.sample_rate
-        deadline = time.monotonic()
-        while True:
-            renderer.render(out, self.blocksize)
-            deadline += period_s
-            late_s = time.monotonic() - deadline
-            if late_s > period_s:
-                self.buffer.counters[UNDERRUNS] += 1
-                deadline = time.monotonic()
-            if self._clock_stop.wait(max(0.0, deadline - time.monotonic())):
-                return
+        """Null mode: the null clock on a thread of this process."""
+        run_null_clock(_Renderer(self.buffer, self.blocksize, self._record), self.blocksize, self._clock_stop.wait)
 
     # --- state -------------------------------------------------------------------------------------------------
 

