@@ -44,6 +44,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_lora_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lora",
+        action="append",
+        metavar="PATH[:STRENGTH]",
+        help="a LoRA for the DiT (PEFT folder or .safetensors), strength 0..2 (default 1); repeatable. Live, its "
+        "strength is the knob lora/<file name>",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flowjam", description="flowjam: play ACE-Step 1.5 in real time (ComfyUI nodes, OSC, MIDI)"
@@ -52,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     render = commands.add_parser("render", help="generate one piece offline and write a 48 kHz stereo WAV")
     render.add_argument("--prompt", required=True, help="caption / tags describing the music")
+    add_lora_argument(render)
     render.add_argument(
         "--lyrics", default="", help="lyrics text, or @file.txt to read them from a file (default: instrumental)"
     )
@@ -110,6 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--device", default="cpu")
     tick.add_argument("--dtype", default="float32", choices=DTYPES)
 
+    lora = targets.add_parser("lora", help="tick cost of LoRAs, unmerged and merged, and what a strength change costs")
+    lora.add_argument("--preset", default="turbo-2b")
+    lora.add_argument("--seconds", type=float, default=60.0, help="song latent length")
+    lora.add_argument("--loras", type=int, default=2, help="random LoRAs on every attention and MLP projection")
+    lora.add_argument("--rank", type=int, default=64)
+    lora.add_argument("--depth", type=int, default=4)
+    lora.add_argument("--steps", type=int, default=8)
+    lora.add_argument("--cfg", default="full", choices=CFG_MODES)
+    lora.add_argument("--ticks", type=int, default=48, help="measured ticks (after warm-up)")
+    lora.add_argument("--backend", default="eager", choices=BACKENDS)
+    lora.add_argument("--profile", action="store_true", help="print a torch.profiler summary of the unmerged ticks")
+    lora.add_argument("--device", default="cpu")
+    lora.add_argument("--dtype", default="float32", choices=DTYPES)
+
     decode = targets.add_parser("decode", help="windowed VAE decodes: plain against CUDA-graph replays")
     decode.add_argument("--preset", default="turbo-2b")
     decode.add_argument("--window", type=float, nargs="+", default=[0.1, 0.2, 0.4, 1.6], help="window seconds")
@@ -159,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--prompt", default="ambient pads, slow evolving synth", help="caption (prompt A)")
     live.add_argument("--prompt-b", help="second caption; the prompt_blend knob morphs A -> B")
     live.add_argument("--negative", help="negative prompt that CFG guides away from (default: the null condition)")
+    add_lora_argument(live)
     live.add_argument(
         "--cfg-mode",
         choices=CFG_MODES,
@@ -314,17 +340,35 @@ def load_session(args: argparse.Namespace):
             check_fp8_device(torch.device(args.device))
         except ValueError as error:
             raise CommandError(f"--precision: {error}") from None
-    return Session.load(
+    session = Session.load(
         args.checkpoint,
         preset=args.preset,
         device=args.device,
         dtype=getattr(torch, args.dtype),
         precision=args.precision,
     )
+    for spec in getattr(args, "lora", None) or ():
+        path, strength = parse_lora_option(spec)
+        try:
+            session.load_lora(path, strength)
+        except (ValueError, FileNotFoundError) as error:
+            raise CommandError(f"--lora {spec}: {error}") from None
+    return session
+
+
+def parse_lora_option(spec: str) -> tuple[Path, float]:
+    """ "style.safetensors:0.7" -> (path, 0.7); a path alone means strength 1."""
+    path, _, strength = spec.rpartition(":")
+    if path:
+        try:
+            return Path(path), float(strength)
+        except ValueError:
+            pass
+    return Path(spec), 1.0
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    benches = {"dit": bench_dit, "tick": bench_tick, "decode": bench_decode, "lm": bench_lm}
+    benches = {"dit": bench_dit, "tick": bench_tick, "decode": bench_decode, "lm": bench_lm, "lora": bench_lora}
     return {**benches, "latency": bench_latency, "soak": bench_soak}[args.target](args)
 
 
@@ -459,6 +503,33 @@ def bench_tick(args: argparse.Namespace) -> int:
             f"| {r.depth} | {r.cfg} | {r.rows_per_tick:.2f} | {r.backend} | {r.precision} | {r.median_ms:.2f} ({r.p95_ms:.2f}) | "
             f"{r.free_ms:.2f} | {r.host_ms:.2f} | {r.bound_ms:.2f} | {r.median_ms / r.bound_ms:.2f}x |"
         )
+    return 0
+
+
+def bench_lora(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine.benchmarks import TickFixture
+    from .engine.benchmarks import bench_lora as measure
+
+    print(
+        f"LoRA ticks: preset {args.preset}, {args.seconds:g} s song, {args.loras} LoRAs of rank {args.rank} on every "
+        f"attention and MLP projection, depth {args.depth}, cfg {args.cfg}, {args.backend}, {args.dtype}, "
+        f"{torch.cuda.get_device_name(args.device) if args.device.startswith('cuda') else 'cpu'}, torch {torch.__version__}"
+    )
+    fixture = TickFixture.build(args.preset, args.seconds, args.device, getattr(torch, args.dtype))
+    r = measure(
+        fixture, args.loras, args.rank, args.depth, args.steps, args.cfg, args.backend, args.ticks, args.profile
+    )
+    base = r.plain.median_ms
+    for label, report in (("no LoRA", r.plain), ("unmerged", r.unmerged), ("merged", r.merged)):
+        print(
+            f"  {label:9s} {report.median_ms:7.2f} ms/tick (p95 {report.p95_ms:.2f}, host {report.host_ms:.2f})  "
+            f"{(report.median_ms / base - 1) * 100:+5.1f} %  {report.rows_per_tick:.0f} rows"
+        )
+    print(f"  strength change on a warm stream: {r.recompiles} recompiles, {r.recaptures} tick graphs captured")
+    if r.unmerged.profile:
+        print("  unmerged ticks: " + r.unmerged.profile.replace("\n", "\n  "))
     return 0
 
 

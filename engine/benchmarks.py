@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .conditioning import Conditioning
+from .lora import LoraAdapter, LowRank, lora_set, merge, unmerge
 from .models.acestep import AceStepModel
 from .models.dit import DiTDecoder
 from .models.fp8 import to_fp8
@@ -358,3 +359,89 @@ def bench_decode(
         plain_ms, graph_ms = median_ms(plain, window_s), median_ms(graphed, window_s)
         reports.append(DecodeReport(window_s, plain_ms, graph_ms, window_s * 1000.0 / graph_ms))
     return reports
+
+
+LORA_TARGETS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "cross_attn.q_proj",
+    "cross_attn.k_proj",
+    "cross_attn.v_proj",
+    "cross_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)  # every attention and MLP projection of every layer
+
+
+def random_lora(decoder: DiTDecoder, name: str, rank: int, seed: int) -> LoraAdapter:
+    """A LoRA of `rank` on every attention and MLP projection, random values (scale 1 / rank)."""
+    generator = torch.Generator().manual_seed(seed)
+    deltas = {}
+    for index, layer in enumerate(decoder.layers):
+        for target in LORA_TARGETS:
+            linear = layer.get_submodule(target)
+            in_features, out_features = linear.in_features, linear.out_features
+            down = torch.randn(rank, in_features, generator=generator) / in_features**0.5
+            up = torch.randn(out_features, rank, generator=generator) * 0.01
+            deltas[f"layers.{index}.{target}"] = LowRank(down, up, 1.0 / rank)
+    return LoraAdapter(name, "random", "peft", deltas)
+
+
+@dataclass(frozen=True)
+class LoraTickReport:
+    plain: TickReport
+    unmerged: TickReport
+    merged: TickReport
+    recompiles: int  # compiled frames after a strength change
+    recaptures: int  # tick graphs captured after a strength change
+
+
+def bench_lora(
+    fixture: TickFixture,
+    loras: int,
+    rank: int,
+    depth: int,
+    steps: int,
+    cfg: str,
+    backend: str,
+    ticks: int = 48,
+    profile: bool = False,
+) -> LoraTickReport:
+    """Ticks without LoRAs, with `loras` LoRAs of `rank` unmerged and merged, side by side on one fixture; then
+    counts what a strength change compiles or captures on a warm stream."""
+    from torch._dynamo.utils import counters
+
+    decoder = fixture.decoder
+    adapters = [random_lora(decoder, f"bench{i}", rank, seed=i) for i in range(loras)]
+    plain = bench_tick(fixture, depth, steps, cfg, ticks, backend)
+    attached = lora_set(decoder)
+    for adapter in adapters:
+        attached.attach(adapter)
+    unmerged = bench_tick(fixture, depth, steps, cfg, ticks, backend, profile=profile)
+    pipeline = StreamPipeline(decoder, depth=depth, backend=backend)
+    options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
+    seeds = iter(range(1 << 30))
+
+    def run(count: int) -> None:
+        for _ in range(count):
+            pipeline.submit(SlotRequest(fixture.positive, fixture.context, seed=next(seeds), steps=steps, **options))
+            pipeline.tick()
+        _sync(fixture.context.device)
+
+    run(3 * (steps + depth))
+    frames, captures = counters["frames"]["ok"], (pipeline.stats()["graphs"] or {}).get("captures", 0)
+    for adapter in adapters:
+        attached.set_strength(adapter.name, 0.5)
+    run(2 * (steps + depth))
+    recompiles = counters["frames"]["ok"] - frames
+    recaptures = (pipeline.stats()["graphs"] or {}).get("captures", 0) - captures
+    for adapter in adapters:
+        attached.detach(adapter.name)
+    merged_loras = [merge(decoder, adapter) for adapter in adapters]
+    merged = bench_tick(fixture, depth, steps, cfg, ticks, backend)
+    for merged_lora in reversed(merged_loras):
+        unmerge(decoder, merged_lora)
+    return LoraTickReport(plain, unmerged, merged, recompiles, recaptures)

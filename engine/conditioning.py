@@ -19,6 +19,7 @@ class Conditioning:
     caption: str = ""
     _cross_kv: CrossKV | None = field(default=None, repr=False)
     _built_by: weakref.ref[DiTDecoder] | None = field(default=None, repr=False)
+    _built_at: int = field(default=-1, repr=False)  # the decoder's cross_kv_version they were built at
 
     def __post_init__(self) -> None:
         states = self.encoder_hidden_states
@@ -28,14 +29,16 @@ class Conditioning:
             raise ValueError("conditioning contains NaN or infinite values")
 
     def cross_kv(self, decoder: DiTDecoder) -> CrossKV:
-        """Cross-attention K/V for every decoder layer, computed on first use per decoder.
+        """Cross-attention K/V for every decoder layer, computed on first use per decoder and again when the
+        decoder's K/V projections change (a LoRA on them: `cross_kv_version`).
 
         The decoder that built them is held by a weak reference and compared by identity, so a new decoder is
         never served the K/V of a freed one, even at the same address (`id` would collide there)."""
-        if self._cross_kv is None or self._built_by is None or self._built_by() is not decoder:
+        built_by = None if self._built_by is None else self._built_by()
+        if self._cross_kv is None or built_by is not decoder or self._built_at != decoder.cross_kv_version:
             with torch.no_grad():
                 self._cross_kv = decoder.build_cross_kv(self.encoder_hidden_states)
-            self._built_by = weakref.ref(decoder)
+            self._built_by, self._built_at = weakref.ref(decoder), decoder.cross_kv_version
         return self._cross_kv
 
     @property

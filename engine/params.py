@@ -153,6 +153,16 @@ del S, R, G
 # The step-time fields a shared curve overrides for every in-flight slot from the next tick: the shared knobs.
 SHARED_FIELDS = tuple(spec.name for spec in KNOB_SPECS if spec.kind is KnobKind.SHARED)
 KNOBS_BY_NAME = {spec.name: spec for spec in KNOB_SPECS}
+LORA_KNOB_PREFIX = "lora/"  # a loaded LoRA's strength knob is lora/<name>
+
+
+def lora_knob(name: str) -> KnobSpec:
+    """The strength knob of a loaded LoRA: 0..2, default 1 (the strength it was trained at); felt like a shared
+    curve, by every generation in flight from the next tick."""
+    return KnobSpec(
+        LORA_KNOB_PREFIX + name, 0.0, 2.0, 1.0, KnobKind.SHARED, description=f"strength of the LoRA {name!r}"
+    )
+
 
 MAX_SONG_SECONDS = 600.0  # ACE-Step 1.5 generates at most 10 minutes (its silence latent and captions stop there)
 MIN_SONG_SECONDS = 1 / LATENT_RATE_HZ  # one latent frame

@@ -17,6 +17,9 @@ from .conditioning import Conditioning, blend_conditionings
 from .lm.checkpoint import load_lm
 from .lm.sampling import SamplingParams
 from .lm.song import CODE_RATE_HZ, SongCodes, SongWriter
+from .lora import MergedLora, lora_set, read_lora
+from .lora import merge as merge_lora
+from .lora import unmerge as unmerge_lora
 from .models.fp8 import check_fp8_device, to_fp8
 from .params import PRECISIONS, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
@@ -46,6 +49,7 @@ class Session:
         self.backend = backend  # how this session's streams run the DiT (engine.backends)
         self.song_writer: SongWriter | None = None  # the 5 Hz LM, once `attach_lm` has loaded it
         self.lm_origin: tuple | None = None  # (checkpoint, preset, seed) the LM was loaded from
+        self.merged_loras: dict[str, MergedLora] = {}  # LoRAs merged into the DiT's weights, by name
 
     @classmethod
     def load(
@@ -95,6 +99,45 @@ class Session:
         self.song_writer = SongWriter(lm, self.models.tokenizer, sampling, compile_layers)
         self.lm_origin = (None if checkpoint is None else str(checkpoint), preset, seed)
         return self.song_writer
+
+    # ---- LoRAs -----------------------------------------------------------------------------------------------
+
+    def load_lora(self, path: str | Path, strength: float = 1.0, name: str | None = None, merge: bool = False) -> str:
+        """Load a LoRA for the DiT (PEFT folder or .safetensors; see lora/formats.py); returns its name (its knob
+        is `lora/<name>`). Unmerged (default) its strength plays live with `set_lora_strength`; `merge=True`
+        bakes it into the weights at `strength` (no per-tick cost; `unload_lora` restores the exact weights)."""
+        decoder = self.models.acestep.decoder
+        adapter = read_lora(path, {module for module, _ in decoder.named_modules()}, name)
+        if adapter.name in self.loras:
+            raise ValueError(f"a LoRA named {adapter.name!r} is loaded already: unload it or pass another name")
+        if merge:
+            self.merged_loras[adapter.name] = merge_lora(decoder, adapter, strength)
+        else:
+            lora_set(decoder).attach(adapter, strength)
+        return adapter.name
+
+    def set_lora_strength(self, name: str, strength: float) -> None:
+        """A loaded (unmerged) LoRA's strength, felt from the next tick by every generation in flight."""
+        if name in self.merged_loras:
+            raise ValueError(
+                f"LoRA {name!r} is merged into the weights at a fixed strength: load it unmerged to play it"
+            )
+        lora_set(self.models.acestep.decoder).set_strength(name, strength)
+
+    def unload_lora(self, name: str) -> None:
+        decoder = self.models.acestep.decoder
+        if name in self.merged_loras:
+            unmerge_lora(decoder, self.merged_loras.pop(name))
+        else:
+            lora_set(decoder).detach(name)
+
+    @property
+    def loras(self) -> dict[str, tuple[float, bool]]:
+        """name -> (strength, merged) of every loaded LoRA."""
+        attached = lora_set(self.models.acestep.decoder)
+        loaded = {name: (attached.strength(name), False) for name in attached.attached}
+        loaded.update({name: (merged.strength, True) for name, merged in self.merged_loras.items()})
+        return loaded
 
     # ---- structure from text (5 Hz LM) -----------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from . import solver
 from .backends import decoder_forward, uses_graphs
 from .conditioning import Conditioning
 from .curves import Curve, as_curve
+from .lora.unmerged import structure_lock
 from .models.dit import CrossGroup, CrossKV, DiTDecoder
 from .params import CFG_MODES, DCW_MODES, GUIDANCE_METHODS, SHARED_FIELDS, SOLVERS
 from .pinned import PinnedStaging
@@ -213,7 +214,7 @@ class StreamPipeline:
         self._static = StaticTensors(device)
         self._staging = PinnedStaging(device)
         self._last_noise: tuple[tuple, torch.Tensor] | None = None
-        self._kv_owner: dict[int, Conditioning] = {}
+        self._kv_owner: dict[int, CrossKV] = {}  # the K/V each group's static tensors hold
         self._finite_checked: OrderedDict[int, weakref.ref[torch.Tensor]] = OrderedDict()
 
     # ---- configuration ---------------------------------------------------------------------------------------
@@ -383,6 +384,10 @@ class StreamPipeline:
     @torch.no_grad()
     def tick(self) -> list[Finished]:
         """Admit a queued request, advance every active slot one step in one batched forward, deliver finished ones."""
+        with structure_lock(self.decoder):  # LoRAs are attached, detached or merged between ticks, never in one
+            return self._tick()
+
+    def _tick(self) -> list[Finished]:
         started = time.perf_counter()
         events = self._gpu_events()
         self._admit()
@@ -477,13 +482,14 @@ class StreamPipeline:
         return self._static.get((slot.index, name), tuple(slot.x.shape), slot.x.dtype)
 
     def _static_kv(self, group: int, conditioning: Conditioning) -> CrossKV:
-        """The group's static K/V, refreshed (one fused copy) when a different condition takes the group."""
+        """The group's static K/V, refreshed (one fused copy) when a different condition takes the group or its
+        K/V were rebuilt (a LoRA strength on the cross K/V projections changed)."""
         kv = conditioning.cross_kv(self.decoder)
         names = [("kv", group, side, layer) for side in "kv" for layer in range(len(kv.keys))]
         static = [self._static.get(name, tuple(t.shape), t.dtype) for name, t in zip(names, kv.keys + kv.values)]
-        if self._kv_owner.get(group) is not conditioning:
+        if self._kv_owner.get(group) is not kv:
             torch._foreach_copy_(static, kv.keys + kv.values)
-            self._kv_owner[group] = conditioning
+            self._kv_owner[group] = kv
         layers = len(kv.keys)
         return CrossKV(static[:layers], static[layers:])
 
@@ -513,7 +519,8 @@ class StreamPipeline:
         kv_lengths = tuple(c.length for c in layout.conditions)
         frames = active[0].x.shape[1]
         shared = tuple(sorted((name, tuple(curve.shape)) for name, curve in self._shared.items()))
-        return frames, slots, row_kinds, layout.batch, layout.counts, kv_lengths, shared
+        structure = self.decoder.structure_version  # LoRAs attached or detached: the layers themselves changed
+        return frames, slots, row_kinds, layout.batch, layout.counts, kv_lengths, shared, structure
 
     def _step_facts(self, slot: _Slot) -> tuple:
         """What a slot's place in its schedule changes in the device work: the conditions whose step range is

@@ -15,6 +15,8 @@ from functools import cache
 from typing import Any
 from weakref import WeakKeyDictionary, finalize
 
+from .lora_nodes import session_of
+
 _patchers: WeakKeyDictionary = WeakKeyDictionary()  # session -> its ModelPatcher, dropped with the session
 
 
@@ -53,6 +55,7 @@ def _patcher(management, session: Any):
 def use(session: Any) -> None:
     """Call before a node computes with `session`: its weights are on its device afterwards (unless a stream plays
     it: then they already are, and stay)."""
+    session = session_of(session)
     management = _model_management()
     if management is not None and not _streamed(session):
         management.load_models_gpu([_patcher(management, session)], force_full_load=True)
@@ -60,6 +63,7 @@ def use(session: Any) -> None:
 
 def keep_for_stream(session: Any) -> None:
     """A stream starts playing `session` (after `use`): off ComfyUI's list, so no unload moves its weights."""
+    session = session_of(session)
     management = _model_management()
     if management is None or session not in _patchers:
         return

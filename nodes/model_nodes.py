@@ -17,6 +17,7 @@ from ..engine.params import (
 )
 from . import comfy_io, comfy_models
 from .lm_nodes import structure_context
+from .lora_nodes import with_loras
 from .spec import (
     AUDIO,
     CATEGORY,
@@ -207,6 +208,7 @@ def generate(
         )
     if structure is not None and source is not None:
         raise NodeInputError("Generate: connect either 'source' (a cover) or 'structure' (LM structure), not both")
+    model = with_loras("Generate", model)
     comfy_models.use(model)
     progress = _progress_bar(steps)
     options = {} if velocity_scale is None else {"velocity_scale": _fit_curve(velocity_scale, source, seconds)}

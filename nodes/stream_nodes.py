@@ -21,6 +21,7 @@ from ..engine.params import (
 )
 from . import comfy_io, comfy_models
 from .lm_nodes import structure_context
+from .lora_nodes import with_loras
 from .spec import (
     AUDIO,
     CATEGORY,
@@ -126,8 +127,9 @@ def stream_start(
     knobs = StreamKnobs(depth, steps, denoise, seed, shift, prompt_blend, structure, cfg_mode)
     if lm_structure is not None and source is not None:
         raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
-    comfy_models.use(model)
     running = sessions.get(name)
+    model = with_loras("Stream", model, None if running is None else running.registry)
+    comfy_models.use(model)
     frames = running.runner.frames if running is not None else seconds_to_frames(song_seconds)
     context = None if lm_structure is None else structure_context("Stream", model, lm_structure, frames)
     sockets = StreamSockets(conditioning, conditioning_b or conditioning, negative, source, lm_structure, context)

@@ -45,6 +45,12 @@ CASES = {
     "render --seconds 1e-9": Case("render", lambda f: ["--seconds", "1e-9"], "shorter than one latent frame"),
     "render --lyrics @folder": Case("render", lambda f: ["--lyrics", f"@{f.tmp}"], "is a folder; give a text file"),
     "render --lyrics @missing": Case("render", lambda f: ["--lyrics", f"@{f.tmp / 'no.txt'}"], "no such file"),
+    "render --lora missing": Case(
+        "render", lambda f: ["--lora", f"{f.tmp / 'no_lora.safetensors'}:0.5"], "LoRA not found"
+    ),
+    "render --lora .pt": Case(
+        "render", lambda f: ["--lora", str(f.tmp / "style.pt")], "are read from .safetensors only"
+    ),
     "render --precision fp8 on a CPU": Case(
         "render", lambda f: ["--precision", "fp8"], "--precision: precision 'fp8' needs an NVIDIA GPU"
     ),

@@ -40,6 +40,7 @@ NAMES = (
     "flowjam_cover_live.json",
     "flowjam_prompt_blend_osc.json",
     "flowjam_lm_structure_render.json",
+    "flowjam_lora_live.json",
 )
 RATE = 48_000
 EXAMPLE = "flowjam_example.wav"
@@ -214,6 +215,19 @@ def test_oneshot_render_graph(runner):
     for kind in ("SaveAudio", "PreviewAudio"):
         (node,) = nodes_of(wf, kind)
         assert source_of(wf, node, "audio") is generate
+
+
+def test_lora_live_graph(runner):
+    """Two chained LoRA nodes between Load model and the stream (set to 'none' as shipped: the tests have no LoRA
+    files in a loras/ folder; the LoRA nodes' effect is tested in test_lora_nodes.py)."""
+    wf = workflow("flowjam_lora_live.json")
+    (stream,) = nodes_of(wf, "FlowjamStream")
+    second = source_of(wf, stream, "model")
+    assert second["type"] == "FlowjamLora"
+    first = source_of(wf, second, "model")
+    assert first["type"] == "FlowjamLora" and source_of(wf, first, "model")["type"] == "FlowjamLoadModel"
+    assert [widgets(runner, n)["mode"] for n in (first, second)] == ["live", "live"]
+    assert widgets(runner, stream)["session_id"] == "lora"
 
 
 def test_lm_structure_render_graph(runner):

@@ -14,7 +14,7 @@ import torch
 from ..audio_io import read_wav
 from ..conditioning import Conditioning
 from ..lm.song import lm_duration
-from ..params import LATENT_RATE_HZ, song_frames
+from ..params import LATENT_RATE_HZ, lora_knob, song_frames
 from ..session import Session, Source
 from .knobs import KnobRegistry
 from .loop_buffer import LoopBuffer
@@ -54,6 +54,15 @@ class LiveConfig:
         return self.midi_port is not None or self.midi_map is not None or bool(self.midi_learn)
 
 
+def add_lora_knobs(registry: KnobRegistry, session: Session) -> None:
+    """A `lora/<name>` knob, at the LoRA's strength, for every unmerged LoRA the session has and the registry lacks."""
+    for name, (strength, merged) in session.loras.items():
+        spec = lora_knob(name)
+        if not merged and spec.name not in registry.specs:
+            registry.add(spec)
+            registry.set(spec.name, strength, origin="load")
+
+
 def parse_host_port(text: str) -> tuple[str, int]:
     """ "127.0.0.1:9111" -> ("127.0.0.1", 9111), with an error naming the expected form."""
     host, _, port = text.rpartition(":")
@@ -74,6 +83,7 @@ class LiveApp:
         """`initial_conditionings` (A, B) replace the prompt texts; `source` replaces `config.source`."""
         self.session, self.config = session, config
         self.registry = registry or KnobRegistry()
+        add_lora_knobs(self.registry, session)
         seconds = config.song_seconds
         initial = None
         if source is None and config.source is not None:

@@ -63,6 +63,14 @@ class KnobRegistry:
         self._subscribers: tuple[Callable[[KnobChange], None], ...] = ()
         self._failed_subscribers: set[int] = set()
 
+    def add(self, spec: KnobSpec) -> None:
+        """A knob that comes with something loaded at run time (a LoRA's strength); at its default until set."""
+        with self._lock:
+            if spec.name in self.specs:
+                raise ValueError(f"knob {spec.name!r} exists already")
+            self.specs = MappingProxyType({**self.specs, spec.name: spec})
+            self._values[spec.name] = spec.clamp(spec.default)
+
     def set(self, name: str, value: float | str, origin: str = "api", sent_at: float | None = None) -> KnobChange:
         """Set in the knob's own units; a choice knob also takes the name of a choice ("full")."""
         spec = self._spec(name)

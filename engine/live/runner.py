@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..conditioning import Conditioning
-from ..params import KNOBS_BY_NAME, LATENT_RATE_HZ, KnobKind
+from ..params import KNOBS_BY_NAME, LATENT_RATE_HZ, LORA_KNOB_PREFIX, KnobKind
 from ..session import Session, Source
 from .knobs import KnobRegistry
 from .latency import RunnerStats
@@ -385,7 +385,9 @@ class LiveRunner:
     def _apply_knobs(self) -> None:
         for change in self.registry.changes_since(self._seq_applied):
             spec = self.registry.specs[change.name]
-            if spec.kind is KnobKind.SHARED:
+            if change.name.startswith(LORA_KNOB_PREFIX):
+                self._apply_lora(change.name[len(LORA_KNOB_PREFIX) :], change.value)
+            elif spec.kind is KnobKind.SHARED:
                 self._apply_shared(change.name, change.value)
             elif change.name == "depth":
                 self.stream.set_depth(int(change.value))
@@ -395,6 +397,13 @@ class LiveRunner:
             if spec.kind is not KnobKind.GLOBAL:
                 self.stats.latency.track(change, spec.kind, self.stats.ticks + 1)
             self._seq_applied = max(self._seq_applied, change.seq)
+
+    def _apply_lora(self, name: str, strength: float) -> None:
+        """A LoRA strength knob; one whose LoRA was unloaded meanwhile is reported, and the stream plays on."""
+        try:
+            self.session.set_lora_strength(name, strength)
+        except ValueError as error:
+            self._count_error(error)
 
     def _apply_shared(self, name: str, value: float) -> None:
         """A shared knob at its default lets every slot run its own request's value (the default too), so the

@@ -186,6 +186,8 @@ class DiTDecoder(nn.Module):
         self.proj_out = PatchConv(nn.ConvTranspose1d(h, config.audio_acoustic_hidden_dim, kernel_size=p, stride=p))
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, h) / h**0.5)
         self._folded_r: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.cross_kv_version = 0  # bumped when what build_cross_kv computes changes (LoRAs on cross K/V)
+        self.structure_version = 0  # bumped when layers are swapped (LoRAs attached or detached): tick graphs renew
         self.register_load_state_dict_post_hook(lambda module, _keys: module.clear_folded_constants())
 
     def clear_folded_constants(self) -> None:

@@ -1,0 +1,141 @@
+"""The LoRA node with ComfyUI absent: a chain changes what Generate and Stream make, taking it away restores the
+exact audio, a re-queued strength changes a running stream in place through its lora/<name> knob, and a bad file
+is refused while the stream plays on with the LoRAs it had."""
+
+import time
+
+import pytest
+import torch
+from flowjam import NODE_CLASS_MAPPINGS
+from flowjam.engine.live import sessions
+from flowjam.nodes.spec import NodeInputError
+from safetensors.torch import save_file
+
+
+def node(node_id: str):
+    return NODE_CLASS_MAPPINGS[node_id]()
+
+
+@pytest.fixture(scope="module")
+def model():
+    (session,) = node("FlowjamLoadModel").run(
+        preset="tiny", checkpoint="none", device="cpu", dtype="float32", backend="eager"
+    )
+    return session
+
+
+@pytest.fixture(scope="module")
+def prompt(model):
+    defaults = dict(lyrics="", bpm=0, key="", time_signature="", duration=0.0, task="text2music", language="")
+    return node("FlowjamTextConditioning").run(model=model, tags="lora node test, warm keys", **defaults)[0]
+
+
+@pytest.fixture(autouse=True)
+def stop_streams(model):
+    """Streams stop and LoRAs go after each test: Load model shares its session with every test module."""
+    yield
+    sessions.stop_all()
+    for name in list(model.loras):
+        model.unload_lora(name)
+
+
+def lora_file(model, path, seed=0, rank=4):
+    """A ComfyUI-style LoRA on every self-attention and MLP projection of the tiny DiT."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, module in model.models.acestep.decoder.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.endswith(("self_attn.q_proj", "self_attn.v_proj", "up_proj")):
+            tensors[f"diffusion_model.{name}.lora_A.weight"] = torch.randn(rank, module.in_features, generator=g) * 0.2
+            tensors[f"diffusion_model.{name}.lora_B.weight"] = torch.randn(module.out_features, rank, generator=g) * 0.2
+            tensors[f"diffusion_model.{name}.alpha"] = torch.tensor(float(rank))
+    save_file(tensors, str(path))
+    return str(path)
+
+
+def with_lora(model, path, strength=1.0, mode="live"):
+    return node("FlowjamLora").run(model=model, lora=path, strength=strength, mode=mode)[0]
+
+
+def audio(model, prompt):
+    result = node("FlowjamGenerate").run(
+        model=model, conditioning=prompt, seconds=2.0, seed=42, steps=4, shift=3.0, denoise=1.0
+    )
+    return result[1]["samples"]
+
+
+def test_a_lora_chain_changes_generate_and_taking_it_away_restores_the_exact_latent(model, prompt, tmp_path):
+    plain = audio(model, prompt)
+    style = lora_file(model, tmp_path / "style.safetensors")
+    other = lora_file(model, tmp_path / "other.safetensors", seed=1)
+    styled = audio(with_lora(model, style), prompt)
+    assert (styled - plain).abs().max() > 1e-3, "the LoRA node changed nothing"
+    assert torch.equal(audio(with_lora(model, style, strength=0.0), prompt), plain), "strength 0 is not the model"
+    merged = audio(with_lora(model, style, mode="merged"), prompt)
+    torch.testing.assert_close(merged, styled, rtol=1e-3, atol=1e-4)
+    chained = with_lora(with_lora(model, style), other, strength=0.5)
+    assert (audio(chained, prompt) - styled).abs().max() > 1e-3, "the second LoRA of the chain changed nothing"
+    assert set(model.loras) == {"style", "other"}
+    assert torch.equal(audio(model, prompt), plain), "without the LoRA node the model is not back to itself"
+    assert model.loras == {}
+    assert node("FlowjamLora").run(model=model, lora="none", strength=1.0, mode="live") == (model,)
+
+
+def run_stream(model, prompt, name):
+    node("FlowjamStream").run(
+        model=model,
+        conditioning=prompt,
+        session_id=name,
+        song_seconds=2.0,
+        depth=1,
+        steps=4,
+        denoise=1.0,
+        seed=42,
+        shift=3.0,
+        prompt_blend=0.0,
+        structure=1.0,
+        audio_device="none",
+    )
+    return sessions.get(name)
+
+
+def settled_latent(app):
+    """The newest latent once three generations that started after now have finished (depth 1, denoise 1: every
+    generation is the same render while nothing changes)."""
+    finished = app.runner.stats.latents
+    deadline = time.monotonic() + 30
+    while app.runner.stats.latents < finished + 3:
+        assert time.monotonic() < deadline, "the stream stopped making latents"
+        time.sleep(0.01)
+    return app.runner.latest.clone()
+
+
+def test_requeued_strength_changes_the_running_stream_in_place_and_back_bit_for_bit(model, prompt, tmp_path):
+    style = lora_file(model, tmp_path / "style.safetensors")
+    app = run_stream(with_lora(model, style, strength=0.0), prompt, "lora-live")
+    assert app.registry.get("lora/style") == 0.0
+    off = settled_latent(app)
+    assert run_stream(with_lora(model, style, strength=1.5), prompt, "lora-live") is app
+    assert app.registry.get("lora/style") == 1.5
+    on = settled_latent(app)
+    assert (on - off).abs().max() > 1e-3, "the re-queued strength did not reach the stream"
+    run_stream(with_lora(model, style, strength=0.0), prompt, "lora-live")
+    assert torch.equal(settled_latent(app), off), "strength back at 0 is not the stream it was"
+    assert app.runner.stats.errors == 0, app.runner.stats.last_error
+
+
+def test_a_bad_lora_file_is_refused_and_the_stream_keeps_its_loras(model, prompt, tmp_path):
+    style = lora_file(model, tmp_path / "style.safetensors")
+    app = run_stream(with_lora(model, style, strength=0.8), prompt, "lora-bad")
+    broken = tmp_path / "broken.safetensors"
+    save_file({"diffusion_model.layers.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 64)}, str(broken))
+    ticks = app.runner.stats.ticks
+    with pytest.raises(NodeInputError, match="lora_B / lora_up is missing"):
+        run_stream(with_lora(with_lora(model, style, strength=0.8), str(broken)), prompt, "lora-bad")
+    assert model.loras["style"] == (pytest.approx(0.8), False)
+    deadline = time.monotonic() + 10
+    while app.runner.stats.ticks < ticks + 3:
+        assert time.monotonic() < deadline, "the stream stopped ticking"
+        time.sleep(0.01)
+    assert app.runner.alive and app.runner.stats.errors == 0
+    with pytest.raises(NodeInputError, match="not a file in ComfyUI/models/loras"):
+        with_lora(model, str(tmp_path / "missing.safetensors"))
