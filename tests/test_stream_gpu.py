@@ -231,3 +231,41 @@ def test_pinned_staging_copies_every_value_while_the_gpu_is_busy_and_does_not_wa
     torch.cuda.synchronize()
     for source, output in zip(sources, outputs):
         assert torch.equal(output.cpu().float(), source), "a reused buffer was overwritten before its copy ran"
+
+
+@cuda
+def test_a_lora_strength_reaches_replayed_tick_graphs_without_a_capture_and_attaching_renews_them():
+    """Graph backends replay captured ticks: a strength is a tensor the graph reads (no capture, the music
+    changes, and back bit for bit); attaching a LoRA changes the layers, so its ticks are new plans."""
+    from flowjam.engine.benchmarks import random_lora
+    from flowjam.engine.lora import LoraAdapter, LowRank, lora_set
+
+    session = Session.load(preset="tiny", device="cuda")
+    decoder = session.models.acestep.decoder
+    prompt = session.encode_text("lora on graphs")
+    pipeline = StreamPipeline(decoder, depth=2, backend="graph")
+
+    def latents(count=12):
+        out = []
+        for _ in range(count):
+            pipeline.submit(session.make_request(prompt, 2.0, seed=5, steps=4))
+            out += [f.latent.clone() for f in pipeline.tick()]
+        torch.cuda.synchronize()
+        return out[-1]
+
+    plain = latents()
+    captures = pipeline.stats()["graphs"]["captures"]
+    attached = lora_set(decoder)
+    weak = random_lora(decoder, "style", rank=4, seed=0)
+    strong = {path: LowRank(d.down, d.up * 30, d.scale) for path, d in weak.deltas.items()}
+    attached.attach(LoraAdapter("style", "test", "peft", strong), strength=1.0)
+    styled = latents()
+    assert pipeline.stats()["graphs"]["captures"] > captures, "attaching did not renew the tick graphs"
+    assert (styled - plain).abs().max() > 1e-3, "the LoRA did not reach the replayed ticks"
+    captures = pipeline.stats()["graphs"]["captures"]
+    attached.set_strength("style", 0.0)
+    silenced = latents()
+    attached.set_strength("style", 1.0)
+    assert torch.equal(latents(), styled), "strength back at 1 is not the same stream"
+    assert pipeline.stats()["graphs"]["captures"] == captures, "a strength change captured new graphs"
+    torch.testing.assert_close(silenced, plain, rtol=1e-3, atol=1e-3)

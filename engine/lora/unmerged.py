@@ -79,8 +79,9 @@ class LoraLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         strengths = self.owner.strengths
-        if self.down.shape[0]:  # the add fuses into the layer's next elementwise kernel when compiled (an addmm
-            # onto the base output measured slower: cuBLAS copies the output first)
+        # Compiled, the add below fuses into the layer's next elementwise kernel; an addmm onto the base output
+        # measured slower (cuBLAS copies that output first).
+        if self.down.shape[0]:
             scale = (self.column_scale * strengths[self.column_slot]).to(x.dtype)
             out = out + F.linear(F.linear(x, self.down) * scale, self.up)
         for index, (slot, scale) in enumerate(self.kron):
