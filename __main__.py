@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .engine.live.midi import MIDI_BACKENDS
-from .engine.params import BACKENDS, CFG_MODES, PRECISIONS
+from .engine.params import BACKENDS, CFG_MODES, LORA_MODES, PRECISIONS
 
 if TYPE_CHECKING:
     from .engine.live.app import LiveConfig
@@ -51,6 +51,14 @@ def add_lora_argument(parser: argparse.ArgumentParser) -> None:
         metavar="PATH[:STRENGTH]",
         help="a LoRA for the DiT (PEFT folder or .safetensors), strength 0..2 (default 1); repeatable. Live, its "
         "strength is the knob lora/<file name>",
+    )
+    parser.add_argument(
+        "--lora-mode",
+        default="auto",
+        choices=LORA_MODES,
+        help="how every --lora applies: live (low-rank GEMMs each tick), folded (into the weights on the tick after "
+        "a strength change: merged speed, a copy of the layers' weights), merged (fixed strength), auto (folded on "
+        "a GPU, else live)",
     )
 
 
@@ -121,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--device", default="cpu")
     tick.add_argument("--dtype", default="float32", choices=DTYPES)
 
-    lora = targets.add_parser("lora", help="tick cost of LoRAs, unmerged and merged, and what a strength change costs")
+    lora = targets.add_parser("lora", help="tick cost of LoRAs (live, folded, merged) and what a strength change costs")
     lora.add_argument("--preset", default="turbo-2b")
     lora.add_argument("--seconds", type=float, default=60.0, help="song latent length")
     lora.add_argument("--loras", type=int, default=2, help="random LoRAs on every attention and MLP projection")
@@ -350,7 +358,7 @@ def load_session(args: argparse.Namespace):
     for spec in getattr(args, "lora", None) or ():
         path, strength = parse_lora_option(spec)
         try:
-            session.load_lora(path, strength)
+            session.load_lora(path, strength, mode=args.lora_mode)
         except (ValueError, FileNotFoundError) as error:
             raise CommandError(f"--lora {spec}: {error}") from None
     return session
@@ -522,12 +530,27 @@ def bench_lora(args: argparse.Namespace) -> int:
         fixture, args.loras, args.rank, args.depth, args.steps, args.cfg, args.backend, args.ticks, args.profile
     )
     base = r.plain.median_ms
-    for label, report in (("no LoRA", r.plain), ("unmerged", r.unmerged), ("merged", r.merged)):
+    rows = (
+        ("no LoRA", r.plain),
+        ("live (unmerged)", r.unmerged),
+        ("folded", r.folded),
+        ("folded, moving", r.folded_moving),
+        ("merged", r.merged),
+    )
+    for label, report in rows:
         print(
-            f"  {label:9s} {report.median_ms:7.2f} ms/tick (p95 {report.p95_ms:.2f}, host {report.host_ms:.2f})  "
+            f"  {label:16s} {report.median_ms:7.2f} ms/tick (p95 {report.p95_ms:.2f}, host {report.host_ms:.2f})  "
             f"{(report.median_ms / base - 1) * 100:+5.1f} %  {report.rows_per_tick:.0f} rows"
         )
-    print(f"  strength change on a warm stream: {r.recompiles} recompiles, {r.recaptures} tick graphs captured")
+    print(
+        f"  (folded, moving: every strength changes before every tick, so each tick pays one fold; one fold "
+        f"{r.fold_ms:.2f} ms, {r.folded_gb:.3f} GB of resting weights kept)"
+    )
+    for mode, cost in r.changes.items():
+        print(
+            f"  3 strength changes on a warm {mode} stream: {cost.recompiles} recompiles, {cost.recaptures} tick "
+            f"graphs captured, {cost.folds} folds"
+        )
     if r.unmerged.profile:
         print("  unmerged ticks: " + r.unmerged.profile.replace("\n", "\n  "))
     return 0

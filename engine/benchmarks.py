@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .conditioning import Conditioning
-from .lora import LoraAdapter, LowRank, lora_set, merge, unmerge
+from .lora import LIVE_MODES, LoraAdapter, LoraSet, LowRank, lora_set, merge, unmerge
 from .models.acestep import AceStepModel
 from .models.dit import DiTDecoder
 from .models.fp8 import to_fp8
@@ -228,16 +229,20 @@ def bench_tick(
     ticks: int = 48,
     backend: str = "eager",
     profile: bool = False,
+    before_tick: Callable[[int], None] | None = None,
 ) -> TickReport:
     """Steady-state ticks of a StreamPipeline (a new request every tick) against the FLOP bound at the GEMM peak
-    measured in the same process."""
+    measured in the same process. `before_tick(i)` runs before each tick (a knob moving every tick, say)."""
     dev = fixture.context.device
     pipeline = StreamPipeline(fixture.decoder, depth=depth, backend=backend)
     options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
     counter = iter(range(1 << 30))
 
     def submit_and_tick() -> list:
-        pipeline.submit(SlotRequest(fixture.positive, fixture.context, seed=next(counter), steps=steps, **options))
+        seed = next(counter)
+        if before_tick is not None:
+            before_tick(seed)
+        pipeline.submit(SlotRequest(fixture.positive, fixture.context, seed=seed, steps=steps, **options))
         return pipeline.tick()
 
     warmup = 2 * (steps + depth)
@@ -391,12 +396,22 @@ def random_lora(decoder: DiTDecoder, name: str, rank: int, seed: int) -> LoraAda
 
 
 @dataclass(frozen=True)
+class LoraChangeCost:
+    recompiles: int  # compiled frames after strength changes on a warm stream
+    recaptures: int  # tick graphs captured after them
+    folds: int  # folds run (folded mode: one on each tick after a change)
+
+
+@dataclass(frozen=True)
 class LoraTickReport:
     plain: TickReport
     unmerged: TickReport
+    folded: TickReport  # strengths still
+    folded_moving: TickReport  # a strength change before every tick: each tick pays one fold
     merged: TickReport
-    recompiles: int  # compiled frames after a strength change
-    recaptures: int  # tick graphs captured after a strength change
+    changes: dict[str, LoraChangeCost]  # by live mode
+    fold_ms: float  # one fold of every folded layer (GPU time; wall time on a CPU)
+    folded_gb: float  # the resting weights the folded mode keeps
 
 
 def bench_lora(
@@ -410,18 +425,65 @@ def bench_lora(
     ticks: int = 48,
     profile: bool = False,
 ) -> LoraTickReport:
-    """Ticks without LoRAs, with `loras` LoRAs of `rank` unmerged and merged, side by side on one fixture; then
-    counts what a strength change compiles or captures on a warm stream."""
-    from torch._dynamo.utils import counters
-
+    """Ticks without LoRAs, with `loras` LoRAs of `rank` unmerged, folded (strengths still, and moving every
+    tick) and merged, side by side on one fixture; then counts what strength changes compile, capture and fold
+    on a warm stream in each live mode."""
     decoder = fixture.decoder
     adapters = [random_lora(decoder, f"bench{i}", rank, seed=i) for i in range(loras)]
-    plain = bench_tick(fixture, depth, steps, cfg, ticks, backend)
     attached = lora_set(decoder)
-    for adapter in adapters:
-        attached.attach(adapter)
-    unmerged = bench_tick(fixture, depth, steps, cfg, ticks, backend, profile=profile)
-    pipeline = StreamPipeline(decoder, depth=depth, backend=backend)
+    plain = bench_tick(fixture, depth, steps, cfg, ticks, backend)
+    reports, changes = {}, {}
+    for mode in LIVE_MODES:
+        for adapter in adapters:
+            attached.attach(adapter, mode=mode)
+        reports[mode] = bench_tick(fixture, depth, steps, cfg, ticks, backend, profile=profile and mode == "live")
+        changes[mode] = _strength_change_cost(fixture, attached, adapters, depth, steps, cfg, backend)
+        if mode == "folded":
+
+            def move(tick: int) -> None:
+                for adapter in adapters:
+                    attached.set_strength(adapter.name, 0.5 + 0.5 * (tick % 2))
+
+            reports["moving"] = bench_tick(fixture, depth, steps, cfg, ticks, backend, before_tick=move)
+            fold_ms = _fold_ms(attached)
+            folded_gb = sum(layer.rest.numel() * layer.rest.element_size() for layer in attached.folds.values()) / 1e9
+        for adapter in adapters:
+            attached.detach(adapter.name)
+    merged_loras = [merge(decoder, adapter) for adapter in adapters]
+    merged = bench_tick(fixture, depth, steps, cfg, ticks, backend)
+    for merged_lora in reversed(merged_loras):
+        unmerge(decoder, merged_lora)
+    return LoraTickReport(
+        plain, reports["live"], reports["folded"], reports["moving"], merged, changes, fold_ms, folded_gb
+    )
+
+
+def _fold_ms(attached: LoraSet, repeats: int = 20) -> float:
+    """The mean time of one fold of every folded layer, as the tick after a strength change runs it."""
+    layers, device = list(attached.folds.values()), attached.strengths.device
+    attached.fold_runner.run(layers, attached.strengths)
+    _sync(device)
+    if device.type != "cuda":
+        started = time.perf_counter()
+        for _ in range(repeats):
+            attached.fold_runner.run(layers, attached.strengths)
+        return (time.perf_counter() - started) * 1000.0 / repeats
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        attached.fold_runner.run(layers, attached.strengths)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def _strength_change_cost(
+    fixture: TickFixture, attached: LoraSet, adapters: list[LoraAdapter], depth: int, steps: int, cfg: str, backend: str
+) -> LoraChangeCost:
+    """Warm a stream, change every strength a few times between ticks, count compiles, captures and folds."""
+    from torch._dynamo.utils import counters
+
+    pipeline = StreamPipeline(fixture.decoder, depth=depth, backend=backend)
     options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
     seeds = iter(range(1 << 30))
 
@@ -432,16 +494,14 @@ def bench_lora(
         _sync(fixture.context.device)
 
     run(3 * (steps + depth))
-    frames, captures = counters["frames"]["ok"], (pipeline.stats()["graphs"] or {}).get("captures", 0)
-    for adapter in adapters:
-        attached.set_strength(adapter.name, 0.5)
-    run(2 * (steps + depth))
-    recompiles = counters["frames"]["ok"] - frames
-    recaptures = (pipeline.stats()["graphs"] or {}).get("captures", 0) - captures
-    for adapter in adapters:
-        attached.detach(adapter.name)
-    merged_loras = [merge(decoder, adapter) for adapter in adapters]
-    merged = bench_tick(fixture, depth, steps, cfg, ticks, backend)
-    for merged_lora in reversed(merged_loras):
-        unmerge(decoder, merged_lora)
-    return LoraTickReport(plain, unmerged, merged, recompiles, recaptures)
+    frames, folds = counters["frames"]["ok"], attached.folds_run
+    captures = (pipeline.stats()["graphs"] or {}).get("captures", 0)
+    for strength in (0.5, 1.5, 1.0):
+        for adapter in adapters:
+            attached.set_strength(adapter.name, strength)
+        run(steps + depth)
+    return LoraChangeCost(
+        counters["frames"]["ok"] - frames,
+        (pipeline.stats()["graphs"] or {}).get("captures", 0) - captures,
+        attached.folds_run - folds,
+    )

@@ -154,6 +154,7 @@ del S, R, G
 SHARED_FIELDS = tuple(spec.name for spec in KNOB_SPECS if spec.kind is KnobKind.SHARED)
 KNOBS_BY_NAME = {spec.name: spec for spec in KNOB_SPECS}
 LORA_KNOB_PREFIX = "lora/"  # a loaded LoRA's strength knob is lora/<name>
+LORA_MODES = ("auto", "live", "folded", "merged")  # how a LoRA applies; see Session.load_lora
 
 
 def lora_knob(name: str) -> KnobSpec:

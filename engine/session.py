@@ -20,8 +20,9 @@ from .lm.song import CODE_RATE_HZ, SongCodes, SongWriter
 from .lora import MergedLora, lora_set, read_lora
 from .lora import merge as merge_lora
 from .lora import unmerge as unmerge_lora
+from .lora.folded import FOLDABLE_DTYPES
 from .models.fp8 import check_fp8_device, to_fp8
-from .params import PRECISIONS, seconds_to_frames
+from .params import LORA_MODES, PRECISIONS, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
 from .window_decode import WindowDecoder, plan_window
 
@@ -102,25 +103,40 @@ class Session:
 
     # ---- LoRAs -----------------------------------------------------------------------------------------------
 
-    def load_lora(self, path: str | Path, strength: float = 1.0, name: str | None = None, merge: bool = False) -> str:
+    def load_lora(self, path: str | Path, strength: float = 1.0, name: str | None = None, mode: str = "auto") -> str:
         """Load a LoRA for the DiT (PEFT folder or .safetensors; see lora/formats.py); returns its name (its knob
-        is `lora/<name>`). Unmerged (default) its strength plays live with `set_lora_strength`; `merge=True`
-        bakes it into the weights at `strength` (no per-tick cost; `unload_lora` restores the exact weights)."""
+        is `lora/<name>`). Modes: `live` runs its low-rank GEMMs in every tick (no extra memory); `folded` folds it
+        into the weights on the tick after a strength change (ticks cost what a merge does; keeps a copy of the
+        layers it touches); both play their strength with `set_lora_strength`. `merged` bakes it in at `strength`
+        (fixed; `unload_lora` restores the exact weights). `auto`: folded where the DiT's weights are bf16/fp16/fp32
+        on a GPU, else live."""
         decoder = self.models.acestep.decoder
         adapter = read_lora(path, {module for module, _ in decoder.named_modules()}, name)
         if adapter.name in self.loras:
             raise ValueError(f"a LoRA named {adapter.name!r} is loaded already: unload it or pass another name")
-        if merge:
+        mode = self.lora_mode(mode)
+        if mode == "merged":
             self.merged_loras[adapter.name] = merge_lora(decoder, adapter, strength)
         else:
-            lora_set(decoder).attach(adapter, strength)
+            lora_set(decoder).attach(adapter, strength, mode)
         return adapter.name
 
+    def lora_mode(self, mode: str) -> str:
+        """The mode `mode` means here (`auto` resolved), or an error naming the choices."""
+        if mode not in LORA_MODES:
+            raise ValueError(f"unknown LoRA mode {mode!r}: choose one of {', '.join(LORA_MODES)}")
+        if mode != "auto":
+            return mode
+        layer = self.models.acestep.decoder.layers[0].mlp.up_proj
+        weight = getattr(getattr(layer, "base", layer), "weight", None)
+        foldable = weight is not None and weight.dtype in FOLDABLE_DTYPES and weight.device.type == "cuda"
+        return "folded" if foldable else "live"
+
     def set_lora_strength(self, name: str, strength: float) -> None:
-        """A loaded (unmerged) LoRA's strength, felt from the next tick by every generation in flight."""
+        """A loaded live or folded LoRA's strength, felt from the next tick by every generation in flight."""
         if name in self.merged_loras:
             raise ValueError(
-                f"LoRA {name!r} is merged into the weights at a fixed strength: load it unmerged to play it"
+                f"LoRA {name!r} is merged into the weights at a fixed strength: load it live or folded to play it"
             )
         lora_set(self.models.acestep.decoder).set_strength(name, strength)
 
@@ -132,11 +148,11 @@ class Session:
             lora_set(decoder).detach(name)
 
     @property
-    def loras(self) -> dict[str, tuple[float, bool]]:
-        """name -> (strength, merged) of every loaded LoRA."""
+    def loras(self) -> dict[str, tuple[float, str]]:
+        """name -> (strength, mode: live, folded or merged) of every loaded LoRA."""
         attached = lora_set(self.models.acestep.decoder)
-        loaded = {name: (attached.strength(name), False) for name in attached.attached}
-        loaded.update({name: (merged.strength, True) for name, merged in self.merged_loras.items()})
+        loaded = {name: (attached.strength(name), attached.mode(name)) for name in attached.attached}
+        loaded.update({name: (merged.strength, "merged") for name, merged in self.merged_loras.items()})
         return loaded
 
     # ---- structure from text (5 Hz LM) -----------------------------------------------------------------------

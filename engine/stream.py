@@ -22,7 +22,7 @@ from . import solver
 from .backends import decoder_forward, uses_graphs
 from .conditioning import Conditioning
 from .curves import Curve, as_curve
-from .lora.unmerged import structure_lock
+from .lora.attached import refresh_folds, structure_lock
 from .models.dit import CrossGroup, CrossKV, DiTDecoder
 from .params import CFG_MODES, DCW_MODES, GUIDANCE_METHODS, SHARED_FIELDS, SOLVERS
 from .pinned import PinnedStaging
@@ -385,6 +385,7 @@ class StreamPipeline:
     def tick(self) -> list[Finished]:
         """Admit a queued request, advance every active slot one step in one batched forward, deliver finished ones."""
         with structure_lock(self.decoder):  # LoRAs are attached, detached or merged between ticks, never in one
+            refresh_folds(self.decoder)
             return self._tick()
 
     def _tick(self) -> list[Finished]:

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..engine.params import LORA_MODES
 from .spec import CATEGORY, MODEL, NodeInputError, NodeSpec, Output, Param, check_range
-
-MODES = ("live", "merged")  # live: unmerged, strength playable; merged: baked into the weights (fastest)
 
 
 @dataclass(frozen=True)
@@ -22,7 +21,7 @@ class LoraChoice:
     name: str  # its knob is lora/<name>
     path: Path
     strength: float
-    merged: bool
+    mode: str  # one of LORA_MODES (see Session.load_lora)
 
 
 @dataclass(frozen=True)
@@ -54,23 +53,24 @@ def with_loras(node: str, model: Any, registry=None) -> Any:
 
     session = session_of(model)
     wanted = {choice.name: choice for choice in chain_of(model)}
-    for name, (strength, merged) in list(session.loras.items()):
+    modes = {name: session.lora_mode(choice.mode) for name, choice in wanted.items()}
+    for name, (strength, mode) in list(session.loras.items()):
         choice = wanted.get(name)
-        if choice is None or choice.merged != merged or (merged and choice.strength != strength):
+        if choice is None or modes[name] != mode or (mode == "merged" and choice.strength != strength):
             session.unload_lora(name)
     for choice in wanted.values():
         loaded = session.loras.get(choice.name)
         try:
             if loaded is None:
-                session.load_lora(choice.path, choice.strength, choice.name, merge=choice.merged)
-            elif not choice.merged and loaded[0] != choice.strength and registry is None:
+                session.load_lora(choice.path, choice.strength, choice.name, mode=modes[choice.name])
+            elif loaded[1] != "merged" and loaded[0] != choice.strength and registry is None:
                 session.set_lora_strength(choice.name, choice.strength)
         except (ValueError, FileNotFoundError) as error:
             raise NodeInputError(f"{node}: LoRA {choice.path.name!r}: {error}") from None
     if registry is not None:
         add_lora_knobs(registry, session)
         for choice in wanted.values():
-            if not choice.merged:
+            if modes[choice.name] != "merged":
                 registry.set(LORA_KNOB_PREFIX + choice.name, choice.strength, origin="comfyui")
     return session
 
@@ -102,8 +102,8 @@ def _lora_path(choice: str) -> Path:
 def attach_lora(model, lora: str, strength: float, mode: str) -> tuple:
     """The model with this LoRA added to its chain (checked here, loaded where the DiT runs)."""
     check_range("LoRA", "strength", strength, 0.0, 2.0)
-    if mode not in MODES:
-        raise NodeInputError(f"LoRA: input 'mode' {mode!r}: choose one of {', '.join(MODES)}")
+    if mode not in LORA_MODES:
+        raise NodeInputError(f"LoRA: input 'mode' {mode!r}: choose one of {', '.join(LORA_MODES)}")
     if lora == "none":
         return (model,)
     path = _lora_path(lora)
@@ -111,7 +111,7 @@ def attach_lora(model, lora: str, strength: float, mode: str) -> tuple:
     chain = chain_of(model)
     if any(choice.name == name for choice in chain):
         raise NodeInputError(f"LoRA: {name!r} is in this chain already; use one LoRA node per file")
-    choice = LoraChoice(name, path, float(strength), mode == "merged")
+    choice = LoraChoice(name, path, float(strength), mode)
     return (ModelWithLoras(session_of(model), (*chain, choice)),)
 
 
@@ -121,8 +121,9 @@ NODES = (
         "flowjam LoRA",
         f"{CATEGORY}/model",
         "Add a LoRA (PEFT, ComfyUI or LyCORIS LoKr .safetensors from models/loras/) to the model; chain several. "
-        "live: its strength is the stream's lora/<name> knob, re-queue to change it in place; merged: baked into "
-        "the weights, no per-tick cost.",
+        "live and folded: its strength is the stream's lora/<name> knob, re-queue to change it in place (live runs "
+        "its low-rank GEMMs every tick; folded folds it into the weights on the tick after a change: merged speed, "
+        "a copy of the layers' weights in memory; auto: folded on a GPU); merged: baked in at a fixed strength.",
         (
             Param("model", MODEL, "A flowjam model from Load model (or another LoRA node)"),
             Param(
@@ -133,7 +134,13 @@ NODES = (
                 options=lambda: ("none", *lora_files()),
             ),
             Param("strength", "FLOAT", "0 = off, 1 = as trained, up to 2", 1.0, 0.0, 2.0, 0.01),
-            Param("mode", "COMBO", "live (playable strength) or merged (fastest, fixed)", "live", options=MODES),
+            Param(
+                "mode",
+                "COMBO",
+                "auto, live or folded (playable strength), merged (fixed strength)",
+                "auto",
+                options=LORA_MODES,
+            ),
         ),
         (Output(MODEL, "model"),),
         attach_lora,

@@ -1,6 +1,6 @@
-"""LoRAs on the DiT: parity with PEFT itself (unmerged and merged, LoRA and rsLoRA, several strengths), exact
-unmerge, every file format to the same effect, strength as a live knob (next tick, back bit for bit, no
-recompile), and bad files refused with the stream playing on."""
+"""LoRAs on the DiT: parity with PEFT itself (unmerged, folded and merged, LoRA and rsLoRA, several strengths),
+exact unmerge and unfold, every file format to the same effect, strength as a live knob in both live modes (next
+tick, back bit for bit, no recompile), and bad files refused with the stream playing on."""
 
 import copy
 import json
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from flowjam.engine.live.knobs import KnobRegistry
-from flowjam.engine.lora import MAX_LORAS, LoraLinear, lora_set, merge, read_lora, unmerge
+from flowjam.engine.lora import LIVE_MODES, MAX_LORAS, LoraLinear, lora_set, merge, read_lora, unmerge
 from flowjam.engine.lora.formats import PEFT_CONFIG, PEFT_WEIGHTS
 from flowjam.engine.params import lora_knob
 from flowjam.engine.session import Session
@@ -93,6 +93,10 @@ def test_unmerged_and_merged_equal_peft_at_several_strengths_and_unmerge_is_exac
         torch.testing.assert_close(forward(decoder, inputs), expected, rtol=1e-5, atol=1e-6)
         attached.detach(adapter.name)
         assert torch.equal(forward(decoder, inputs), base), "detaching did not restore the exact output"
+        attached.attach(adapter, strength, mode="folded")
+        torch.testing.assert_close(forward(decoder, inputs), expected, rtol=1e-4, atol=1e-5)
+        attached.detach(adapter.name)
+        assert all(torch.equal(original[k], v) for k, v in decoder.state_dict().items()), "unfolding is not exact"
         merged = merge(decoder, adapter, strength)
         torch.testing.assert_close(forward(decoder, inputs), expected, rtol=1e-4, atol=1e-5)
         unmerge(decoder, merged)
@@ -182,7 +186,7 @@ def test_every_file_format_loads_to_the_same_effect(session, inputs, tmp_path):
         session.unload_lora(name)
 
 
-def test_lokr_file_applies_the_kronecker_delta_unmerged_and_merged(session, inputs, tmp_path):
+def test_lokr_file_applies_the_kronecker_delta_in_every_mode(session, inputs, tmp_path):
     decoder = session.models.acestep.decoder
     g = torch.Generator().manual_seed(3)
     tensors, dense = {}, {}
@@ -197,8 +201,8 @@ def test_lokr_file_applies_the_kronecker_delta_unmerged_and_merged(session, inpu
         dense[path] = torch.kron(w1, w2_a @ w2_b) * (1.0 / 2)
     save_file(tensors, str(tmp_path / "lokr.safetensors"))
     expected = expected_output(session, inputs, dense, 1.5)
-    for merged in (False, True):
-        name = session.load_lora(tmp_path / "lokr.safetensors", strength=1.5, merge=merged)
+    for mode in ("live", "folded", "merged"):
+        name = session.load_lora(tmp_path / "lokr.safetensors", strength=1.5, mode=mode)
         torch.testing.assert_close(forward(decoder, inputs), expected, rtol=1e-4, atol=1e-5)
         session.unload_lora(name)
 
@@ -212,7 +216,8 @@ def stream_latent(session, prompt, ticks=6, backend="eager"):
     return torch.stack([f.latent for f in finished])
 
 
-def test_strength_knob_changes_the_stream_and_returns_bit_for_bit_without_recompiling(session, tmp_path):
+@pytest.mark.parametrize("mode", LIVE_MODES)
+def test_strength_knob_changes_the_stream_and_returns_bit_for_bit_without_recompiling(session, tmp_path, mode):
     """The lora/<name> knob through the live runner's path: the next tick hears it; set back, the stream is the
     same to the bit; on compiled layers a strength change compiles nothing."""
     from torch._dynamo.utils import counters
@@ -221,7 +226,8 @@ def test_strength_knob_changes_the_stream_and_returns_bit_for_bit_without_recomp
     reference, config = peft_reference(decoder, rank=4, alpha=8)
     save_peft_folder(reference, config, tmp_path / "style")
     prompt = session.encode_text("strength knob")
-    name = session.load_lora(tmp_path / "style")
+    name = session.load_lora(tmp_path / "style", mode=mode)
+    assert session.loras[name][1] == mode
     registry = KnobRegistry()
     registry.add(lora_knob(name))
     assert registry.get(f"lora/{name}") == 1.0
@@ -238,7 +244,8 @@ def test_strength_knob_changes_the_stream_and_returns_bit_for_bit_without_recomp
     assert counters["frames"]["ok"] == compiled, "a strength change recompiled the layers"
 
 
-def test_strength_on_cross_attention_kv_reaches_cached_conditions(session, tmp_path):
+@pytest.mark.parametrize("mode", LIVE_MODES)
+def test_strength_on_cross_attention_kv_reaches_cached_conditions(session, tmp_path, mode):
     """K/V of a condition are cached; a LoRA on cross_attn.k_proj/v_proj changes them: a strength change rebuilds
     them for the next tick."""
     decoder = session.models.acestep.decoder
@@ -252,7 +259,7 @@ def test_strength_on_cross_attention_kv_reaches_cached_conditions(session, tmp_p
         str(tmp_path / "kv.safetensors"),
     )
     prompt = session.encode_text("cross kv")
-    name = session.load_lora(tmp_path / "kv.safetensors", strength=0.0)
+    name = session.load_lora(tmp_path / "kv.safetensors", strength=0.0, mode=mode)
     silent = stream_latent(session, prompt)
     session.set_lora_strength(name, 2.0)
     loud = stream_latent(session, prompt)
@@ -297,11 +304,12 @@ def test_bad_files_are_refused_clearly_and_the_loaded_loras_stay(session, inputs
     reference, config = peft_reference(decoder)
     save_peft_folder(reference, config, tmp_path / "style")
     session.load_lora(tmp_path / "style", strength=0.7)
+    session.load_lora(tmp_path / "style", strength=0.4, name="folded style", mode="folded")
     before = forward(decoder, inputs)
     with pytest.raises(ValueError, match=message):
-        session.load_lora(bad_file(tmp_path, kind))
+        session.load_lora(bad_file(tmp_path, kind), mode="folded")
     assert torch.equal(forward(decoder, inputs), before), "a refused file changed the model"
-    assert session.loras == {"style": (pytest.approx(0.7), False)}
+    assert session.loras == {"style": (pytest.approx(0.7), "live"), "folded style": (pytest.approx(0.4), "folded")}
 
 
 def test_a_model_saved_with_loras_attached_has_the_base_keys_and_weights(session, tmp_path):
@@ -310,11 +318,44 @@ def test_a_model_saved_with_loras_attached_has_the_base_keys_and_weights(session
     reference, config = peft_reference(decoder)
     save_peft_folder(reference, config, tmp_path / "style")
     session.load_lora(tmp_path / "style")
+    session.load_lora(tmp_path / "style", name="folded", mode="folded")
     state = decoder.state_dict()
     assert set(state) == set(before), "LoRA layers changed the checkpoint keys"
     assert all(torch.equal(state[k], v) for k, v in before.items())
     decoder.load_state_dict(before)  # loads into the wrapped layers' base weights
     assert isinstance(decoder.layers[0].self_attn.q_proj, LoraLinear)
+
+
+def test_folding_over_a_merge_and_unwinding_both_returns_the_exact_weights(session, inputs, tmp_path):
+    """A merge while LoRAs are folded changes the weights they rest at: folded + merged give the sum of both,
+    and undoing both, in either order, leaves the weights there were."""
+    decoder = session.models.acestep.decoder
+    original = {k: v.clone() for k, v in decoder.state_dict().items()}
+    tensors = low_rank_tensors(decoder)
+    dense = {path: (up @ down) * (alpha / 3) for path, (down, up, alpha) in tensors.items()}
+    paths = write_formats(tensors, tmp_path)
+    expected = expected_output(session, inputs, dense, 0.5 + 0.7)
+    for unwind in ("folded first", "merged first"):
+        session.load_lora(paths[1], strength=0.5, name="folded", mode="folded")
+        session.load_lora(paths[2], strength=0.7, name="merged", mode="merged")
+        torch.testing.assert_close(forward(decoder, inputs), expected, rtol=1e-4, atol=1e-5)
+        order = ("folded", "merged") if unwind == "folded first" else ("merged", "folded")
+        for name in order:
+            session.unload_lora(name)
+        assert all(torch.equal(original[k], v) for k, v in decoder.state_dict().items()), unwind
+
+
+def test_folding_into_fp8_layers_is_refused_with_the_fix(session, tmp_path):
+    from flowjam.engine.models.fp8 import to_fp8
+
+    decoder = session.models.acestep.decoder
+    reference, config = peft_reference(decoder)
+    save_peft_folder(reference, config, tmp_path / "style")
+    to_fp8(decoder)
+    with pytest.raises(ValueError, match="load this LoRA live"):
+        session.load_lora(tmp_path / "style", mode="folded")
+    assert session.loras == {}
+    assert session.lora_mode("auto") == "live"
 
 
 def test_out_of_range_strength_and_unknown_names_are_refused(session, tmp_path):
@@ -329,6 +370,8 @@ def test_out_of_range_strength_and_unknown_names_are_refused(session, tmp_path):
         session.set_lora_strength("other", 1.0)
     with pytest.raises(ValueError, match="loaded already"):
         session.load_lora(tmp_path / "style")
+    with pytest.raises(ValueError, match="unknown LoRA mode 'baked'"):
+        session.load_lora(tmp_path / "style", name="other", mode="baked")
     assert len(lora_set(decoder).attached) == 1 and MAX_LORAS >= 2
     session.unload_lora("style")
     assert not any(isinstance(m, LoraLinear) for m in decoder.modules()), "unloading left LoRA layers behind"

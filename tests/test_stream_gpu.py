@@ -269,3 +269,75 @@ def test_a_lora_strength_reaches_replayed_tick_graphs_without_a_capture_and_atta
     assert torch.equal(latents(), styled), "strength back at 1 is not the same stream"
     assert pipeline.stats()["graphs"]["captures"] == captures, "a strength change captured new graphs"
     torch.testing.assert_close(silenced, plain, rtol=1e-3, atol=1e-3)
+
+
+@cuda
+def test_a_folded_lora_strength_refolds_replayed_tick_graphs_without_a_capture():
+    """Folded LoRAs rewrite the weights the captured ticks read: attaching one captures nothing new (the layers
+    are the same), a strength change refolds once (one fold-graph replay) and reaches the next tick, and strength
+    0 then detaching leaves the stream and the weights as they were, to the bit."""
+    from flowjam.engine.benchmarks import random_lora
+    from flowjam.engine.lora import LoraAdapter, LowRank, lora_set
+
+    session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
+    decoder = session.models.acestep.decoder
+    weights = {k: v.clone() for k, v in decoder.state_dict().items()}
+    prompt = session.encode_text("folded lora on graphs")
+    pipeline = StreamPipeline(decoder, depth=2, backend="graph")
+
+    def latents(count=12):
+        out = []
+        for _ in range(count):
+            pipeline.submit(session.make_request(prompt, 2.0, seed=5, steps=4))
+            out += [f.latent.clone() for f in pipeline.tick()]
+        torch.cuda.synchronize()
+        return out[-1]
+
+    plain = latents()
+    captures = pipeline.stats()["graphs"]["captures"]
+    attached = lora_set(decoder)
+    weak = random_lora(decoder, "style", rank=4, seed=0)
+    strong = {path: LowRank(d.down, d.up * 30, d.scale) for path, d in weak.deltas.items()}
+    attached.attach(LoraAdapter("style", "test", "peft", strong), strength=1.0, mode="folded")
+    styled = latents()
+    assert (styled - plain).abs().max() > 1e-2, "the folded LoRA did not reach the replayed ticks"
+    folds = attached.folds_run
+    attached.set_strength("style", 0.0)
+    attached.set_strength("style", 0.4)  # two changes between ticks: one fold
+    latents(1)
+    assert attached.folds_run == folds + 1
+    attached.set_strength("style", 0.0)
+    assert torch.equal(latents(), plain), "strength 0 folded is not the plain stream"
+    attached.set_strength("style", 1.0)
+    assert torch.equal(latents(), styled), "strength back at 1 is not the same stream"
+    assert pipeline.stats()["graphs"]["captures"] == captures, "folding captured new tick graphs"
+    assert attached.fold_runner.captures == 1, "the fold was not one graph, captured once"
+    attached.detach("style")
+    assert all(torch.equal(weights[k], v) for k, v in decoder.state_dict().items()), "detaching left other weights"
+
+
+@cuda
+@pytest.mark.parametrize("rank", [4, 128])
+def test_the_fold_kernel_equals_copy_then_addmm_to_one_rounding(rank):
+    """The Triton fold (one read of the resting weight, one write) against the torch ops it replaces, on odd shapes
+    and several LoRAs' columns with their own strengths."""
+    from flowjam.engine.lora.fold_kernel import fold_low_rank, fused_fold_available
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, columns = 1000, 600
+    rest = torch.randn(rows, columns, device="cuda", generator=g).bfloat16()
+    up = (torch.randn(rows, rank, device="cuda", generator=g) * 0.1).bfloat16()
+    down = (torch.randn(rank, columns, device="cuda", generator=g) * 0.1).bfloat16()
+    column_scale = torch.rand(rank, device="cuda", generator=g)
+    column_slot = torch.arange(rank, device="cuda") % 3
+    strengths = torch.tensor([0.5, 1.7, 0.0, 0, 0, 0, 0, 0], device="cuda")
+    assert fused_fold_available(rest)
+    fused = torch.empty_like(rest)
+    fold_low_rank(rest, up, down, column_scale, column_slot, strengths, fused)
+    scaled = up.float() * (column_scale * strengths[column_slot])
+    exact = rest.float() + scaled @ down.float()
+    torch.testing.assert_close(fused.float(), exact, rtol=8e-3, atol=1e-2)
+    assert not torch.equal(fused, rest), "the fold changed nothing"
+    strengths.zero_()
+    fold_low_rank(rest, up, down, column_scale, column_slot, strengths, fused)
+    assert torch.equal(fused, rest), "strength 0 does not fold back to the resting weight"

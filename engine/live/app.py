@@ -55,10 +55,11 @@ class LiveConfig:
 
 
 def add_lora_knobs(registry: KnobRegistry, session: Session) -> None:
-    """A `lora/<name>` knob, at the LoRA's strength, for every unmerged LoRA the session has and the registry lacks."""
-    for name, (strength, merged) in session.loras.items():
+    """A `lora/<name>` knob, at the LoRA's strength, for every playable (live or folded) LoRA the session has and
+    the registry lacks."""
+    for name, (strength, mode) in session.loras.items():
         spec = lora_knob(name)
-        if not merged and spec.name not in registry.specs:
+        if mode != "merged" and spec.name not in registry.specs:
             registry.add(spec)
             registry.set(spec.name, strength, origin="load")
 

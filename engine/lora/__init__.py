@@ -1,12 +1,16 @@
-"""LoRAs for the DiT decoder: reading the files users have (formats.py), what one holds (adapter.py), playing its
-strength live without recompiling (unmerged.py) and merging one that stays, exactly reversibly (merged.py)."""
+"""LoRAs for the DiT decoder: reading the files users have (formats.py), what one holds (adapter.py), the deltas a
+layer carries (deltas.py), playing strengths live (attached.py) either unmerged in every tick (unmerged.py) or
+folded into the weights on the tick after a change (folded.py), and merging one that stays, exactly reversibly
+(merged.py)."""
 
 from .adapter import Kronecker, LoraAdapter, LowRank, check_fits
+from .attached import LIVE_MODES, MAX_LORAS, STRENGTH_RANGE, LoraSet, lora_set, refresh_folds, structure_lock
 from .formats import read_lora
 from .merged import MergedLora, merge, unmerge
-from .unmerged import MAX_LORAS, STRENGTH_RANGE, LoraLinear, LoraSet, lora_set
+from .unmerged import LoraLinear
 
 __all__ = [
+    "LIVE_MODES",
     "MAX_LORAS",
     "STRENGTH_RANGE",
     "Kronecker",
@@ -19,5 +23,7 @@ __all__ = [
     "lora_set",
     "merge",
     "read_lora",
+    "refresh_folds",
+    "structure_lock",
     "unmerge",
 ]

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from .adapter import LoraAdapter, check_fits
-from .unmerged import LoraLinear, check_strength, structure_lock
+from .attached import check_strength, lora_set, structure_lock
+from .unmerged import LoraLinear
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -52,6 +53,11 @@ def unmerge(decoder: nn.Module, merged: MergedLora) -> None:
 
 
 def _weight(decoder: nn.Module, path: str) -> torch.Tensor:
+    """The weight a merge changes: a folded layer's resting weight (the next fold carries the change), else the
+    layer's own."""
+    resting = lora_set(decoder).resting_weight(path)
+    if resting is not None:
+        return resting
     module = decoder.get_submodule(path)
     base = module.base if isinstance(module, LoraLinear) else module
     if not isinstance(base, nn.Linear) or base.weight.dtype not in _BITS:
@@ -63,5 +69,6 @@ def _weight(decoder: nn.Module, path: str) -> torch.Tensor:
 
 
 def _weights_changed(decoder: nn.Module) -> None:
+    lora_set(decoder).resting_weights_changed()
     decoder.cross_kv_version += 1
     decoder.clear_folded_constants()
