@@ -129,6 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--device", default="cpu")
     tick.add_argument("--dtype", default="float32", choices=DTYPES)
 
+    ring = targets.add_parser("ring", help="several sessions (lanes) in one ring: ticks against the bound, real time")
+    ring.add_argument("--preset", default="turbo-2b")
+    ring.add_argument("--seconds", type=float, default=60.0, help="loop latent length")
+    ring.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4])
+    ring.add_argument("--depth", type=int, default=4)
+    ring.add_argument("--steps", type=int, default=8)
+    ring.add_argument("--cfg", default="full", choices=CFG_MODES)
+    ring.add_argument("--ticks", type=int, default=32, help="measured ticks (after warm-up)")
+    ring.add_argument("--backend", default="eager", choices=BACKENDS)
+    ring.add_argument("--device", default="cpu")
+    ring.add_argument("--dtype", default="float32", choices=DTYPES)
+
     lora = targets.add_parser("lora", help="tick cost of LoRAs (live, folded, merged) and what a strength change costs")
     lora.add_argument("--preset", default="turbo-2b")
     lora.add_argument("--seconds", type=float, default=60.0, help="song latent length")
@@ -377,6 +389,7 @@ def parse_lora_option(spec: str) -> tuple[Path, float]:
 
 def run_bench(args: argparse.Namespace) -> int:
     benches = {"dit": bench_dit, "tick": bench_tick, "decode": bench_decode, "lm": bench_lm, "lora": bench_lora}
+    benches["ring"] = bench_ring
     return {**benches, "latency": bench_latency, "soak": bench_soak}[args.target](args)
 
 
@@ -510,6 +523,29 @@ def bench_tick(args: argparse.Namespace) -> int:
         print(
             f"| {r.depth} | {r.cfg} | {r.rows_per_tick:.2f} | {r.backend} | {r.precision} | {r.median_ms:.2f} ({r.p95_ms:.2f}) | "
             f"{r.free_ms:.2f} | {r.host_ms:.2f} | {r.bound_ms:.2f} | {r.median_ms / r.bound_ms:.2f}x |"
+        )
+    return 0
+
+
+def bench_ring(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine.benchmarks import TickFixture
+    from .engine.benchmarks import bench_ring as measure
+
+    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    print(
+        f"Sessions in one ring: preset {args.preset}, {args.seconds:g} s loops, depth {args.depth}, {args.steps} steps, "
+        f"cfg {args.cfg}, {args.backend}, {args.dtype}, {device}, torch {torch.__version__}"
+    )
+    fixture = TickFixture.build(args.preset, args.seconds, args.device, getattr(torch, args.dtype))
+    print(f"  measured GEMM peak {fixture.gemm_tflops:.1f} TFLOP/s; real time: a fresh latent every <= 250 ms each")
+    for sessions in args.sessions:
+        r = measure(fixture, sessions, args.depth, args.steps, args.cfg, args.backend, args.ticks)
+        print(
+            f"  {r.sessions:2d} sessions {r.rows:5.1f} rows  {r.median_ms:7.2f} ms/tick (p95 {r.p95_ms:.2f})  "
+            f"{r.median_ms / r.bound_ms:4.2f}x bound ({r.bound_ms:.2f} ms)  latent every {r.latent_interval_ms:6.1f} ms "
+            f"per session  {'real time' if r.realtime else 'NOT real time'}"
         )
     return 0
 

@@ -19,7 +19,7 @@ from .models.presets import AceStepConfig, get_preset
 from .models.text_encoder import Qwen3TextEncoder
 from .models.vae import OobleckVAE
 from .params import LATENT_RATE_HZ
-from .stream import SlotRequest, StreamPipeline
+from .stream import RealtimeNeed, SlotRequest, StreamPipeline
 
 CONDITION_TOKENS = 256
 
@@ -504,4 +504,57 @@ def _strength_change_cost(
         counters["frames"]["ok"] - frames,
         (pipeline.stats()["graphs"] or {}).get("captures", 0) - captures,
         attached.folds_run - folds,
+    )
+
+
+@dataclass(frozen=True)
+class RingReport:
+    sessions: int
+    rows: float  # mean rows a tick
+    median_ms: float
+    p95_ms: float
+    bound_ms: float  # the rows' FLOPs at the measured GEMM peak
+    latent_interval_ms: float  # each session's time between fresh latents: median tick x ticks per latent
+    realtime: bool  # every session gets a fresh latent within its need
+
+
+def bench_ring(
+    fixture: TickFixture, sessions: int, depth: int, steps: int, cfg: str, backend: str, ticks: int = 32
+) -> RingReport:
+    """`sessions` paced lanes of one ring, each submitting every tick (its own seeds), timed tick by tick."""
+    need = RealtimeNeed(steps, 2 if cfg == "full" else 1)
+    ring = StreamPipeline(fixture.decoder, depth=1, backend=backend)
+    lanes = [ring.add_lane(f"session{i}", depth, paced=True) for i in range(sessions)]
+    options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
+    seeds = iter(range(1 << 30))
+
+    def tick() -> None:
+        for lane in lanes:
+            lane.submit(SlotRequest(fixture.positive, fixture.context, seed=next(seeds), steps=steps, **options))
+        ring.tick()
+
+    for _ in range(3 * (steps + depth)):
+        tick()
+    times_ms, rows = [], []
+    for _ in range(ticks):
+        _sync(fixture.context.device)
+        start = time.perf_counter()
+        tick()
+        _sync(fixture.context.device)
+        times_ms.append((time.perf_counter() - start) * 1000.0)
+        rows.append(ring.stats()["rows"])
+    median = statistics.median(times_ms)
+    mean_rows = sum(rows) / len(rows)
+    interval = median * max(1, -(-steps // depth))
+    return RingReport(
+        sessions=sessions,
+        rows=mean_rows,
+        median_ms=median,
+        p95_ms=sorted(times_ms)[min(len(times_ms) - 1, int(0.95 * len(times_ms)))],
+        bound_ms=mean_rows
+        * dit_row_flops(fixture.decoder.config, fixture.context.shape[1])
+        / (fixture.gemm_tflops * 1e12)
+        * 1000.0,
+        latent_interval_ms=interval,
+        realtime=interval <= need.latent_interval_ms,
     )

@@ -10,9 +10,10 @@ the next tick on. Rows never depend on each other: a request's latent equals one
 
 from __future__ import annotations
 
+import statistics
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,9 @@ from .schedule import timestep_schedule
 from .tick_graph import DEVICE_WORK, StaticTensors, TickGraphs
 
 MAX_DEPTH = 8
+MAX_LANES = 8  # sessions sharing one ring; each lane owns MAX_DEPTH slot indices
+COST_SAMPLES = 64  # recent (rows, tick ms) pairs admission control predicts from
+MAIN_LANE = "main"  # the lane a pipeline's own submit/set_depth/set_shared_curve reach
 MODULATION_CACHE_SIZE = 512
 FINITE_CHECKS_KEPT = 64
 
@@ -95,6 +99,7 @@ class Finished:
     latent: torch.Tensor  # [1, T, 64]
     request: SlotRequest
     ticks: int  # ticks the request spent in its slot
+    lane: str = MAIN_LANE  # the session (lane of the ring) that submitted it
 
 
 @dataclass(eq=False)
@@ -116,9 +121,10 @@ class _Slot(_Prepared):
     """One in-flight generation: a prepared request in its place in the ring, with the state its steps read and
     write (the request's own tensors, or static copies of them on the graph path)."""
 
-    index: int  # place in the ring
+    index: int  # place in the ring (lane.base + place in the lane)
     x: torch.Tensor
     noise: torch.Tensor  # the request's seeded noise, drawn when it entered the ring
+    lane: _Lane
     step_noise: torch.Tensor | None = None  # graph path: this step's noise, drawn before the device work
     step: int = 0
     running: torch.Tensor | None = None
@@ -191,6 +197,45 @@ class TickStats:
     finished: int = 0
     gpu_events: tuple[Any, Any] | None = None
     history_ms: list[float] = field(default_factory=list)
+    cost_samples: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=COST_SAMPLES))  # (rows, ms)
+    pending_cost: tuple[int, tuple[Any, Any]] | None = None  # a GPU tick's (rows, events) not yet complete
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One session's share of the ring: its slots (indices base .. base + MAX_DEPTH - 1), its queue of one, its
+    shared curves and pacing, and what it needs to play in real time (admission control)."""
+
+    name: str
+    base: int
+    depth: int
+    paced: bool
+    need: RealtimeNeed | None = None
+    slots: list[_Slot | None] = field(default_factory=list)
+    queued: _Prepared | None = None
+    shared: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def idle(self) -> bool:
+        return self.queued is None and all(slot is None for slot in self.slots)
+
+    def trim(self) -> None:
+        while len(self.slots) > self.depth and self.slots[-1] is None:
+            self.slots.pop()
+
+
+@dataclass(frozen=True)
+class RealtimeNeed:
+    """What a session needs from a shared ring: a fresh latent at least every `latent_interval_ms`, from slots of
+    `steps` steps with `rows_per_slot` rows each (2 with cfg full, else 1)."""
+
+    steps: int
+    rows_per_slot: int
+    latent_interval_ms: float = 250.0
+
+    def max_tick_ms(self, depth: int) -> float:
+        """The slowest tick that still delivers in time: paced, a latent finishes every steps/depth ticks."""
+        return self.latent_interval_ms / max(1, -(-self.steps // depth))
 
 
 class StreamPipeline:
@@ -199,12 +244,9 @@ class StreamPipeline:
         staggered and a latent finishes every steps/depth ticks (a live stream's shared knobs are heard that
         soon); unpaced, a free slot is filled on the next tick and finishes bunch together after a ramp-up."""
         self.decoder = decoder
-        self.paced = paced
         self._check_depth(depth)
-        self.depth = depth
-        self._slots: list[_Slot | None] = [None] * depth
-        self._queued: _Prepared | None = None
-        self._shared: dict[str, torch.Tensor] = {}
+        self._lanes: dict[str, _Lane] = {}
+        self._main = self._new_lane(MAIN_LANE, depth, paced, None)
         self._modulation: OrderedDict[float, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._stats = TickStats()
         self.backend = backend
@@ -224,42 +266,119 @@ class StreamPipeline:
         if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
             raise ValueError(f"depth must be an integer in 1..{MAX_DEPTH}, got {depth!r}")
 
+    @property
+    def depth(self) -> int:
+        return self._main.depth
+
+    @property
+    def paced(self) -> bool:
+        return self._main.paced
+
     def set_depth(self, depth: int) -> None:
         """Hot depth change: growing adds free slots; shrinking stops admitting to the removed slots, whose
         in-flight work finishes and is delivered before they disappear."""
-        self._check_depth(depth)
-        self.depth = depth
-        if len(self._slots) < depth:
-            self._slots.extend([None] * (depth - len(self._slots)))
-        self._trim()
+        self._set_depth(self._main, depth)
 
-    def _trim(self) -> None:
-        while len(self._slots) > self.depth and self._slots[-1] is None:
-            self._slots.pop()
+    def _set_depth(self, lane: _Lane, depth: int) -> None:
+        self._check_depth(depth)
+        lane.depth = depth
+        if len(lane.slots) < depth:
+            lane.slots.extend([None] * (depth - len(lane.slots)))
+        lane.trim()
+
+    def _slots_in_flight(self) -> list[_Slot]:
+        return [slot for lane in self._lanes.values() for slot in lane.slots if slot is not None]
 
     @property
     def frames(self) -> int | None:
-        """T of the in-flight work (None when idle)."""
-        for slot in self._slots:
-            if slot is not None:
-                return slot.request.frames
+        """T of the in-flight work, every lane's (one batch; None when idle)."""
+        for slot in self._slots_in_flight():
+            return slot.request.frames
         return None
 
     def set_shared_curve(self, name: str, value: Curve | None) -> None:
         """Override a step-time field for every in-flight slot from the next tick; None reverts to per-slot values."""
+        self._set_shared_curve(self._main, name, value)
+
+    def _set_shared_curve(self, lane: _Lane, name: str, value: Curve | None) -> None:
         if name not in SHARED_FIELDS:
             raise ValueError(f"unknown shared curve {name!r}: choose one of {', '.join(SHARED_FIELDS)}")
         if value is None:
-            self._shared.pop(name, None)
+            lane.shared.pop(name, None)
             return
-        frames = self.frames or (self._queued.request.frames if self._queued else None)
+        frames = self.frames or (lane.queued.request.frames if lane.queued else None)
         curve = self._to_device(as_curve(value, frames if frames is not None else _length_of(value), name))
         if self._graphs is not None and frames is not None:
-            curve = self._static.put(("shared", name), curve, (1, frames, 1))
-        self._shared[name] = curve
+            curve = self._static.put(("shared", lane.base, name), curve, (1, frames, 1))
+        lane.shared[name] = curve
 
     def shared_curves(self) -> dict[str, torch.Tensor]:
-        return dict(self._shared)
+        return dict(self._main.shared)
+
+    # ---- lanes: several sessions in one ring ----------------------------------------------------------------
+
+    def add_lane(self, name: str, depth: int = 4, paced: bool = True, need: RealtimeNeed | None = None) -> StreamLane:
+        """A new session's share of the ring: its own slots, queue, shared curves and pacing, its rows in the same
+        batched forward as every other lane's. With a `need`, refused (ValueError, with the reason) when the
+        measured tick cost says the ring could no longer keep this or another lane in real time."""
+        if name in self._lanes:
+            raise ValueError(f"the ring has a session named {name!r} already: end it first or pick another name")
+        if len(self._lanes) >= MAX_LANES:
+            raise ValueError(f"the ring holds {MAX_LANES} sessions already: end one, or start another ring/GPU")
+        self._check_depth(depth)
+        self._admission_check(_Lane(name, -1, depth, paced, need))
+        return StreamLane(self, self._new_lane(name, depth, paced, need))
+
+    def remove_lane(self, name: str) -> None:
+        """End a session: its slots and queued request are dropped at once (the other lanes play on)."""
+        if name == MAIN_LANE or name not in self._lanes:
+            raise ValueError(f"no session {name!r} to end in this ring (sessions: {', '.join(self._lanes)})")
+        del self._lanes[name]
+
+    def lane(self, name: str) -> StreamLane:
+        if name not in self._lanes:
+            raise ValueError(f"no session {name!r} in this ring (sessions: {', '.join(self._lanes)})")
+        return StreamLane(self, self._lanes[name])
+
+    def _new_lane(self, name: str, depth: int, paced: bool, need: RealtimeNeed | None) -> _Lane:
+        used = {lane.base for lane in self._lanes.values()}
+        base = next(MAX_DEPTH * i for i in range(MAX_LANES) if MAX_DEPTH * i not in used)
+        lane = _Lane(name, base, depth, paced, need, [None] * depth)
+        self._lanes[name] = lane
+        return lane
+
+    def predicted_tick_ms(self, rows: int) -> float | None:
+        """A tick's time at `rows` rows from the ticks measured so far (device time on a GPU): a line through the
+        recent (rows, ms) points, or ms per row when one row count has been seen; None before any tick."""
+        samples = self._stats.cost_samples
+        if not samples:
+            return None
+        counts = {r for r, _ in samples}
+        if len(counts) == 1:
+            return rows * statistics.median(ms / r for r, ms in samples)
+        mean_r = sum(r for r, _ in samples) / len(samples)
+        mean_ms = sum(ms for _, ms in samples) / len(samples)
+        slope = sum((r - mean_r) * (ms - mean_ms) for r, ms in samples) / sum((r - mean_r) ** 2 for r, _ in samples)
+        slope = max(slope, 0.0)
+        return max(mean_ms + slope * (rows - mean_r), 0.0)
+
+    def _admission_check(self, new: _Lane) -> None:
+        lanes = [*self._lanes.values(), new]
+        if not any(lane.need is not None for lane in lanes):
+            return
+        rows = sum(lane.depth * (lane.need.rows_per_slot if lane.need else 2) for lane in lanes)
+        predicted = self.predicted_tick_ms(rows)
+        if predicted is None:
+            return
+        for lane in lanes:
+            if lane.need is not None and predicted > lane.need.max_tick_ms(lane.depth):
+                raise ValueError(
+                    f"session {new.name!r} refused: with it the ring would run {rows} rows a tick, measured to take "
+                    f"~{predicted:.0f} ms, but session {lane.name!r} (depth {lane.depth}, {lane.need.steps} steps) "
+                    f"needs a tick within {lane.need.max_tick_ms(lane.depth):.0f} ms to get a latent every "
+                    f"{lane.need.latent_interval_ms:.0f} ms; end a session, lower a depth or the steps, or start it "
+                    "on another GPU"
+                )
 
     # ---- requests --------------------------------------------------------------------------------------------
 
@@ -272,10 +391,13 @@ class StreamPipeline:
         that supersedes passes that on to the one replacing it. Validation, cross-attention K/V of its conditions
         and curves are all made here; its seeded noise when it enters the ring (most queued requests of a live
         stream are replaced before they do)."""
-        self._validate(request)
-        supersedes = supersedes or (self._queued is not None and self._queued.supersedes)
-        self._queued = self._prepare(request)
-        self._queued.supersedes = supersedes
+        self._submit(self._main, request, supersedes)
+
+    def _submit(self, lane: _Lane, request: SlotRequest, supersedes: bool) -> None:
+        self._validate(request, lane)
+        supersedes = supersedes or (lane.queued is not None and lane.queued.supersedes)
+        lane.queued = self._prepare(request)
+        lane.queued.supersedes = supersedes
 
     def _prepare(self, request: SlotRequest) -> _Prepared:
         device, dtype = self._device_dtype()
@@ -306,7 +428,7 @@ class StreamPipeline:
             extra_weights=extra_weights,
         )
 
-    def _validate(self, request: SlotRequest) -> None:
+    def _validate(self, request: SlotRequest, lane: _Lane) -> None:
         context = request.context_latents
         if (
             context.dim() != 3
@@ -318,7 +440,8 @@ class StreamPipeline:
         in_flight = self.frames
         if in_flight is not None and in_flight != frames:
             raise ValueError(
-                f"request has T={frames} frames but the in-flight slots have T={in_flight}; drain() first to change length"
+                f"request has T={frames} frames but the in-flight slots have T={in_flight}; drain() first to change "
+                "length (sessions sharing a ring play one length: another length needs its own ring)"
             )
         for name, tensor in (
             ("context_latents", context),
@@ -350,7 +473,7 @@ class StreamPipeline:
             raise ValueError("latent_mask needs source_latents (the frames it keeps)")
         if not 0.0 <= request.x0_target_gate < 1.0:
             raise ValueError(f"x0_target_gate must be in [0, 1), got {request.x0_target_gate}")
-        for name, curve in self._shared.items():
+        for name, curve in lane.shared.items():
             if curve.shape[1] not in (1, frames):
                 raise ValueError(f"shared curve {name!r} has {curve.shape[1]} frames but the request has T={frames}")
 
@@ -377,7 +500,7 @@ class StreamPipeline:
 
     @property
     def idle(self) -> bool:
-        return self._queued is None and all(slot is None for slot in self._slots)
+        return all(lane.idle for lane in self._lanes.values())
 
     # ---- the tick --------------------------------------------------------------------------------------------
 
@@ -391,8 +514,9 @@ class StreamPipeline:
     def _tick(self) -> list[Finished]:
         started = time.perf_counter()
         events = self._gpu_events()
-        self._admit()
-        active = [slot for slot in self._slots if slot is not None]
+        for lane in self._lanes.values():
+            self._admit(lane)
+        active = self._slots_in_flight()
         if not active:
             return []
         rows = [row for slot in active for row in self._rows_for(slot)]
@@ -406,10 +530,11 @@ class StreamPipeline:
         for slot in active:
             slot.step += 1
             if slot.step == slot.steps:
-                self._slots[slot.index] = None
+                slot.lane.slots[slot.index - slot.lane.base] = None
                 latent = slot.x if self._graphs is None else slot.x.clone()
-                finished.append(Finished(latent, slot.request, slot.steps))
-        self._trim()
+                finished.append(Finished(latent, slot.request, slot.steps, slot.lane.name))
+        for lane in self._lanes.values():
+            lane.trim()
         if events is not None:
             events[1].record()
             self._stats.gpu_events = events
@@ -441,7 +566,7 @@ class StreamPipeline:
         torch.cat([e[0] for e in embeddings], out=temb)
         torch.cat([e[1] for e in embeddings], out=modulation)
         clock = torch.tensor([[slot.t, slot.t_next] for slot in active], dtype=torch.float32)
-        times_device = static.get("times", (MAX_DEPTH, 2), torch.float32)
+        times_device = static.get("times", (MAX_LANES * MAX_DEPTH, 2), torch.float32)
         self._staging.copy(clock, times_device[: len(active)])
         times = {
             id(slot): (times_device[i, 0].view(1, 1, 1), times_device[i, 1].view(1, 1, 1))
@@ -519,7 +644,10 @@ class StreamPipeline:
         row_kinds = tuple((row.slot.index, row.negative, row.weight is not None) for row in rows)
         kv_lengths = tuple(c.length for c in layout.conditions)
         frames = active[0].x.shape[1]
-        shared = tuple(sorted((name, tuple(curve.shape)) for name, curve in self._shared.items()))
+        shared = tuple(
+            (lane.base, tuple(sorted((name, tuple(curve.shape)) for name, curve in lane.shared.items())))
+            for lane in self._lanes.values()
+        )
         structure = self.decoder.structure_version  # LoRAs attached or detached: the layers themselves changed
         return frames, slots, row_kinds, layout.batch, layout.counts, kv_lengths, shared, structure
 
@@ -566,34 +694,36 @@ class StreamPipeline:
         start.record()
         return start, end
 
-    def _admit(self) -> None:
-        if self._queued is None:
+    def _admit(self, lane: _Lane) -> None:
+        if lane.queued is None:
             return
-        if self.paced and self._too_soon(self._queued):
-            if self._queued.supersedes:
-                self._replace_youngest()
+        if lane.paced and self._too_soon(lane, lane.queued):
+            if lane.queued.supersedes:
+                self._replace_youngest(lane)
             return
-        for index in range(min(self.depth, len(self._slots))):
-            if self._slots[index] is None:
-                self._slots[index] = self._start(self._queued, index)
-                self._queued = None
+        for place in range(min(lane.depth, len(lane.slots))):
+            if lane.slots[place] is None:
+                lane.slots[place] = self._start(lane.queued, lane, place)
+                lane.queued = None
                 return
 
-    def _replace_youngest(self) -> None:
+    def _replace_youngest(self, lane: _Lane) -> None:
         """Start the queued request in the youngest slot's place, dropping that slot's few steps, unless it
         superseded an older one itself."""
-        in_ring = [slot for slot in self._slots[: self.depth] if slot is not None]
+        in_ring = [slot for slot in lane.slots[: lane.depth] if slot is not None]
         youngest = min(in_ring, key=lambda slot: slot.step, default=None)
         if youngest is not None and not youngest.supersedes:
-            self._slots[youngest.index] = self._start(self._queued, youngest.index)
-            self._queued = None
+            place = youngest.index - lane.base
+            lane.slots[place] = self._start(lane.queued, lane, place)
+            lane.queued = None
 
-    def _too_soon(self, prepared: _Prepared) -> bool:
-        """Paced admission: some slot in flight is not yet steps/depth steps in."""
-        spacing = max(1, (len(prepared.schedule) - 1) // self.depth)
-        return any(slot is not None and slot.step < spacing for slot in self._slots)
+    @staticmethod
+    def _too_soon(lane: _Lane, prepared: _Prepared) -> bool:
+        """Paced admission: some slot of the lane in flight is not yet steps/depth steps in."""
+        spacing = max(1, (len(prepared.schedule) - 1) // lane.depth)
+        return any(slot is not None and slot.step < spacing for slot in lane.slots)
 
-    def _start(self, prepared: _Prepared, index: int) -> _Slot:
+    def _start(self, prepared: _Prepared, lane: _Lane, place: int) -> _Slot:
         request, source, curves = prepared.request, prepared.source, prepared.curves
         dtype = self._device_dtype()[1]
         channels = self.decoder.config.audio_acoustic_hidden_dim
@@ -604,7 +734,7 @@ class StreamPipeline:
             x = solver.noised(source, noise, prepared.schedule[0])
         else:
             x = noise
-        slot = _Slot(**vars(prepared), index=index, x=x, noise=noise)
+        slot = _Slot(**vars(prepared), index=lane.base + place, x=x, noise=noise, lane=lane)
         return slot if self._graphs is None else self._to_static(slot)
 
     def _seeded_noise(self, seed: int, frames: int, channels: int, dtype: torch.dtype) -> torch.Tensor:
@@ -634,7 +764,7 @@ class StreamPipeline:
 
     def _curve(self, slot: _Slot, name: str) -> torch.Tensor | None:
         """The effective value of a step-time field: the shared override if set, else the slot's own."""
-        shared = self._shared.get(name)
+        shared = slot.lane.shared.get(name)
         return shared if shared is not None else slot.curves.get(name)
 
     def _needs_negative(self, slot: _Slot) -> bool:
@@ -799,12 +929,20 @@ class StreamPipeline:
 
     def _record(self, started: float, rows: list[_Row], active: list[_Slot], finished: list[Finished]) -> None:
         stats = self._stats
+        if stats.pending_cost is not None and stats.pending_cost[1][1].query():  # the last GPU tick has ended
+            count, (start, end) = stats.pending_cost
+            stats.cost_samples.append((count, start.elapsed_time(end)))
+            stats.pending_cost = None
         stats.ticks += 1
         stats.rows = len(rows)
         stats.negative_rows = sum(row.negative for row in rows)
         stats.active_slots = len(active)
         stats.finished += len(finished)
         stats.last_tick_ms = (time.perf_counter() - started) * 1000.0
+        if stats.gpu_events is None:
+            stats.cost_samples.append((len(rows), stats.last_tick_ms))
+        elif stats.pending_cost is None:
+            stats.pending_cost = (len(rows), stats.gpu_events)
         stats.history_ms.append(stats.last_tick_ms)
         del stats.history_ms[:-256]
 
@@ -819,18 +957,62 @@ class StreamPipeline:
             "gpu_tick_ms": gpu_ms,
             "ticks": s.ticks,
             "depth": self.depth,
+            "lanes": {
+                lane.name: {"depth": lane.depth, "active_slots": sum(s is not None for s in lane.slots)}
+                for lane in self._lanes.values()
+            },
             "active_slots": s.active_slots,
             "rows": s.rows,
             "negative_rows": s.negative_rows,
-            "queued": self._queued is not None,
+            "queued": self._main.queued is not None,
             "finished": s.finished,
             "last_tick_ms": s.last_tick_ms,
-            "slot_steps": [None if slot is None else slot.step for slot in self._slots],
+            "slot_steps": [None if slot is None else slot.step for slot in self._main.slots],
             "backend": self.backend,
             "graphs": None
             if self._graphs is None
             else {**vars(self._graphs.counters), "captured": self._graphs.captured},
         }
+
+
+class StreamLane:
+    """A session's handle on its lane of a shared ring: the same calls as a StreamPipeline's own (submit, depth,
+    shared curves), reaching only this lane; `StreamPipeline.tick` advances every lane at once."""
+
+    def __init__(self, pipeline: StreamPipeline, lane: _Lane):
+        self.pipeline = pipeline
+        self._lane = lane
+
+    @property
+    def name(self) -> str:
+        return self._lane.name
+
+    @property
+    def depth(self) -> int:
+        return self._lane.depth
+
+    @property
+    def idle(self) -> bool:
+        return self._lane.idle
+
+    def submit(self, request: SlotRequest, supersedes: bool = False) -> None:
+        self._check_open()
+        self.pipeline._submit(self._lane, request, supersedes)
+
+    def set_depth(self, depth: int) -> None:
+        self._check_open()
+        self.pipeline._set_depth(self._lane, depth)
+
+    def set_shared_curve(self, name: str, value: Curve | None) -> None:
+        self._check_open()
+        self.pipeline._set_shared_curve(self._lane, name, value)
+
+    def shared_curves(self) -> dict[str, torch.Tensor]:
+        return dict(self._lane.shared)
+
+    def _check_open(self) -> None:
+        if self.pipeline._lanes.get(self._lane.name) is not self._lane:
+            raise ValueError(f"session {self._lane.name!r} has ended: add a new lane to play again")
 
 
 CURVE_FIELDS = frozenset(

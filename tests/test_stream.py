@@ -57,7 +57,7 @@ def assert_equals_one_shot(streamed, one_shot, backend):
 
 
 def slot_states(pipeline):
-    return [None if slot is None else slot.x.clone() for slot in pipeline._slots]
+    return [None if slot is None else slot.x.clone() for slot in pipeline._main.slots]
 
 
 @across_backends
@@ -219,7 +219,7 @@ def test_depth_shrink_finishes_every_in_flight_slot(session, prompts, backend):
     pipeline.set_depth(1)
     delivered = pipeline.drain()
     assert sorted(f.request.seed for f in delivered) == [0, 1, 2, 3]
-    assert pipeline.stats()["depth"] == 1 and len(pipeline._slots) == 1
+    assert pipeline.stats()["depth"] == 1 and len(pipeline._main.slots) == 1
     pipeline.set_depth(3)
     pipeline.submit(session.make_request(prompts[0], SECONDS, seed=9))
     assert [f.request.seed for f in pipeline.drain()] == [9]

@@ -341,3 +341,33 @@ def test_the_fold_kernel_equals_copy_then_addmm_to_one_rounding(rank):
     strengths.zero_()
     fold_low_rank(rest, up, down, column_scale, column_slot, strengths, fused)
     assert torch.equal(fused, rest), "strength 0 does not fold back to the resting weight"
+
+
+@cuda
+def test_sessions_sharing_a_graph_ring_play_as_alone():
+    """Lanes on the graph backend: captured ticks over two sessions' rows; each session's latents match it alone
+    (replayed ticks read fp32 t tensors: within the stream tests' graph tolerance), its knob its own."""
+    session = Session.load(preset="tiny", device="cuda")
+    decoder = session.models.acestep.decoder
+    calm, drums = session.encode_text("calm pads"), session.encode_text("fast drums")
+
+    def play(ring, lanes, ticks=14):
+        out = {lane.name: [] for lane in lanes}
+        for tick in range(ticks):
+            for lane, prompt in zip(lanes, (calm, drums)):
+                lane.submit(session.make_request(prompt, 4.0, seed=tick, steps=4))
+            for done in ring.tick():
+                out[done.lane].append(done.latent.clone())
+        torch.cuda.synchronize()
+        return out
+
+    alone_ring = StreamPipeline(decoder, depth=1, backend="graph")
+    alone = play(alone_ring, [alone_ring.add_lane("me", 2)])["me"]
+    ring = StreamPipeline(decoder, depth=1, backend="graph")
+    lanes = [ring.add_lane("me", 2), ring.add_lane("other", 3)]
+    lanes[1].set_shared_curve("velocity_scale", 1.3)
+    together = play(ring, lanes)
+    assert ring.stats()["graphs"]["replays"] > 0, "no tick replayed a captured graph"
+    assert len(together["me"]) == len(alone) >= 4 and together["other"]
+    for shared, solo in zip(together["me"], alone):
+        torch.testing.assert_close(shared, solo, atol=2e-5, rtol=1e-5)

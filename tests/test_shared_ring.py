@@ -1,0 +1,114 @@
+"""Several sessions in one ring (lanes of a StreamPipeline): one batched forward per tick over every session's
+rows, each session isolated (bit for bit what it plays alone, whatever the others do), its knobs its own, and
+admission control that refuses a session the measured tick cost says could not be kept in real time."""
+
+import pytest
+import torch
+from flowjam.engine.stream import MAX_LANES, RealtimeNeed, StreamPipeline
+
+SECONDS = 10.0  # T = 250 frames, as the stream tests: batch-size-invariant CPU GEMMs
+TICKS = 14
+
+
+def play(pipeline, lanes, requests, ticks=TICKS):
+    """Submit each lane's next request every tick (seeds 0, 1, ...) and tick; latents delivered, by lane."""
+    delivered = {lane.name: [] for lane in lanes}
+    for tick in range(ticks):
+        for lane in lanes:
+            lane.submit(requests[lane.name](tick))
+        for finished in pipeline.tick():
+            delivered[finished.lane].append((finished.request.seed, finished.latent.clone()))
+    return delivered
+
+
+def test_a_session_plays_bit_for_bit_as_alone_whatever_the_others_do(session, prompts, source):
+    a, b, null = prompts
+    decoder = session.models.acestep.decoder
+
+    def mine(tick):
+        return session.make_request(a, SECONDS, seed=tick, steps=4, cfg_mode="full", negative=null, guidance=2.5)
+
+    alone_ring = StreamPipeline(decoder, depth=1)
+    alone = play(alone_ring, [alone_ring.add_lane("me", depth=2)], {"me": mine})["me"]
+    assert len(alone) >= 4
+
+    shared_ring = StreamPipeline(decoder, depth=1)
+    lanes = [shared_ring.add_lane("me", depth=2), shared_ring.add_lane("drums", 4), shared_ring.add_lane("cover", 3)]
+    lanes[1].set_shared_curve("guidance", 6.0)
+    requests = {
+        "me": mine,
+        "drums": lambda tick: session.make_request(b, SECONDS, seed=100 + tick, steps=8, cfg_mode="self"),
+        "cover": lambda tick: session.make_request(
+            a, SECONDS, source=source, seed=200 + tick, steps=6, denoise=0.7, cfg_mode="full", negative=null
+        ),
+    }
+    together = play(shared_ring, lanes, requests)
+    assert shared_ring.stats()["rows"] > 4, "the other sessions' rows were not in the same forward"
+    assert len(together["drums"]) and len(together["cover"])
+    assert [seed for seed, _ in together["me"]] == [seed for seed, _ in alone]
+    for (seed, shared), (_, solo) in zip(together["me"], alone):
+        assert torch.equal(shared, solo), f"seed {seed}: sharing the ring changed this session's latent"
+
+
+def test_a_shared_knob_reaches_its_own_session_only(session, prompts):
+    a, b, null = prompts
+    decoder = session.models.acestep.decoder
+
+    def requests(tick):
+        return session.make_request(a, SECONDS, seed=tick, steps=4, cfg_mode="full", negative=null)
+
+    def run(guidance_on_b):
+        ring = StreamPipeline(decoder, depth=1)
+        lanes = [ring.add_lane("a", 2), ring.add_lane("b", 2)]
+        if guidance_on_b is not None:
+            lanes[1].set_shared_curve("guidance", guidance_on_b)
+        return play(ring, lanes, {"a": requests, "b": requests}, ticks=8)
+
+    plain, turned = run(None), run(7.0)
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(plain["a"], turned["a"])), "b's knob reached a"
+    assert any((x - y).abs().max() > 1e-3 for (_, x), (_, y) in zip(plain["b"], turned["b"])), "b's knob did nothing"
+
+
+def test_admission_refuses_a_session_the_measured_ticks_could_not_keep_in_real_time(session, prompts):
+    a, _, null = prompts
+    ring = StreamPipeline(session.models.acestep.decoder, depth=1)
+    need = RealtimeNeed(steps=8, rows_per_slot=2, latent_interval_ms=60_000.0)
+    first = ring.add_lane("first", depth=2, need=need)  # nothing measured yet: admitted
+    play(ring, [first], {"first": lambda t: session.make_request(a, SECONDS, seed=t, cfg_mode="full", negative=null)})
+    measured = ring.predicted_tick_ms(8)
+    assert measured is not None and measured > 0
+    ring.add_lane("generous", depth=2, need=need)  # a minute per latent: any CPU keeps that
+    impossible = RealtimeNeed(steps=8, rows_per_slot=2, latent_interval_ms=measured / 100)
+    with pytest.raises(ValueError, match=r"session 'greedy' refused: .* needs a tick within .* another GPU"):
+        ring.add_lane("greedy", depth=4, need=impossible)
+    assert set(ring.stats()["lanes"]) == {"main", "first", "generous"}, "a refused session took a lane"
+    with pytest.raises(ValueError, match="needs a tick within"):  # an existing session's need counts too
+        tight = StreamPipeline(session.models.acestep.decoder, depth=1)
+        kept = tight.add_lane("kept", depth=4, need=RealtimeNeed(8, 2, latent_interval_ms=2 * measured))
+        play(
+            tight, [kept], {"kept": lambda t: session.make_request(a, SECONDS, seed=t, cfg_mode="full", negative=null)}
+        )
+        for index in range(6):
+            tight.add_lane(f"extra{index}", depth=8, need=RealtimeNeed(8, 2, latent_interval_ms=60_000.0))
+
+
+def test_sessions_are_named_bounded_and_ended_cleanly(session, prompts):
+    a, _, _ = prompts
+    ring = StreamPipeline(session.models.acestep.decoder, depth=1)
+    lane = ring.add_lane("one", 2)
+    with pytest.raises(ValueError, match="has a session named 'one' already"):
+        ring.add_lane("one", 2)
+    for index in range(MAX_LANES - 2):
+        ring.add_lane(f"more{index}", 1)
+    with pytest.raises(ValueError, match=f"holds {MAX_LANES} sessions already"):
+        ring.add_lane("one too many", 1)
+    lane.submit(session.make_request(a, SECONDS, seed=1, steps=4))
+    ring.tick()
+    other = ring.lane("more0")
+    with pytest.raises(ValueError, match="request has T=50 frames but the in-flight slots have T=250"):
+        other.submit(session.make_request(a, 2.0, seed=1, steps=4))
+    ring.remove_lane("one")
+    with pytest.raises(ValueError, match="session 'one' has ended"):
+        lane.submit(session.make_request(a, SECONDS, seed=2, steps=4))
+    assert ring.idle, "an ended session's slots stayed in the ring"
+    ring.add_lane("one", 2)  # its name and its slot indices are free again
