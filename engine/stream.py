@@ -31,7 +31,7 @@ from .schedule import timestep_schedule
 from .tick_graph import DEVICE_WORK, StaticTensors, TickGraphs
 
 MAX_DEPTH = 8
-MAX_LANES = 8  # sessions sharing one ring; each lane owns MAX_DEPTH slot indices
+MAX_LANES = 8  # sessions sharing one ring besides its main lane; each lane owns MAX_DEPTH slot indices
 COST_SAMPLES = 64  # recent (rows, tick ms) pairs admission control predicts from
 MAIN_LANE = "main"  # the lane a pipeline's own submit/set_depth/set_shared_curve reach
 MODULATION_CACHE_SIZE = 512
@@ -323,7 +323,7 @@ class StreamPipeline:
         measured tick cost says the ring could no longer keep this or another lane in real time."""
         if name in self._lanes:
             raise ValueError(f"the ring has a session named {name!r} already: end it first or pick another name")
-        if len(self._lanes) >= MAX_LANES:
+        if len(self._lanes) > MAX_LANES:  # the main lane does not count
             raise ValueError(f"the ring holds {MAX_LANES} sessions already: end one, or start another ring/GPU")
         self._check_depth(depth)
         self._admission_check(_Lane(name, -1, depth, paced, need))
@@ -342,7 +342,7 @@ class StreamPipeline:
 
     def _new_lane(self, name: str, depth: int, paced: bool, need: RealtimeNeed | None) -> _Lane:
         used = {lane.base for lane in self._lanes.values()}
-        base = next(MAX_DEPTH * i for i in range(MAX_LANES) if MAX_DEPTH * i not in used)
+        base = next(MAX_DEPTH * i for i in range(MAX_LANES + 1) if MAX_DEPTH * i not in used)
         lane = _Lane(name, base, depth, paced, need, [None] * depth)
         self._lanes[name] = lane
         return lane
@@ -566,7 +566,7 @@ class StreamPipeline:
         torch.cat([e[0] for e in embeddings], out=temb)
         torch.cat([e[1] for e in embeddings], out=modulation)
         clock = torch.tensor([[slot.t, slot.t_next] for slot in active], dtype=torch.float32)
-        times_device = static.get("times", (MAX_LANES * MAX_DEPTH, 2), torch.float32)
+        times_device = static.get("times", ((MAX_LANES + 1) * MAX_DEPTH, 2), torch.float32)
         self._staging.copy(clock, times_device[: len(active)])
         times = {
             id(slot): (times_device[i, 0].view(1, 1, 1), times_device[i, 1].view(1, 1, 1))

@@ -98,7 +98,7 @@ def test_sessions_are_named_bounded_and_ended_cleanly(session, prompts):
     lane = ring.add_lane("one", 2)
     with pytest.raises(ValueError, match="has a session named 'one' already"):
         ring.add_lane("one", 2)
-    for index in range(MAX_LANES - 2):
+    for index in range(MAX_LANES - 1):
         ring.add_lane(f"more{index}", 1)
     with pytest.raises(ValueError, match=f"holds {MAX_LANES} sessions already"):
         ring.add_lane("one too many", 1)
