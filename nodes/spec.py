@@ -74,9 +74,14 @@ class NodeSpec:
     hidden_unique_id: bool = False
 
     def call(self, **values: Any) -> tuple:
-        """Run the node function with defaults filled in for missing optional widget inputs."""
+        """Run the node function with defaults filled in for missing optional widget inputs, outside the
+        torch.inference_mode ComfyUI runs nodes in: the models, LoRA strengths and stream state made here are
+        updated in place later by the live threads, which inference tensors would refuse (grad stays off)."""
+        import torch
+
         arguments = {p.name: values.get(p.name, p.default) for p in self.inputs}
-        result = self.function(**arguments)
+        with torch.inference_mode(False), torch.no_grad():
+            result = self.function(**arguments)
         if not isinstance(result, tuple) or len(result) != len(self.outputs):
             raise TypeError(
                 f"{self.node_id} returned {type(result).__name__} of wrong arity for {len(self.outputs)} outputs"

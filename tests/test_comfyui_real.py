@@ -54,6 +54,7 @@ WORKFLOW_NAMES = (
     "flowjam_prompt_blend_osc.json",
     "flowjam_lm_structure_render.json",
 )
+LORA_FILE = "flowjam_test_style.safetensors"  # written into the fixture's own loras folder
 EXAMPLE = "flowjam_example.wav"  # the file name the cover workflow's LoadAudio uses
 FIVE_CHANNELS = "flowjam_test_5ch.wav"
 LOW_RATE = "flowjam_test_4khz.wav"
@@ -284,8 +285,11 @@ def comfy(tmp_path_factory):
     }
     for key in ("input", "output", "user", "models"):
         dirs[key].mkdir(parents=True)
-    model_paths = work / "extra_model_paths.yaml"  # a diffusion_models folder of its own for the model-memory test
-    model_paths.write_text(f"flowjam_test:\n    base_path: {work}\n    diffusion_models: models/diffusion_models\n")
+    model_paths = work / "extra_model_paths.yaml"  # its own diffusion_models (model-memory test) and loras folders
+    model_paths.write_text(
+        f"flowjam_test:\n    base_path: {work}\n    diffusion_models: models/diffusion_models\n    loras: models/loras\n"
+    )
+    _write_lora(work / "models" / "loras" / LORA_FILE)
     _write_wav(dirs["input"] / EXAMPLE, 2, 44_100, 3.5)  # the cover workflow's song: a 3.5 s stereo chord
     _write_wav(dirs["input"] / FIVE_CHANNELS, 5, 44_100, 1.0)
     _write_wav(dirs["input"] / LOW_RATE, 2, 4_000, 1.0)
@@ -410,8 +414,9 @@ def test_object_info_lists_every_flowjam_node_as_declared(comfy):
                     param.maximum,
                 )
             if param.type == "COMBO":
-                assert options["options"] == list(param.choices())
-    assert len([n for n in info if n.startswith("Flowjam")]) == len(NODE_SPECS) == 17
+                listed = (spec.node_id, param.name) == ("FlowjamLora", "lora")  # the fixture's loras folder
+                assert options["options"] == (["none", LORA_FILE] if listed else list(param.choices()))
+    assert len([n for n in info if n.startswith("Flowjam")]) == len(NODE_SPECS) == 18
     generate = info["FlowjamGenerate"]
     assert generate["output"] == ["AUDIO", "LATENT"]
     assert list(generate["input"]["optional"]) == ["source", "velocity_scale", "structure"]
@@ -446,6 +451,40 @@ def test_shipped_workflow_runs(comfy, name):
         if stream != "jam":  # jam keeps playing for the next tests
             comfy.run_ok(stop_prompt(stream))
             assert stream not in comfy.sessions()
+
+
+def _write_lora(path: Path) -> None:
+    """A ComfyUI-style LoRA file (diffusion_model.<layer>.lora_A/B + .alpha) for the tiny preset's DiT."""
+    import torch
+    from flowjam.engine.benchmarks import random_lora
+    from flowjam.engine.session import Session
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True)
+    decoder = Session.load(preset="tiny").models.acestep.decoder
+    tensors = {}
+    for layer, delta in random_lora(decoder, "style", rank=4, seed=0).deltas.items():
+        tensors[f"diffusion_model.{layer}.lora_A.weight"] = delta.down.contiguous()
+        tensors[f"diffusion_model.{layer}.lora_B.weight"] = (delta.up * 30).contiguous()
+        tensors[f"diffusion_model.{layer}.alpha"] = torch.tensor(4.0)
+    save_file(tensors, str(path))
+
+
+def test_the_lora_workflow_plays_a_lora_from_the_loras_folder(comfy):
+    """The LoRA node lists ComfyUI's loras folder; the shipped LoRA workflow with a file picked plays, and the
+    running stream has the LoRA's knob at the node's strength."""
+    combo = comfy.get("/object_info/FlowjamLora")["FlowjamLora"]["input"]["required"]["lora"][1]["options"]
+    assert LORA_FILE in combo, combo
+    prompt = api_prompt("flowjam_lora_live.json")
+    first = sorted(i for i, n in prompt.items() if n["class_type"] == "FlowjamLora")[0]
+    prompt[first]["inputs"].update(lora=LORA_FILE, strength=0.7)
+    comfy.run_ok(prompt)
+    (stream,) = [n["inputs"]["session_id"] for n in prompt.values() if n["class_type"] == "FlowjamStream"]
+    status = comfy.session(stream)
+    knob = "lora/" + LORA_FILE.removesuffix(".safetensors")
+    assert status["playing"] and status["errors"] == 0, status
+    assert status["knobs"][knob] == pytest.approx(0.7), status["knobs"]
+    comfy.run_ok(stop_prompt(stream))
 
 
 # ---- 3. a re-queue updates the running stream -----------------------------------------------------------------------

@@ -26,6 +26,10 @@ def model():
 
 @pytest.fixture(scope="module")
 def prompt(model):
+    return text(model)
+
+
+def text(model):
     defaults = dict(lyrics="", bpm=0, key="", time_signature="", duration=0.0, task="text2music", language="")
     return node("FlowjamTextConditioning").run(model=model, tags="lora node test, warm keys", **defaults)[0]
 
@@ -141,3 +145,18 @@ def test_a_bad_lora_file_is_refused_and_the_stream_keeps_its_loras(model, prompt
     assert app.runner.alive and app.runner.stats.errors == 0
     with pytest.raises(NodeInputError, match="not a file in ComfyUI/models/loras"):
         with_lora(model, str(tmp_path / "missing.safetensors"))
+
+
+def test_nodes_make_their_state_outside_comfyuis_inference_mode(tmp_path):
+    """ComfyUI runs nodes under torch.inference_mode; a model loaded there, a LoRA attached there and the strengths
+    the live threads then write in place must be ordinary tensors (an inference tensor refuses in-place writes
+    outside inference mode, and keeps no version counter)."""
+    with torch.inference_mode():
+        (session,) = node("FlowjamLoadModel").run(  # bf16: not the float32 session the other tests cached
+            preset="tiny", checkpoint="none", device="cpu", dtype="bfloat16", backend="eager"
+        )
+        model = with_lora(session, lora_file(session, tmp_path / "style.safetensors"))
+        audio(model, text(session))
+    decoder = session.models.acestep.decoder
+    assert not any(t.is_inference() for t in (*decoder.parameters(), *decoder.buffers()))
+    session.set_lora_strength("style", 0.5)  # what the runner thread does, outside inference mode

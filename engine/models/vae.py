@@ -53,10 +53,11 @@ def _constant(module: nn.Module, compute: Callable[[], Any], *params: torch.Tens
     """`compute()` (a tensor or a tuple of tensors, functions of `params` alone), kept on the module until one of
     them is moved, cast or written in place, so a decode runs no weight-norm or exp kernels; computed afresh
     wherever autograd records. A recomputed value of the same device, dtype and shape is written into the kept
-    tensors: a captured CUDA graph that reads them stays valid."""
+    tensors: a captured CUDA graph that reads them stays valid. (Inference tensors keep no version: weights made
+    under torch.inference_mode are taken to stay as they are.)"""
     if torch.is_grad_enabled():
         return compute()
-    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+    key = tuple((p.data_ptr(), 0 if p.is_inference() else p._version, p.dtype) for p in params)
     cached = module.__dict__.get("_folded")
     if cached is not None and cached[0] == key:
         return cached[1]
