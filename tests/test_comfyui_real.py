@@ -487,6 +487,54 @@ def test_the_lora_workflow_plays_a_lora_from_the_loras_folder(comfy):
     comfy.run_ok(stop_prompt(stream))
 
 
+def _lora_render_prompt(checkpoint: str, strength: float | None, prefix: str) -> dict:
+    """Generate 1 s from `checkpoint` through the LoRA node at `strength` (None: no LoRA node) -> Preview Audio and
+    Save Latent (under `prefix`)."""
+    prompt = _generate_prompt(seconds=1.0, checkpoint=checkpoint)
+    prompt["5"] = {"class_type": "SaveLatent", "inputs": {"samples": ["3", 1], "filename_prefix": prefix}}
+    if strength is not None:
+        prompt["6"] = {
+            "class_type": "FlowjamLora",
+            "inputs": {"model": ["1", 0], "lora": LORA_FILE, "strength": strength, "mode": "live"},
+        }
+        prompt["3"]["inputs"]["model"] = ["6", 0]
+    return prompt
+
+
+def test_a_lora_changes_what_generate_renders_and_strength_0_is_the_bare_model(comfy):
+    """Load model -> LoRA (the file from the fixture's loras folder) -> Generate: at strength 1 the audio and the
+    latent differ clearly from the same seed without the LoRA; at strength 0 they are exactly the bare model's."""
+    from flowjam.engine.checkpoints import save_flowjam_file
+    from flowjam.engine.session import Session
+    from safetensors.numpy import load_file
+
+    # a checkpoint of its own: no stream of another test plays the session the LoRA goes into
+    file = save_flowjam_file(
+        Session.load(preset="tiny").models, comfy.dirs["models"] / "acestep_tiny_lora_base.safetensors"
+    )
+    rendered = {}
+    try:
+        for label, strength in (("bare", None), ("lora_1", 1.0), ("lora_0", 0.0)):
+            started = time.monotonic()
+            prompt = _lora_render_prompt(f"diffusion_models/{file.name}", strength, f"flowjam_test/{label}")
+            entry = comfy.run_ok(prompt)
+            print(f"\nGenerate {label}: {time.monotonic() - started:.1f} s", file=sys.stderr)
+            ((audio, rate),) = comfy.decode(*comfy.saved_files(entry))
+            (saved,) = entry["outputs"]["5"]["latents"]
+            latent = load_file(str(comfy.dirs["output"] / saved["subfolder"] / saved["filename"]))["latent_tensor"]
+            rendered[label] = audio, rate, latent
+    finally:
+        file.unlink()
+    bare, lora, off = rendered["bare"], rendered["lora_1"], rendered["lora_0"]
+    assert bare[1] == lora[1] == off[1] == 48_000 and bare[0].shape == lora[0].shape == off[0].shape
+    assert np.abs(bare[0]).max() > 0.01 and np.abs(lora[0]).max() > 0.01
+    audio_change = np.abs(lora[0] - bare[0]).mean() / np.abs(bare[0]).mean()
+    latent_change = np.abs(lora[2] - bare[2]).mean() / np.abs(bare[2]).mean()
+    print(f"LoRA at 1: audio {audio_change:.0%}, latent {latent_change:.0%} off the bare model", file=sys.stderr)
+    assert audio_change > 0.1 and latent_change > 0.1, (audio_change, latent_change)
+    assert np.array_equal(off[2], bare[2]) and np.array_equal(off[0], bare[0]), "strength 0 is not the bare model"
+
+
 # ---- 3. a re-queue updates the running stream -----------------------------------------------------------------------
 
 
