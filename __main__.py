@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .engine.live.midi import MIDI_BACKENDS
 from .engine.params import BACKENDS, CFG_MODES, LORA_MODES, PRECISIONS
+from .engine.serve import cli as serve_commands
 
 if TYPE_CHECKING:
     from .engine.live.app import LiveConfig
@@ -173,6 +174,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--cfg", default="off", choices=CFG_MODES, help="cfg_mode of the stream (full: negative rows every step)"
     )
     add_model_arguments(latency)
+    sessions = targets.add_parser(
+        "sessions", help="live sessions on one host: real time (latent interval) and knob -> ear per session"
+    )
+    sessions.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 3])
+    sessions.add_argument("--trials", type=int, default=8)
+    sessions.add_argument("--depth", type=int, default=4)
+    sessions.add_argument("--song-seconds", type=float, default=60.0)
+    sessions.add_argument("--cfg", default="full", choices=CFG_MODES)
+    sessions.add_argument("--backend", default="eager", choices=BACKENDS)
+    sessions.add_argument(
+        "--interval-ms", type=float, default=250.0, help="a fresh latent per session at least this often"
+    )
+    sessions.add_argument("--ear-ms", type=float, default=150.0, help="knob -> ear target (p95 of the shared knob)")
+    add_model_arguments(sessions)
     soak = targets.add_parser("soak", help="play for N minutes under a knob storm and prompt swaps")
     soak.add_argument("--minutes", type=float, default=2.0)
     soak.add_argument("--depth", type=int, default=4)
@@ -250,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = commands.add_parser("info", help="parameter counts of a preset's networks (no weights needed)")
     info.add_argument("--preset", default="turbo-2b")
+    serve_commands.add_commands(commands)
     return parser
 
 
@@ -390,6 +406,7 @@ def parse_lora_option(spec: str) -> tuple[Path, float]:
 def run_bench(args: argparse.Namespace) -> int:
     benches = {"dit": bench_dit, "tick": bench_tick, "decode": bench_decode, "lm": bench_lm, "lora": bench_lora}
     benches["ring"] = bench_ring
+    benches["sessions"] = bench_sessions
     return {**benches, "latency": bench_latency, "soak": bench_soak}[args.target](args)
 
 
@@ -450,6 +467,47 @@ def bench_latency(args: argparse.Namespace) -> int:
         )
     print("runner at the end: " + ", ".join(f"{key} {status[key]}" for key in RUNNER_TIMINGS))
     return 0
+
+
+def bench_sessions(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine.serve.bench import measure_sessions
+    from .engine.serve.host import RingHost
+
+    session = load_session(args)
+    session.backend = args.backend
+    device = torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else "cpu"
+    print(
+        f"Live sessions on one host: preset {args.preset}, {args.song_seconds:g} s loops, depth {args.depth}, cfg "
+        f"{args.cfg}, {args.backend}, {args.dtype}, {device}, torch {torch.__version__}; every session's knob turned "
+        f"at once, {args.trials} trials; real time: a latent every <= {args.interval_ms:g} ms and a shared knob heard "
+        f"within {args.ear_ms:g} ms (p95)"
+    )
+    host = RingHost(session, latent_interval_ms=args.interval_ms)  # one host: admission learns from every count
+    try:
+        for count in args.sessions:
+            report_sessions(
+                measure_sessions(host, count, args.song_seconds, args.depth, args.cfg, args.trials), count, args
+            )
+    finally:
+        host.close()
+    return 0
+
+
+def report_sessions(r, count: int, args: argparse.Namespace) -> None:
+    verdict = "REAL TIME" if r.realtime(args.interval_ms, args.ear_ms) else "not real time"
+    print(
+        f"  {count} asked, {r.sessions} playing: tick {r.ring_tick_ms:.1f} ms, a latent every "
+        f"{r.latent_interval_ms:.0f} ms (slowest session), {r.errors} errors -> {verdict}"
+    )
+    for s in r.knobs:
+        print(
+            f"    {s.knob:>15} ({s.kind}): knob -> tick {s.tick_ms_median:.1f} / {s.tick_ms_p95:.1f} ms, -> ear "
+            f"{s.ear_ms_median:.1f} / {s.ear_ms_p95:.1f} ms (median / p95; first touch {s.first_touch_ear_ms:.1f})"
+        )
+    if r.refused:
+        print(f"    refused: {r.refused}")
 
 
 def bench_soak(args: argparse.Namespace) -> int:
@@ -789,7 +847,14 @@ def run_live(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"render": run_render, "bench": run_bench, "info": run_info, "demo": run_demo, "live": run_live}
+COMMANDS = {
+    "render": run_render,
+    "bench": run_bench,
+    "info": run_info,
+    "demo": run_demo,
+    "live": run_live,
+    **dict.fromkeys(("serve", "bridge", "listen"), serve_commands.run),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -397,6 +397,13 @@ class StreamHandle:
     def set_depth(self, depth: int) -> None:
         self.pipeline.set_depth(depth)
 
+    @property
+    def depth(self) -> int:
+        return self.pipeline.depth
+
+    def shared_curves(self) -> dict[str, torch.Tensor]:
+        return self.pipeline.shared_curves()
+
     def stats(self) -> dict[str, Any]:
         return self.pipeline.stats()
 

@@ -224,6 +224,10 @@ class _Lane:
             self.slots.pop()
 
 
+class AdmissionRefused(ValueError):
+    """A ring could not keep every session in real time with one more (the message has the numbers)."""
+
+
 @dataclass(frozen=True)
 class RealtimeNeed:
     """What a session needs from a shared ring: a fresh latent at least every `latent_interval_ms`, from slots of
@@ -335,6 +339,11 @@ class StreamPipeline:
             raise ValueError(f"no session {name!r} to end in this ring (sessions: {', '.join(self._lanes)})")
         del self._lanes[name]
 
+    @property
+    def lane_names(self) -> list[str]:
+        """Every lane's name, the main lane's first."""
+        return list(self._lanes)
+
     def lane(self, name: str) -> StreamLane:
         if name not in self._lanes:
             raise ValueError(f"no session {name!r} in this ring (sessions: {', '.join(self._lanes)})")
@@ -348,31 +357,35 @@ class StreamPipeline:
         return lane
 
     def predicted_tick_ms(self, rows: int) -> float | None:
-        """A tick's time at `rows` rows from the ticks measured so far (device time on a GPU): a line through the
-        recent (rows, ms) points, or ms per row when one row count has been seen; None before any tick."""
-        samples = self._stats.cost_samples
-        if not samples:
+        """A tick's time at `rows` rows from the steady ticks measured so far (device time on a GPU; no first runs
+        or captures): a line through the median ms of each row count seen, or ms per row when one count has been
+        seen; None before any tick."""
+        by_rows: dict[int, list[float]] = {}
+        for count, ms in self._stats.cost_samples:
+            by_rows.setdefault(count, []).append(ms)
+        if not by_rows:
             return None
-        counts = {r for r, _ in samples}
-        if len(counts) == 1:
-            return rows * statistics.median(ms / r for r, ms in samples)
-        mean_r = sum(r for r, _ in samples) / len(samples)
-        mean_ms = sum(ms for _, ms in samples) / len(samples)
-        slope = sum((r - mean_r) * (ms - mean_ms) for r, ms in samples) / sum((r - mean_r) ** 2 for r, _ in samples)
-        slope = max(slope, 0.0)
-        return max(mean_ms + slope * (rows - mean_r), 0.0)
+        points = [(count, statistics.median(times)) for count, times in by_rows.items()]
+        if len(points) == 1:
+            count, ms = points[0]
+            return rows * ms / count
+        mean_r = sum(r for r, _ in points) / len(points)
+        mean_ms = sum(ms for _, ms in points) / len(points)
+        slope = sum((r - mean_r) * (ms - mean_ms) for r, ms in points) / sum((r - mean_r) ** 2 for r, _ in points)
+        return max(mean_ms + max(slope, 0.0) * (rows - mean_r), 0.0)
 
     def _admission_check(self, new: _Lane) -> None:
         lanes = [*self._lanes.values(), new]
         if not any(lane.need is not None for lane in lanes):
             return
-        rows = sum(lane.depth * (lane.need.rows_per_slot if lane.need else 2) for lane in lanes)
+        playing = [lane for lane in lanes if lane.need is not None or not lane.idle]  # an idle main lane adds no rows
+        rows = sum(lane.depth * (lane.need.rows_per_slot if lane.need else 2) for lane in playing)
         predicted = self.predicted_tick_ms(rows)
         if predicted is None:
             return
         for lane in lanes:
             if lane.need is not None and predicted > lane.need.max_tick_ms(lane.depth):
-                raise ValueError(
+                raise AdmissionRefused(
                     f"session {new.name!r} refused: with it the ring would run {rows} rows a tick, measured to take "
                     f"~{predicted:.0f} ms, but session {lane.name!r} (depth {lane.depth}, {lane.need.steps} steps) "
                     f"needs a tick within {lane.need.max_tick_ms(lane.depth):.0f} ms to get a latent every "
@@ -524,8 +537,11 @@ class StreamPipeline:
         if self._graphs is None:
             with DEVICE_WORK:  # a compiled layer's first run autotunes with a device sync
                 self._eager_step(active, rows, layout)
+            steady = True
         else:
+            replays = self._graphs.counters.replays
             self._graph_step(active, rows, layout)
+            steady = self._graphs.counters.replays > replays  # not a first run or a capture: a cost to learn from
         finished: list[Finished] = []
         for slot in active:
             slot.step += 1
@@ -538,7 +554,7 @@ class StreamPipeline:
         if events is not None:
             events[1].record()
             self._stats.gpu_events = events
-        self._record(started, rows, active, finished)
+        self._record(started, rows, active, finished, steady)
         return finished
 
     def _row_embeddings(self, rows: list[_Row], layout: _Layout) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -927,7 +943,9 @@ class StreamPipeline:
         device, dtype = self._device_dtype()
         return curve.to(device=device, dtype=dtype)
 
-    def _record(self, started: float, rows: list[_Row], active: list[_Slot], finished: list[Finished]) -> None:
+    def _record(
+        self, started: float, rows: list[_Row], active: list[_Slot], finished: list[Finished], steady: bool
+    ) -> None:
         stats = self._stats
         if stats.pending_cost is not None and stats.pending_cost[1][1].query():  # the last GPU tick has ended
             count, (start, end) = stats.pending_cost
@@ -939,9 +957,9 @@ class StreamPipeline:
         stats.active_slots = len(active)
         stats.finished += len(finished)
         stats.last_tick_ms = (time.perf_counter() - started) * 1000.0
-        if stats.gpu_events is None:
+        if steady and stats.gpu_events is None:
             stats.cost_samples.append((len(rows), stats.last_tick_ms))
-        elif stats.pending_cost is None:
+        elif steady and stats.pending_cost is None:
             stats.pending_cost = (len(rows), stats.gpu_events)
         stats.history_ms.append(stats.last_tick_ms)
         del stats.history_ms[:-256]
@@ -1009,6 +1027,10 @@ class StreamLane:
 
     def shared_curves(self) -> dict[str, torch.Tensor]:
         return dict(self._lane.shared)
+
+    def stats(self) -> dict[str, Any]:
+        """The whole ring's tick stats (every lane shares its ticks)."""
+        return self.pipeline.stats()
 
     def _check_open(self) -> None:
         if self.pipeline._lanes.get(self._lane.name) is not self._lane:

@@ -33,7 +33,7 @@ SPECS_JSON = {spec.name: spec_json(spec) for spec in KNOB_SPECS}
 def curve_driven(app) -> list[str]:
     """Shared knobs a per-frame curve drives now (more than one frame along the curve's time axis): the knob's own
     value is not what plays."""
-    curves = app.runner.stream.pipeline.shared_curves()
+    curves = app.runner.stream.shared_curves()
     return sorted(name for name, curve in curves.items() if curve.dim() > 1 and curve.shape[1] > 1)
 
 

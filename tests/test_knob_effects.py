@@ -21,7 +21,7 @@ import torch
 from flowjam.engine.live.app import LiveApp, LiveConfig
 from flowjam.engine.live.knobs import KnobRegistry
 from flowjam.engine.live.loop_buffer import PLAYED, LoopBuffer
-from flowjam.engine.live.playback import _Renderer
+from flowjam.engine.live.playback import BlockRenderer
 from flowjam.engine.live.runner import LiveRunner
 from flowjam.engine.params import KNOB_SPECS, KnobKind
 from flowjam.engine.session import Session
@@ -102,7 +102,7 @@ class Rig:
         self.runner = LiveRunner(
             session, self.registry, self.buffer, "knob probe a", "knob probe b", source if case.source else None
         )
-        self.renderer = _Renderer(self.buffer, 1024, None)
+        self.renderer = BlockRenderer(self.buffer, 1024, None)
         if case.target_seed is not None:  # OSC /target/capture while another seed plays, then back to the default seed
             self.registry.set("seed", case.target_seed, origin="test")
             self.latent_after(self.registry.seq)

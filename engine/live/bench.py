@@ -46,7 +46,7 @@ class LatencySummary:
     first_touch_ear_ms: float  # the knob's first move off its default, before the trials (see measure_latency)
 
 
-def _summarize(knob: str, kind: str, records, first_touch) -> LatencySummary:
+def summarize_latency(knob: str, kind: str, records, first_touch) -> LatencySummary:
     ticks = sorted(r.knob_to_tick_ms for r in records)
     ears = sorted(r.knob_to_ear_ms for r in records)
     written = statistics.median(r.knob_to_written_ms for r in records)
@@ -111,7 +111,7 @@ def measure_latency(
         summaries = []
         for knob, values in (("velocity_scale", (1.3, 0.7)), ("denoise", (0.5, 0.8))):
             records = [follow(knob, values[trial % 2]) for trial in range(-1, trials)]
-            summaries.append(_summarize(knob, registry.specs[knob].kind.value, records[1:], records[0]))
+            summaries.append(summarize_latency(knob, registry.specs[knob].kind.value, records[1:], records[0]))
         return summaries, app.runner.status()
     finally:
         app.stop()

@@ -44,6 +44,9 @@ class KnobError(ValueError):
         self.knob = knob
         self.reason = reason
 
+    def __reduce__(self):  # crosses process boundaries (a Ray replica's error reaches the gateway whole)
+        return type(self), (str(self), self.knob, self.reason)
+
 
 class KnobRegistry:
     """Thread-safe knob values; the latest write wins.

@@ -89,6 +89,7 @@ class RunnerStats:
     ticks: int = 0
     latents: int = 0
     writes: int = 0
+    late_writes: int = 0  # patches that landed after the playhead had reached their start (heard at once, cut short)
     written_seq: int = 0  # registry sequence of the newest latent written into the loop (its knob changes are in)
     tick_ms: float = 0.0
     loop_s: float = 0.0  # between tick starts (EMA)

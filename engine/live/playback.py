@@ -125,7 +125,7 @@ def _prefer_jack(candidates: list[int], devices, apis) -> int:
     return (defaults or pool)[0]
 
 
-class _Renderer:
+class BlockRenderer:
     """The body of the audio callback, shared by every mode. All arrays are allocated here, none per block."""
 
     def __init__(self, buffer: LoopBuffer, blocksize: int, record: np.ndarray | None):
@@ -201,7 +201,7 @@ class _Renderer:
         counters[CALLBACKS] += 1
 
 
-def _open_stream(renderer: _Renderer, device, blocksize: int):
+def _open_stream(renderer: BlockRenderer, device, blocksize: int):
     """Open and start an OutputStream at the buffer's rate (JACK does not resample) -> (stream, device name)."""
     import sounddevice as sd
 
@@ -233,7 +233,7 @@ def _open_stream(renderer: _Renderer, device, blocksize: int):
     return stream, name
 
 
-def run_null_clock(renderer: _Renderer, blocksize: int, stopped: Callable[[float], bool]) -> None:
+def run_null_clock(renderer: BlockRenderer, blocksize: int, stopped: Callable[[float], bool]) -> None:
     """'Play' a block per period of real time until `stopped(seconds)` (a wait) says so; a wake-up later than one
     block counts an underrun and, like a real device, the lost time is not made up."""
     buffer = renderer.buffer
@@ -250,7 +250,7 @@ def run_null_clock(renderer: _Renderer, blocksize: int, stopped: Callable[[float
             return
 
 
-def _null_process_main(buffer: LoopBuffer, renderer: _Renderer, blocksize: int, conn) -> None:
+def _null_process_main(buffer: LoopBuffer, renderer: BlockRenderer, blocksize: int, conn) -> None:
     """The null clock as the output process runs it: until STOP or the parent's death."""
     parent = multiprocessing.parent_process()
     buffer.counters[RUNNING] = 1
@@ -276,10 +276,10 @@ def _output_process_main(
     stream, stream_died = None, False
     try:
         if null:
-            _null_process_main(buffer, _Renderer(buffer, blocksize, record), blocksize, conn)
+            _null_process_main(buffer, BlockRenderer(buffer, blocksize, record), blocksize, conn)
             return
         try:
-            stream, device_name = _open_stream(_Renderer(buffer, blocksize, record), device, blocksize)
+            stream, device_name = _open_stream(BlockRenderer(buffer, blocksize, record), device, blocksize)
         except PlaybackError as error:
             conn.send(("error", str(error)))
             return
@@ -361,7 +361,7 @@ class Playback:
                 self._start_process()
             elif self.mode == "thread":
                 self._stream, self.device_name = _open_stream(
-                    _Renderer(self.buffer, self.blocksize, self._record), self.device, self.blocksize
+                    BlockRenderer(self.buffer, self.blocksize, self._record), self.device, self.blocksize
                 )
             else:
                 self.device_name = NULL_DEVICE_NAME
@@ -466,7 +466,7 @@ class Playback:
 
     def _clock_main(self) -> None:
         """Null mode: the null clock on a thread of this process."""
-        run_null_clock(_Renderer(self.buffer, self.blocksize, self._record), self.blocksize, self._clock_stop.wait)
+        run_null_clock(BlockRenderer(self.buffer, self.blocksize, self._record), self.blocksize, self._clock_stop.wait)
 
     # --- state -------------------------------------------------------------------------------------------------
 

@@ -24,9 +24,11 @@ import torch
 from ..conditioning import Conditioning
 from ..params import KNOBS_BY_NAME, LATENT_RATE_HZ, LORA_KNOB_PREFIX, KnobKind
 from ..session import Session, Source
+from ..stream import Finished
 from .knobs import KnobRegistry
 from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
+from .ring import SharedRing
 from .writer import EMA_WEIGHT, AheadWriter
 
 log = logging.getLogger("flowjam.runner")
@@ -156,13 +158,24 @@ class LiveRunner:
         source: Source | None = None,
         config: RunnerConfig = RunnerConfig(),
         negative: str | Conditioning | None = None,
+        ring: SharedRing | None = None,
+        name: str = "default",
     ):
-        """`negative`: what CFG guides away from (None or "": the null condition, as the official pipeline)."""
+        """`negative`: what CFG guides away from (None or "": the null condition, as the official pipeline).
+        `ring`: play on a lane called `name` of a ring shared with other sessions (ticked by the ring's thread),
+        refused with ValueError if the ring could no longer keep every session in real time; else on a stream of
+        its own."""
         self.session, self.registry, self.buffer, self.config = session, registry, buffer, config
         self.frames = buffer.frames // session.models.vae.hop_samples
         if self.frames < 1:
             raise ValueError("the loop buffer is shorter than one latent frame")
-        self.stream = session.stream(depth=int(registry.get("depth")), backend=config.backend, paced=True)
+        self._ring = ring
+        depth = int(registry.get("depth"))
+        if ring is None:
+            self.stream = session.stream(depth=depth, backend=config.backend, paced=True)
+        else:
+            cfg_mode = registry.specs["cfg_mode"].choice(registry.get("cfg_mode"))
+            self.stream = ring.add_lane(name, depth, int(registry.get("steps")), cfg_mode)
         buffer.gain = registry.get("volume")
         self._messages: queue.Queue[Message] = queue.Queue()
         self._stop = threading.Event()
@@ -182,20 +195,22 @@ class LiveRunner:
         self._set_source(source)
         self._latest: torch.Tensor | None = None
         self._latest_seq = 0
-        self._encoder = PromptEncoder(session.encode_text, self._messages.put, self._count_error)
+        self._encoder = PromptEncoder(session.encode_text, self._messages.put, self.count_error)
         self._errors_lock = threading.Lock()
         self.stats = RunnerStats(window_s=config.window_s)
         self._writer = AheadWriter(
             session,
             buffer,
             self.stats,
-            self._count_error,
+            self.count_error,
             (config.min_lead_s, config.max_lead_s),
             config.window_s,
             loop_filled=source is not None,  # LiveApp fills the loop with the source; else the first latent does
         )
-        self._tick_done = torch.cuda.Event() if session.device.type == "cuda" else None
+        self._tick_done = torch.cuda.Event() if session.device.type == "cuda" and ring is None else None
         self._tick_started: float | None = None
+        if ring is not None:
+            ring.register(self)
 
     def _encode(self, prompt: str | Conditioning) -> Conditioning:
         return prompt if isinstance(prompt, Conditioning) else self.session.encode_text(prompt)
@@ -249,14 +264,20 @@ class LiveRunner:
 
     def start(self) -> None:
         self._writer.start()
+        if self._ring is not None:
+            self._ring.attach(self)
+            return
         self._thread = threading.Thread(target=self._run, name="flowjam-runner", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Ask the loop to end after the tick (and the write) in progress and wait up to `config.stop_timeout_s`."""
+        """Ask the loop to end after the tick (and the write) in progress and wait up to `config.stop_timeout_s`;
+        on a shared ring, leave it (the lane ends, the other sessions play on)."""
         self._stop.set()
         self._encoder.stop()
         deadline = time.monotonic() + self.config.stop_timeout_s
+        if self._ring is not None:
+            self._ring.detach(self, self.config.stop_timeout_s)
         if self._thread is not None:
             self._thread.join(self.config.stop_timeout_s)
         self._writer.stop(max(0.0, deadline - time.monotonic()))
@@ -285,6 +306,8 @@ class LiveRunner:
 
     @property
     def alive(self) -> bool:
+        if self._ring is not None:
+            return self._writer.running and not self._stop.is_set() and self._ring.alive
         return self._thread is not None and self._thread.is_alive()
 
     # ---- the loop (runner thread) ----------------------------------------------------------------------------
@@ -294,10 +317,11 @@ class LiveRunner:
             try:
                 self.tick()
             except Exception as error:  # a bad message or knob must never stop the music
-                self._count_error(error)
+                self.count_error(error)
                 time.sleep(0.01)
 
-    def _count_error(self, error: Exception) -> None:
+    def count_error(self, error: Exception) -> None:
+        """Count and log a failure; the stream keeps playing."""
         with self._errors_lock:
             self.stats.errors += 1
             if str(error) != self.stats.last_error:
@@ -305,28 +329,46 @@ class LiveRunner:
             self.stats.last_error = str(error)
 
     def step(self) -> None:
-        """One tick and, for a runner stepped by hand (not started), its write ahead of the playhead."""
+        """One tick and, for a runner stepped by hand (not started), its write ahead of the playhead; on a shared
+        ring, one tick of the ring (every session on it)."""
+        if self._ring is not None:
+            self._ring.step()
+            return
         self.tick()
+        self.write_pending()
+
+    def write_pending(self) -> None:
+        """For a runner stepped by hand: write the newest latent ahead of the playhead now."""
         if not self._writer.running:
             self._writer.write_pending()
 
     def tick(self) -> None:
         """Messages, knobs, submit, one tick (waited for on a GPU); a finished latent goes to the writer."""
-        self._drain_messages()
-        self._apply_knobs()
-        latency = self.stats.latency
-        started = time.perf_counter()
-        if self._tick_started is not None:
-            self.stats.loop_s += EMA_WEIGHT * (started - self._tick_started - self.stats.loop_s)
-        self._tick_started = started
-        latency.tick_started(started)
-        self.stream.submit(self._request(), supersedes=self._request_changed)
-        self._request_changed = False
+        if self._ring is not None:
+            raise RuntimeError("a runner on a shared ring is ticked by the ring: call step() or ring.step()")
+        started = self.begin_tick()
         finished = self.stream.tick()
         if self._tick_done is not None:
             self._tick_done.record()
             self._tick_done.synchronize()
-        tick_done = time.perf_counter()
+        self.end_tick(started, time.perf_counter(), finished)
+
+    def begin_tick(self) -> float:
+        """A tick's first half: messages, knobs and this tick's request; -> when the tick started."""
+        self._drain_messages()
+        self._apply_knobs()
+        started = time.perf_counter()
+        if self._tick_started is not None:
+            self.stats.loop_s += EMA_WEIGHT * (started - self._tick_started - self.stats.loop_s)
+        self._tick_started = started
+        self.stats.latency.tick_started(started)
+        self.stream.submit(self._request(), supersedes=self._request_changed)
+        self._request_changed = False
+        return started
+
+    def end_tick(self, started: float, tick_done: float, finished: list[Finished]) -> None:
+        """A tick's second half: its figures, and the newest finished latent to the writer."""
+        latency = self.stats.latency
         self.stats.ticks += 1
         self.stats.tick_ms = (tick_done - started) * 1000.0
         fresh_from: int | None = None
@@ -348,7 +390,7 @@ class LiveRunner:
             try:
                 self._apply_message(message)
             except Exception as error:  # one bad message must not drop the ones after it
-                self._count_error(error)
+                self.count_error(error)
 
     def _apply_message(self, message: Message) -> None:
         if isinstance(message, PromptConditioning):
@@ -403,7 +445,7 @@ class LiveRunner:
         try:
             self.session.set_lora_strength(name, strength)
         except ValueError as error:
-            self._count_error(error)
+            self.count_error(error)
 
     def _apply_shared(self, name: str, value: float) -> None:
         """A shared knob at its default lets every slot run its own request's value (the default too), so the
@@ -477,12 +519,13 @@ class LiveRunner:
             "decode_ms": round(stats.decode_ms, 2),
             "interval_ms": round(stats.interval_s * 1000.0, 2),
             "write_ms": round(stats.write_s * 1000.0, 2),
+            "late_writes": stats.late_writes,
             "lead_s": round(stats.lead_s, 3),
             "window_s": round(stats.window_s, 3),
             "playhead_s": round(self.buffer.position / self.buffer.sample_rate, 3),
             "errors": stats.errors,
             "last_error": stats.last_error,
-            "depth": self.stream.pipeline.depth,
+            "depth": self.stream.depth,
             "tick_graphs": self.stream.stats()["graphs"],
             "window_graphs": self._writer.graph_counters,
             "cfg_mode": self.registry.specs["cfg_mode"].choice(self.registry.get("cfg_mode")),

@@ -160,7 +160,12 @@ class AheadWriter:
         self._last_write = patched
         if not self._decode.last_was_warm_up:  # a one-off capture is not the write time the lead must cover
             self._adapt(interval, patched - read_at)
-        ahead_s = ((start - self.buffer.playhead_frames) % self.buffer.frames) / rate
+        playhead = self.buffer.playhead_frames
+        if 0 <= playhead - start < audio.shape[1] - skip:  # the playhead passed the patch's start: heard from now
+            stats.late_writes += 1
+            ahead_s = 0.0
+        else:
+            ahead_s = ((start - playhead) % self.buffer.frames) / rate
         if fresh is not None:
             stats.latency.heard(patched, patched + ahead_s, *fresh)
 

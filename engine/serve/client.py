@@ -1,0 +1,166 @@
+"""A small synchronous client of `flowjam serve`: HTTP calls through urllib, the audio stream through the
+`websockets` sync client. Imports no torch, so a laptop that only listens or bridges a controller can use it."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from .protocol import AudioChunk, decode_chunk
+
+CLOSE_UNKNOWN_SESSION = 4404
+
+
+class ServerError(RuntimeError):
+    """The server refused a call: `status` is its HTTP status (404 also for a stream of an unknown session) and
+    `message` the server's own explanation."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(status, message)
+        self.status = status
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.message} (HTTP {self.status})"
+
+
+class Client:
+    def __init__(self, server: str, timeout_s: float = 60.0):
+        """`server`: the base URL, e.g. http://127.0.0.1:8000. `timeout_s` bounds every call (creating a session
+        on a GPU may take a while)."""
+        parts = urllib.parse.urlsplit(server)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"server must be an http(s) URL such as http://127.0.0.1:8000, got {server!r}")
+        self.server = server.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def health(self) -> bool:
+        return bool(self._call("GET", "/health").get("ok"))
+
+    def create(
+        self,
+        prompt: str,
+        prompt_b: str | None = None,
+        negative: str | None = None,
+        seconds: float | None = None,
+        knobs: dict[str, float | str] | None = None,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a session -> {"session": name, "replica": id, "status": {...}}."""
+        given = {"prompt_b": prompt_b, "negative": negative, "seconds": seconds, "knobs": knobs, "name": name}
+        body = {"prompt": prompt, **{key: value for key, value in given.items() if value is not None}}
+        return self._call("POST", "/sessions", body)
+
+    def end(self, session: str) -> None:
+        self._call("DELETE", _path(session))
+
+    def status(self, session: str) -> dict[str, Any]:
+        return self._call("GET", _path(session))
+
+    def sessions(self) -> list[dict[str, str]]:
+        return self._call("GET", "/sessions")["sessions"]
+
+    def set_knobs(self, session: str, knobs: dict[str, float | str]) -> dict[str, float | str]:
+        """Set several knobs at once (a bad one sets none) -> the values they now hold."""
+        return self._call("POST", _path(session, "knobs"), knobs)["applied"]
+
+    def set_prompt(self, session: str, slot: str, text: str) -> None:
+        self._call("POST", _path(session, "prompt"), {"slot": slot, "text": text})
+
+    def stream(self, session: str) -> Stream:
+        """The session's audio and events, with a channel for knob and prompt messages back."""
+        url = "ws" + self.server.removeprefix("http") + _path(session, "stream")
+        try:
+            connection = connect(url, open_timeout=self.timeout_s, compression=None, max_size=None).__enter__()
+            return Stream(connection)
+        except InvalidStatus as error:
+            raise ServerError(error.response.status_code, f"the server refused the stream {url}") from None
+        except OSError as error:
+            raise self._unreachable(error) from None
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.server + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            text = error.read().decode(errors="replace")
+            try:
+                message = json.loads(text)["error"]
+            except (ValueError, KeyError, TypeError):
+                message = text.strip() or error.reason
+            raise ServerError(error.code, message) from None
+        except urllib.error.URLError as error:
+            raise self._unreachable(error.reason) from None
+        except TimeoutError:
+            raise TimeoutError(
+                f"{method} {self.server}{path} got no answer within {self.timeout_s:g} s; is the server overloaded?"
+            ) from None
+
+    def _unreachable(self, reason: object) -> ConnectionError:
+        return ConnectionError(
+            f"cannot reach the flowjam server at {self.server} ({reason}); is `flowjam serve` running there?"
+        )
+
+
+class Stream:
+    """One session's stream. Iterating yields decoded AudioChunks and event dicts ({"event": "applied" | "error" |
+    "ended" | "lost", ...}) until the server closes it; a stream of an unknown session raises ServerError(404).
+    Sending (set_knobs, set_prompt) may happen on another thread than the one reading."""
+
+    def __init__(self, connection: ClientConnection):
+        self.connection = connection
+        self.close_code: int | None = None  # once the server closed the stream
+        self._last_error = ""
+
+    def receive(self, timeout_s: float | None = None) -> AudioChunk | dict[str, Any] | None:
+        """The next chunk or event; None once the stream is closed; TimeoutError if nothing came in `timeout_s`."""
+        if self.close_code is not None:
+            return None
+        try:
+            message = self.connection.recv(timeout_s)
+        except ConnectionClosed as error:
+            self.close_code = error.rcvd.code if error.rcvd is not None else 1006
+            if self.close_code == CLOSE_UNKNOWN_SESSION:
+                raise ServerError(404, self._last_error or "unknown session") from None
+            return None
+        if isinstance(message, bytes):
+            return decode_chunk(message)
+        event = json.loads(message)
+        if event.get("event") == "error":
+            self._last_error = event.get("error", "")
+        return event
+
+    def __iter__(self) -> Iterator[AudioChunk | dict[str, Any]]:
+        while (item := self.receive()) is not None:
+            yield item
+
+    def set_knobs(self, knobs: dict[str, float | str]) -> None:
+        """Answered on the stream by {"event": "applied", "knobs": {...}} or {"event": "error", "error": ...}."""
+        self.connection.send(json.dumps({"knobs": knobs}))
+
+    def set_prompt(self, slot: str, text: str) -> None:
+        self.connection.send(json.dumps({"prompt": {"slot": slot, "text": text}}))
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _path(session: str, *rest: str) -> str:
+    return "/".join(("/sessions", urllib.parse.quote(session, safe=""), *rest))

@@ -1,0 +1,322 @@
+"""The served instrument over a real server: uvicorn on a free port serving the gateway over one RingHost (tiny
+preset, CPU), played through the client, the bridge (real OSC datagrams) and `flowjam listen`."""
+
+import argparse
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+import wave
+
+import numpy as np
+import pytest
+import uvicorn
+from flowjam.engine.live.osc import OscConfig
+from flowjam.engine.serve.bridge import Bridge
+from flowjam.engine.serve.cli import add_commands, run
+from flowjam.engine.serve.client import Client, ServerError
+from flowjam.engine.serve.gateway import LocalRouter, listening_socket, make_app
+from flowjam.engine.serve.host import HostOptions
+from flowjam.engine.serve.listen import JitterBuffer
+from flowjam.engine.serve.protocol import SAMPLE_RATE, AudioChunk
+from pythonosc.udp_client import SimpleUDPClient
+
+SUBSCRIBER_CHUNKS = 20  # 1 s of slack for a slow reader, so the slow-client test sees drops soon
+
+
+@pytest.fixture(scope="module")
+def server():
+    host = HostOptions(preset="tiny").build()
+    router = LocalRouter(host, subscriber_chunks=SUBSCRIBER_CHUNKS)
+    sock = listening_socket("127.0.0.1", 0)
+    uvicorn_server = uvicorn.Server(uvicorn.Config(make_app(router), log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=uvicorn_server.run, args=([sock],), name="test-uvicorn", daemon=True)
+    thread.start()
+    wait_until(lambda: uvicorn_server.started, 10.0, "uvicorn to start")
+    port = sock.getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    uvicorn_server.should_exit = True
+    thread.join(10.0)
+    router.close()
+    host.close()
+
+
+@pytest.fixture
+def client(server):
+    return Client(server, timeout_s=20.0)
+
+
+@pytest.fixture
+def new_session(client):
+    """Creates 4 s sessions at depth 2 (short loops, few rows: the tiny preset ticks fast); all end afterwards."""
+    created = []
+
+    def create(**options) -> str:
+        knobs = {"depth": 2, **options.pop("knobs", {})}
+        name = client.create("lofi hip hop, mellow piano", seconds=4.0, knobs=knobs, **options)["session"]
+        created.append(name)
+        return name
+
+    yield create
+    for name in created:
+        try:
+            client.end(name)
+        except ServerError as error:
+            assert error.status == 404, error
+
+
+def wait_until(predicate, timeout_s=5.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def chunks(stream, count: int, timeout_s: float = 5.0) -> list[AudioChunk]:
+    """The next `count` audio chunks (events in between are skipped)."""
+    received = []
+    while len(received) < count:
+        item = stream.receive(timeout_s)
+        assert item is not None, f"the stream closed after {len(received)} of {count} chunks"
+        if isinstance(item, AudioChunk):
+            received.append(item)
+    return received
+
+
+def next_event(stream, passed: list[AudioChunk] | None = None, timeout_s: float = 5.0) -> dict:
+    """The next event; the chunks that came before it are added to `passed`."""
+    while True:
+        item = stream.receive(timeout_s)
+        assert item is not None, "the stream closed before an event came"
+        if isinstance(item, dict):
+            return item
+        if passed is not None:
+            passed.append(item)
+
+
+def assert_contiguous(received: list[AudioChunk]) -> None:
+    for before, after in zip(received, received[1:]):
+        assert after.sample == before.sample + before.frames, (
+            f"chunk at sample {after.sample} follows one at {before.sample} of {before.frames} frames"
+        )
+
+
+def rms(received: list[AudioChunk]) -> float:
+    return float(np.sqrt(np.mean(np.concatenate([chunk.audio for chunk in received]) ** 2)))
+
+
+def test_two_sessions_stream_their_own_audio_with_increasing_sample_indices(client, new_session):
+    first, second = new_session(), new_session(name="second-jam")
+    assert second == "second-jam" and first.startswith("s-")
+    listed = {entry["session"]: entry["replica"] for entry in client.sessions()}
+    assert listed == {first: "local", second: "local"}
+    assert client.health()
+    with client.stream(first) as one, client.stream(second) as two:
+        for stream in (one, two):
+            received = chunks(stream, 30)
+            assert_contiguous(received)
+            assert all(chunk.frames == 2400 and chunk.audio.shape == (2400, 2) for chunk in received)
+            assert rms(received[-10:]) > 0.005, "the session's audio is silent"
+            assert [chunk.position for chunk in received] == [chunk.sample % (4 * SAMPLE_RATE) for chunk in received]
+
+
+def test_knob_changes_reach_the_status_and_the_audio(client, new_session):
+    session = new_session()
+    applied = client.set_knobs(session, {"velocity_scale": 0.5, "denoise": 0.3})  # a shared and a per-request knob
+    assert applied == {"velocity_scale": 0.5, "denoise": 0.3}
+    status = client.status(session)
+    assert status["knobs"]["velocity_scale"] == 0.5 and status["knobs"]["denoise"] == 0.3
+    wait_until(
+        lambda: client.status(session)["written_seq"] >= status["knob_seq"], 10.0, "a latent made after the change"
+    )
+    with client.stream(session) as stream:
+        assert rms(chunks(stream, 10)) > 0.005
+        stream.set_knobs({"volume": 0.0})
+        assert next_event(stream) == {"event": "applied", "knobs": {"volume": 0.0}}
+        chunks(stream, 4)  # the fade, and chunks already on their way
+        assert rms(chunks(stream, 10)) == 0.0, "volume 0 over the WebSocket did not silence the audio"
+        stream.set_knobs({"cfg_mode": "full"})
+        assert next_event(stream) == {"event": "applied", "knobs": {"cfg_mode": "full"}}
+    assert client.status(session)["knobs"]["volume"] == 0.0
+
+
+def test_bad_knob_is_refused_by_name_and_the_stream_keeps_flowing(client, new_session):
+    session = new_session()
+    with pytest.raises(ServerError) as refused:
+        client.set_knobs(session, {"denoise": 0.2, "denoyse": 0.5})
+    assert refused.value.status == 400
+    assert "'denoyse'" in refused.value.message and "did you mean 'denoise'" in refused.value.message
+    assert client.status(session)["knobs"]["denoise"] == 0.7, "a refused request set some of its knobs"
+    with client.stream(session) as stream:
+        received = chunks(stream, 3)
+        stream.set_knobs({"volume": "loud"})
+        event = next_event(stream, received)
+        assert event["event"] == "error" and "'volume'" in event["error"]
+        received += chunks(stream, 5)
+        stream.set_prompt("c", "jazz")
+        assert "slot" in next_event(stream, received)["error"]
+        stream.set_prompt("b", "jazz trio")
+        assert next_event(stream, received) == {"event": "applied", "prompt": {"slot": "b", "text": "jazz trio"}}
+        received += chunks(stream, 3)
+        assert_contiguous(received)
+
+
+def http(method: str, url: str, body: object = None) -> tuple[int, dict]:
+    """(status, JSON body) of one raw request: what any HTTP client, not just ours, gets."""
+    data = None if body is None else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=20) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_bad_requests_are_400_with_a_fix_and_unknown_sessions_404(server, client, new_session):
+    for body, expected in (
+        ({"prompt": "x", "seconds": "long"}, "'seconds' must be int or float"),
+        ({"promt": "x"}, "unknown field(s) 'promt'"),
+        ({"prompt": "x", "seconds": -1.0}, "seconds"),
+        ({"prompt": "x", "knobs": {"depth": "deep"}}, "'depth' needs a number"),
+        ({"prompt": "x", "name": "a/b"}, "session name 'a/b'"),
+        (["prompt"], "must be a JSON object"),
+    ):
+        status, answer = http("POST", f"{server}/sessions", body)
+        assert status == 400 and expected in answer["error"], (body, status, answer)
+    session = new_session()
+    with pytest.raises(ServerError) as taken:
+        client.create("x", name=session)
+    assert taken.value.status == 400 and "playing already" in taken.value.message
+    for call in (client.status, client.end, lambda name: client.set_knobs(name, {"denoise": 0.5})):
+        with pytest.raises(ServerError) as unknown:
+            call("nope")
+        assert unknown.value.status == 404 and "no session 'nope'" in unknown.value.message
+    with pytest.raises(ServerError) as unknown, client.stream("nope") as stream:
+        list(stream)
+    assert unknown.value.status == 404 and "no session 'nope'" in unknown.value.message
+    assert stream.close_code == 4404
+
+
+def test_ending_a_session_tells_its_stream_and_closes_it(server, client):
+    status, created = http("POST", f"{server}/sessions", {"prompt": "ambient", "seconds": 4, "knobs": {"depth": 2}})
+    assert status == 201 and created["replica"] == "local" and created["status"]["session"] == created["session"]
+    session = created["session"]
+    with client.stream(session) as stream:
+        chunks(stream, 2)
+        assert http("DELETE", f"{server}/sessions/{session}") == (200, {"ended": session})
+        rest = list(stream)
+    assert rest[-1] == {"event": "ended", "reason": f"session {session!r} was ended"}
+    assert all(isinstance(item, AudioChunk) for item in rest[:-1])
+    assert stream.close_code == 1000
+    assert session not in {entry["session"] for entry in client.sessions()}
+
+
+def test_a_client_that_never_reads_loses_chunks_without_slowing_another_session(server, client, new_session):
+    slow, steady = new_session(), new_session()
+    reader = _never_reading_stream(server, slow)
+    try:
+        with client.stream(steady) as stream:
+            received = chunks(stream, 20)
+            while client.status(slow)["dropped"] == 0:  # the steady stream is read all along
+                assert len(received) < 200, "10 s passed and the stalled client lost no chunk"
+                received += chunks(stream, 10)
+            dropped = client.status(slow)["dropped"]
+            received += chunks(stream, 10)
+            playhead = client.status(steady)["sample"]
+            assert client.status(slow)["dropped"] > dropped, "the stalled client's dropped count stopped growing"
+        behind_s = (playhead - received[-1].sample) / SAMPLE_RATE
+        assert behind_s < 0.5, f"the steady session's audio arrived {behind_s:.2f} s behind its playhead"
+        assert_contiguous(received)
+        assert received[-1].dropped == 0 and client.status(steady)["dropped"] == 0
+    finally:
+        reader.close()
+
+
+def _never_reading_stream(server: str, session: str) -> socket.socket:
+    """A WebSocket opened by hand with a small receive buffer, then never read."""
+    host, port = server.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.sendall(
+        f"GET /sessions/{session}/stream HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    return sock
+
+
+def test_bridge_forwards_real_osc_messages_and_starts_where_the_session_is(client, new_session):
+    session = new_session(knobs={"denoise": 0.4})
+    errors = []
+    with Bridge(client, session, OscConfig(session="jam", port=0), on_error=errors.append) as bridge:
+        assert bridge.registry.get("denoise") == pytest.approx(0.4), "the mirror did not start at the session's value"
+        controller = SimpleUDPClient(*bridge.osc.address)
+        controller.send_message("/flowjam/jam/knob/velocity_scale", 1.5)
+        controller.send_message("/flowjam/jam/norm/denoise", 1.0)
+        wait_until(lambda: client.status(session)["knobs"]["velocity_scale"] == 1.5, 5.0, "the OSC knob on the server")
+        assert client.status(session)["knobs"]["denoise"] == 1.0
+        with client.stream(session) as stream:
+            assert rms(chunks(stream, 5)) > 0.005
+            controller.send_message("/flowjam/jam/knob/volume", 0.0)
+            wait_until(lambda: rms(chunks(stream, 2)) == 0.0, 5.0, "OSC volume 0 to silence the session")
+        sent = bridge.forwarder.requests
+        controller.send_message("/flowjam/jam/prompt/b", "dub techno")
+        wait_until(lambda: bridge.forwarder.requests > sent, 5.0, "the prompt to be forwarded")
+        assert bridge.forwarder.failures == 0 and not errors, errors
+        client.end(session)
+        controller.send_message("/flowjam/jam/knob/denoise", 0.5)
+        wait_until(lambda: errors, 5.0, "the refusal of a knob for an ended session")
+        assert "no session" in errors[0] and "HTTP 404" in errors[0]
+        controller.send_message("/flowjam/jam/knob/denoise", 0.6)  # the bridge keeps going
+        wait_until(lambda: bridge.forwarder.failures >= 2, 5.0, "the next knob to be tried")
+
+
+def test_listen_records_a_wav_of_the_requested_length(server, new_session, tmp_path, capsys):
+    session = new_session()
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"))
+    out = tmp_path / "heard.wav"
+    args = parser.parse_args(
+        ["listen", "--server", server, "--session", session, "--out", str(out), "--seconds", "1.5", "--no-audio"]
+    )
+    assert run(args) == 0
+    summary = capsys.readouterr().out
+    assert "1.50 s received" in summary and "0 gaps" in summary and f"wrote {out}" in summary, summary
+    with wave.open(str(out)) as recorded:
+        assert (recorded.getnframes(), recorded.getnchannels(), recorded.getframerate()) == (72_000, 2, 48_000)
+        pcm = np.frombuffer(recorded.readframes(72_000), "<i2")
+    assert np.abs(pcm[-48_000:]).max() > 0, "the recording is silent"
+    assert not list(tmp_path.glob("*.partial"))
+    args = parser.parse_args(["listen", "--server", server, "--session", "nope", "--out", str(out), "--no-audio"])
+    assert run(args) == 2
+    assert "no session 'nope'" in capsys.readouterr().err
+    with wave.open(str(out)) as untouched:
+        assert untouched.getnframes() == 72_000, "a refused listen replaced the earlier recording"
+
+
+def test_jitter_buffer_waits_for_150_ms_then_plays_in_order_and_rebuffers_after_an_underrun():
+    buffer = JitterBuffer(start_frames=7200, max_frames=48_000)
+    block = np.empty((1024, 2), np.float32)
+    ramp = np.arange(12_000, dtype=np.float32)[:, None].repeat(2, axis=1)
+    for start in range(0, 4800, 2400):  # 100 ms waiting: not yet
+        buffer.push(ramp[start : start + 2400])
+    buffer.pull(block)
+    assert not block.any() and buffer.frames == 4800
+    buffer.push(ramp[4800:7200])
+    played = []
+    for _ in range(8):
+        buffer.pull(block)
+        played.append(block.copy())
+    played = np.concatenate(played)
+    assert np.array_equal(played[:7200], ramp[:7200]), "the buffered audio did not play in order"
+    assert not played[7200:].any() and buffer.underruns == 1
+    buffer.push(ramp[7200:12_000])  # 100 ms after the underrun: silence until 150 ms wait again
+    buffer.pull(block)
+    assert not block.any() and buffer.underruns == 1
+    full = JitterBuffer(start_frames=100, max_frames=1000)
+    full.push(ramp[:2400])
+    assert full.frames == 1000 and full.skipped_frames == 1400
+    full.pull(block[:10])
+    assert np.array_equal(block[:10], ramp[1400:1410]), "an overfull buffer must drop its oldest frames"

@@ -1,0 +1,230 @@
+"""`flowjam serve` on Ray Serve for real: a local Ray cluster on this machine's CPUs, two replicas of the tiny preset
+behind the gateway, six sessions created and played through the HTTP/WebSocket API, then one replica killed.
+
+Runs only with FLOWJAM_RAY=1 and the `serve` extra installed (`.ci/test-serve`): 25-45 s on two cores, most of it
+starting Ray and Serve."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+if os.environ.get("FLOWJAM_RAY") != "1":
+    pytest.skip(
+        "Ray Serve test: set FLOWJAM_RAY=1 with the serve extra installed (.ci/test-serve)", allow_module_level=True
+    )
+ray = pytest.importorskip("ray")
+deployment = pytest.importorskip("flowjam.engine.serve.deployment")
+client_module = pytest.importorskip("flowjam.engine.serve.client")
+host_module = pytest.importorskip("flowjam.engine.serve.host")
+MAX_LANES = pytest.importorskip("flowjam.engine.stream").MAX_LANES
+
+Client, ServerError = client_module.Client, client_module.ServerError
+
+PROMPT = "lofi hip hop, mellow piano, 80 bpm"
+LOOP_S = 4.0
+# Admission control measures ticks; two rings sharing two cores tick slowly, so the test promises a latent every
+# minute (what matters here is routing, not real time).
+ADMISSION_INTERVAL_MS = 60_000.0
+SESSIONS = 6
+CHUNKS_TO_PLAY = 20  # 1 s of audio
+SILENT_RUN = 10  # consecutive all-zero chunks that show volume 0 reached the audio
+WAIT_S = 15.0  # the longest any expected thing may take to show up
+LOST_WITHIN_S = 5.0  # a killed replica's sessions say so this soon
+
+
+@pytest.fixture(scope="module")
+def server():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = host_module.HostOptions(preset="tiny", latent_interval_ms=ADMISSION_INTERVAL_MS)
+    try:
+        yield deployment.start_on_ray(options, 2, 0.0, None, "127.0.0.1", port, num_cpus=2)
+    finally:
+        deployment.stop_on_ray()
+
+
+class Listener:
+    """One session's stream read on a thread: its chunks, its events and when it closed."""
+
+    def __init__(self, client: Client, session: str):
+        self.session = session
+        self.stream = client.stream(session)
+        self.chunks: list = []
+        self.events: list[dict] = []
+        self.failure: BaseException | None = None
+        self.closed_at: float | None = None
+        self._thread = threading.Thread(target=self._read, name=f"listen-{session}", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while (item := self.stream.receive(timeout_s=WAIT_S)) is not None:
+                (self.events if isinstance(item, dict) else self.chunks).append(item)
+        except BaseException as error:  # reported by the test, not lost on this thread
+            self.failure = error
+        self.closed_at = time.monotonic()
+
+    def wait(self, done: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert self.failure is None, f"{self.session}: the stream failed while waiting for {what}: {self.failure!r}"
+            assert time.monotonic() < deadline, f"{self.session}: no {what} within {timeout_s:g} s ({self.summary()})"
+            time.sleep(0.05)
+
+    def wait_chunks(self, count: int, after: int = 0) -> list:
+        self.wait(lambda: len(self.chunks) >= after + count, f"{count} audio chunks")
+        return self.chunks[after : after + count]
+
+    def summary(self) -> str:
+        return f"{len(self.chunks)} chunks, events {self.events}, close code {self.stream.close_code}"
+
+    def close(self) -> None:
+        self.stream.close()
+        self._thread.join(WAIT_S)
+
+
+def silent(chunk) -> bool:
+    return not chunk.audio.any()
+
+
+def replica_actor(replica: str):
+    """The Serve replica actor behind a replica id (Serve names them in its namespace)."""
+    name = f"SERVE_REPLICA::{deployment.APP_NAME}#RingReplica#{replica}"
+    try:
+        return ray.get_actor(name, namespace="serve")
+    except ValueError:
+        actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        raise AssertionError(f"no actor {name!r}; the named actors are {actors}") from None
+
+
+def status_code(call: Callable[[], object]) -> int:
+    try:
+        call()
+    except ServerError as error:
+        return error.status
+    return 200
+
+
+def test_sessions_keep_their_replica_and_outlive_another_replica(server):
+    client = Client(server, timeout_s=WAIT_S)
+    names = [f"jam-{index}" for index in range(SESSIONS)]
+    placed = {name: client.create(PROMPT, seconds=LOOP_S, name=name)["replica"] for name in names}
+    assert len(set(placed.values())) == 2, f"{SESSIONS} sessions should spread over both replicas: {placed}"
+    assert {entry["session"]: entry["replica"] for entry in client.sessions()} == placed
+    assert status_code(lambda: client.create(PROMPT, name=names[0])) == 400, "a name that plays is refused"
+    assert status_code(lambda: client.status("nobody")) == 404
+    with pytest.raises(ServerError) as bad_knob:
+        client.set_knobs(names[0], {"volumes": 0.5})
+    assert bad_knob.value.status == 400 and "volumes" in bad_knob.value.message
+    assert "Traceback" not in bad_knob.value.message, "the replica's error reaches the client without Ray's wrapping"
+    assert status_code(lambda: client.create(PROMPT, knobs={"dept": 2}, name="bad-depth")) == 400
+    assert "bad-depth" not in {entry["session"] for entry in client.sessions()}
+
+    listeners = {name: Listener(client, name) for name in names}
+    try:
+        for name, listener in listeners.items():
+            samples = [chunk.sample for chunk in listener.wait_chunks(CHUNKS_TO_PLAY)]
+            assert all(b > a for a, b in zip(samples, samples[1:])), f"{name}: sample index must grow: {samples}"
+            assert not all(silent(chunk) for chunk in listener.chunks), f"{name} plays silence before any knob moved"
+
+        # A knob per session reaches its audio: volume 0 is exact silence, and sound comes back with the volume.
+        # Half the sessions turn it over HTTP, half over their WebSocket (answered by an "applied" event).
+        muted_from = {name: len(listener.chunks) for name, listener in listeners.items()}
+        for index, name in enumerate(names):
+            if index % 2:
+                listeners[name].stream.set_knobs({"volume": 0.0})
+            else:
+                assert client.set_knobs(name, {"volume": 0.0}) == {"volume": 0.0}
+        applied = {"event": "applied", "knobs": {"volume": 0.0}}
+        for name in names[1::2]:
+            listeners[name].wait(lambda lst=listeners[name]: applied in lst.events, "the applied event")
+        for name, listener in listeners.items():
+            listener.wait(lambda lst=listener, n=name: _silent_run(lst.chunks[muted_from[n] :]), "silence at volume 0")
+            heard = listener.chunks[max(0, muted_from[name] - SILENT_RUN) : muted_from[name]]
+            assert not all(silent(chunk) for chunk in heard), f"{name} was silent before volume 0"
+        unmuted_from = {name: len(listener.chunks) for name, listener in listeners.items()}
+        for name in names:
+            client.set_knobs(name, {"volume": 0.8})
+        for name, listener in listeners.items():
+            listener.wait(
+                lambda lst=listener, n=name: any(not silent(c) for c in lst.chunks[unmuted_from[n] :]), "sound again"
+            )
+
+        # Affinity: every call for a session reached the replica that created it.
+        for _ in range(3):
+            for name in names:
+                status = client.status(name)
+                assert status["replica"] == placed[name], f"{name} was served by {status['replica']}"
+                assert status["knobs"]["volume"] == pytest.approx(0.8)
+
+        # Full: each host plays MAX_LANES sessions; one more is refused by both replicas (503), and nothing is evicted.
+        extras = [f"extra-{index}" for index in range(2 * MAX_LANES - SESSIONS)]
+        for name in extras:
+            client.create(PROMPT, seconds=LOOP_S, name=name)
+        with pytest.raises(ServerError) as refused:
+            client.create(PROMPT, seconds=LOOP_S, name="one-too-many")
+        assert refused.value.status == 503
+        assert all(replica in refused.value.message for replica in set(placed.values())), refused.value.message
+        assert len(client.sessions()) == 2 * MAX_LANES
+        for name in extras:
+            client.end(name)
+        assert {entry["session"]: entry["replica"] for entry in client.sessions()} == placed
+
+        # One replica dies: its sessions are lost (stream event, then 410), the other replica's play on.
+        victim = placed[names[0]]
+        lost = [name for name in names if placed[name] == victim]
+        kept = [name for name in names if placed[name] != victim]
+        kept_from = {name: len(listeners[name].chunks) for name in kept}
+        killed_at = time.monotonic()
+        ray.kill(replica_actor(victim), no_restart=True)
+        for name in lost:
+            listener = listeners[name]
+            listener.wait(lambda lst=listener: lst.closed_at is not None, "end of stream", LOST_WITHIN_S)
+            assert listener.events[-1]["event"] == "lost", listener.summary()
+            assert listener.stream.close_code == 1011, listener.summary()
+        for name in lost:
+            codes = []
+            while time.monotonic() - killed_at < LOST_WITHIN_S and (not codes or codes[-1] != 410):
+                codes.append(status_code(lambda n=name: client.status(n)))
+            assert codes[-1] == 410, f"{name}: status after its replica died gave {codes}"
+            assert time.monotonic() - killed_at < LOST_WITHIN_S
+        for name in kept:
+            samples = [chunk.sample for chunk in listeners[name].wait_chunks(CHUNKS_TO_PLAY, after=kept_from[name])]
+            assert all(b > a for a, b in zip(samples, samples[1:])), f"{name} stuttered after the other replica died"
+            assert client.status(name)["replica"] == placed[name]
+
+        # A lost session can be created again, on a replica that lives.
+        again = client.create(PROMPT, seconds=LOOP_S, name=lost[0])
+        assert again["replica"] != victim
+        listeners[lost[0]] = Listener(client, lost[0])
+        listeners[lost[0]].wait_chunks(CHUNKS_TO_PLAY)
+
+        # End everything: live sessions end (their streams say so), lost ones answer 410.
+        for name in [*kept, lost[0]]:
+            client.end(name)
+            listener = listeners[name]
+            listener.wait(lambda lst=listener: lst.closed_at is not None, "end of stream")
+            assert listener.events and listener.events[-1]["event"] == "ended", listener.summary()
+        for name in lost[1:]:
+            assert status_code(lambda n=name: client.end(n)) == 410
+        assert client.sessions() == []
+    finally:
+        for listener in listeners.values():
+            listener.close()
+
+
+def _silent_run(chunks: list) -> bool:
+    run = 0
+    for chunk in chunks:
+        run = run + 1 if silent(chunk) else 0
+        if run >= SILENT_RUN:
+            return True
+    return False
