@@ -191,6 +191,7 @@ class _Layout:
 class TickStats:
     ticks: int = 0
     rows: int = 0
+    steady: bool = False  # the last tick was a steady one (no first run or capture): its cost is worth learning
     negative_rows: int = 0
     active_slots: int = 0
     last_tick_ms: float = 0.0
@@ -262,6 +263,7 @@ class StreamPipeline:
         self._last_noise: tuple[tuple, torch.Tensor] | None = None
         self._kv_owner: dict[int, CrossKV] = {}  # the K/V each group's static tensors hold
         self._finite_checked: OrderedDict[int, weakref.ref[torch.Tensor]] = OrderedDict()
+        self.cycle_costs = False  # True: whoever drives the ticks reports what a whole cycle costs (record_cycle)
 
     # ---- configuration ---------------------------------------------------------------------------------------
 
@@ -357,9 +359,9 @@ class StreamPipeline:
         return lane
 
     def predicted_tick_ms(self, rows: int) -> float | None:
-        """A tick's time at `rows` rows from the steady ticks measured so far (device time on a GPU; no first runs
-        or captures): a line through the median ms of each row count seen, or ms per row when one count has been
-        seen; None before any tick."""
+        """A tick's time at `rows` rows from the steady ticks measured so far (no first runs or captures): device
+        time on a GPU, or the driver's whole cycle with `cycle_costs`. A line through the median ms of each row
+        count seen, or ms per row when one count has been seen; None before any tick."""
         by_rows: dict[int, list[float]] = {}
         for count, ms in self._stats.cost_samples:
             by_rows.setdefault(count, []).append(ms)
@@ -373,6 +375,14 @@ class StreamPipeline:
         mean_ms = sum(ms for _, ms in points) / len(points)
         slope = sum((r - mean_r) * (ms - mean_ms) for r, ms in points) / sum((r - mean_r) ** 2 for r, _ in points)
         return max(mean_ms + max(slope, 0.0) * (rows - mean_r), 0.0)
+
+    def record_cycle(self, ms: float) -> None:
+        """The time from one tick's start to the next of a driver that does more than tick (a shared ring: every
+        session's knobs and requests, the handing out of latents); learnt in place of the device time when
+        `cycle_costs` is set, for steady ticks only."""
+        stats = self._stats
+        if self.cycle_costs and stats.steady:
+            stats.cost_samples.append((stats.rows, ms))
 
     def _admission_check(self, new: _Lane) -> None:
         lanes = [*self._lanes.values(), new]
@@ -957,7 +967,10 @@ class StreamPipeline:
         stats.active_slots = len(active)
         stats.finished += len(finished)
         stats.last_tick_ms = (time.perf_counter() - started) * 1000.0
-        if steady and stats.gpu_events is None:
+        stats.steady = steady
+        if self.cycle_costs:
+            pass
+        elif steady and stats.gpu_events is None:
             stats.cost_samples.append((len(rows), stats.last_tick_ms))
         elif steady and stats.pending_cost is None:
             stats.pending_cost = (len(rows), stats.gpu_events)

@@ -3,7 +3,10 @@ preset, CPU), played through the client, the bridge (real OSC datagrams) and `fl
 
 import argparse
 import json
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -320,3 +323,147 @@ def test_jitter_buffer_waits_for_150_ms_then_plays_in_order_and_rebuffers_after_
     assert full.frames == 1000 and full.skipped_frames == 1400
     full.pull(block[:10])
     assert np.array_equal(block[:10], ramp[1400:1410]), "an overfull buffer must drop its oldest frames"
+
+
+def test_jitter_buffer_plays_out_a_short_tail_once_finished_and_running_dry_then_is_no_underrun():
+    buffer = JitterBuffer(start_frames=7200, max_frames=48_000)
+    block = np.empty((1024, 2), np.float32)
+    ramp = 1.0 + np.arange(3000, dtype=np.float32)[:, None].repeat(2, axis=1)
+    buffer.push(ramp)  # the last 62 ms of a stream: less than the 150 ms it waits for
+    buffer.pull(block)
+    assert not block.any() and buffer.frames == 3000
+    buffer.finish()
+    played = []
+    for _ in range(4):
+        buffer.pull(block)
+        played.append(block.copy())
+    played = np.concatenate(played)
+    assert np.array_equal(played[:3000], ramp) and not played[3000:].any(), "the tail did not play in order"
+    assert buffer.underruns == 0, "the end of the stream was counted as an underrun"
+
+
+BLOCK = 480  # 10 ms
+
+
+def find_blocks(heard: np.ndarray, wav: np.ndarray, block: int) -> list[int | None]:
+    """Where each `block`-frame piece of `wav` lies in `heard` (int16 [frames, 2] both), searched in order: the
+    first exact match after the previous piece found; None where a piece is nowhere after it (or is all zero)."""
+    found, after = [], 0
+    for start in range(0, len(wav) - block + 1, block):
+        piece = wav[start : start + block]
+        at = None
+        if piece.any():
+            head = np.flatnonzero(np.all(heard[after : len(heard) - block + 1] == piece[0], axis=1)) + after
+            at = next((int(i) for i in head if np.array_equal(heard[i : i + block], piece)), None)
+        found.append(at)
+        after = after if at is None else at + block
+    return found
+
+
+class ListenRecorder:
+    """A JACK client that records what the next JACK client to register output ports plays (here the PortAudio
+    stream of a `flowjam listen` process): those ports are connected to its inputs as soon as they appear."""
+
+    def __init__(self, seconds: float):
+        import jack
+
+        self.client = jack.Client("flowjam-listen-recorder", no_start_server=True)
+        assert self.client.samplerate == SAMPLE_RATE, f"JACK runs at {self.client.samplerate} Hz"
+        self.inputs = [self.client.inports.register(f"in_{channel}") for channel in range(2)]
+        self.audio = np.zeros((int(seconds * SAMPLE_RATE), 2), np.float32)
+        self.written = 0
+        self.connected_at = None  # the first recorded frame that the connections were there for
+        self.xruns = 0  # cycles some JACK client (this one too: a Python callback in a busy process) finished late
+        self.client.set_process_callback(self._process)
+        self.client.set_xrun_callback(self._xrun)
+        self.client.activate()
+        self.before = {port.name for port in self.client.get_ports(is_output=True, is_audio=True)}
+
+    def _process(self, frames: int) -> None:
+        count = min(frames, len(self.audio) - self.written)
+        for channel, port in enumerate(self.inputs):
+            self.audio[self.written : self.written + count, channel] = port.get_array()[:count]
+        self.written += count
+
+    def _xrun(self, delayed_usecs: float) -> None:
+        self.xruns += 1
+
+    def connect_new_outputs(self, timeout_s: float) -> list[str]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ports = self.client.get_ports(is_output=True, is_audio=True)
+            sources = sorted(port.name for port in ports if port.name not in self.before)
+            if len(sources) >= 2:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"no new JACK output ports within {timeout_s} s (JACK has {[p.name for p in ports]})")
+            time.sleep(0.002)  # listen starts playing ~20-60 ms after its ports appear: connect before that
+        assert len(sources) == 2, f"expected the two output ports of listen's stream, JACK has new ones {sources}"
+        for source, sink in zip(sources, self.inputs):
+            self.client.connect(source, sink)
+        self.connected_at = self.written
+        return sources
+
+    def stop(self) -> np.ndarray:
+        self.client.deactivate()
+        self.client.close()
+        return self.audio[: self.written]
+
+
+def test_listen_plays_through_jack_exactly_what_it_records(jack_server, server, new_session, tmp_path):
+    """`flowjam listen --device jack` in its own process, as a user runs it: a second JACK client records what its
+    PortAudio stream plays, and that is the WAV listen wrote, in order, frame for frame, with silence before and
+    after; a glitch (a late JACK cycle, a rebuffer) is allowed only where listen's summary reports one."""
+    session = new_session()
+    out = tmp_path / "heard.wav"
+    command = [sys.executable, "-m", "flowjam", "listen", "--server", server, "--session", session]
+    command += ["--device", "jack", "--out", str(out), "--seconds", "2"]
+    recorder = ListenRecorder(seconds=20.0)
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            sources = recorder.connect_new_outputs(timeout_s=10.0)
+            stdout, stderr = process.communicate(timeout=30.0)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        time.sleep(0.1)  # a few JACK periods after the stream closed
+    finally:
+        heard = recorder.stop()
+    assert process.returncode == 0, stderr
+    assert sources[0].startswith("PortAudio"), f"listen's stream is not PortAudio's JACK client: {sources}"
+    summary = stdout.strip()
+    assert "2.00 s received" in summary and "0 dropped" in summary and "0 gaps (0 ms missing)" in summary, summary
+    underruns, skipped_ms = re.search(r"(\d+) underruns, (\d+) ms skipped", summary).groups()
+    with wave.open(str(out)) as recorded:
+        assert (recorded.getnframes(), recorded.getnchannels(), recorded.getframerate()) == (96_000, 2, 48_000)
+        wav = np.frombuffer(recorded.readframes(96_000), "<i2").reshape(-1, 2)
+    assert np.sqrt(np.mean((wav / 32767.0) ** 2)) > 5e-3, "listen received near silence: nothing to hear"
+    heard = np.round(np.clip(heard[recorder.connected_at :], -1.0, 1.0) * 32767.0).astype("<i2")  # as the WAV is
+    found = find_blocks(heard, wav, BLOCK)  # all-zero blocks are None: silence is found anywhere
+    audible = [index for index in range(len(found)) if wav[index * BLOCK : (index + 1) * BLOCK].any()]
+    heard_blocks = [index for index in audible if found[index] is not None]
+    assert heard_blocks, f"JACK received none of the WAV's audio; {summary}"
+    first, last = heard_blocks[0], heard_blocks[-1]
+    late = (first - audible[0]) * BLOCK / SAMPLE_RATE
+    assert late < 0.5, f"the recorder connected {late:.2f} s into playback (machine too busy?)"
+    breaks, previous, missing = 0, None, False  # a break: audible blocks not heard, or heard out of place
+    for index in audible[audible.index(first) :]:
+        at = found[index]
+        if at is not None and (previous is None or at - found[previous] == (index - previous) * BLOCK):
+            missing = False
+        else:
+            breaks += not missing
+            missing = at is None
+        previous = index if at is not None else previous
+    report = f"{len(heard_blocks)}/{len(audible)} audible 10 ms blocks heard, {breaks} breaks, "
+    report += f"{recorder.xruns} JACK xruns; {summary}"
+    if underruns == skipped_ms == "0" and not recorder.xruns:  # nothing reported: all of it, unbroken, nothing else
+        assert breaks == 0, f"JACK did not receive the WAV's audio unbroken: {report}"
+        assert first != audible[0] or not heard[: found[first]].any(), "sound came before what listen received"
+        assert not heard[found[last] + BLOCK :].any(), "listen played more than it received"
+    else:  # a busy machine: each break must be one that listen or JACK reported, and most of the audio still plays
+        allowed = int(underruns) + recorder.xruns + (len(found) if skipped_ms != "0" else 0)
+        assert breaks <= allowed and len(heard_blocks) >= len(audible) // 2, f"unreported glitches: {report}"
+    print(f"JACK heard listen's WAV from {sources}: {report}")

@@ -133,7 +133,7 @@ def test_sessions_keep_their_replica_and_outlive_another_replica(server):
         for name, listener in listeners.items():
             samples = [chunk.sample for chunk in listener.wait_chunks(CHUNKS_TO_PLAY)]
             assert all(b > a for a, b in zip(samples, samples[1:])), f"{name}: sample index must grow: {samples}"
-            assert not all(silent(chunk) for chunk in listener.chunks), f"{name} plays silence before any knob moved"
+            listener.wait(lambda lst=listener: not all(silent(c) for c in lst.chunks), "sound before any knob moved")
 
         # A knob per session reaches its audio: volume 0 is exact silence, and sound comes back with the volume.
         # Half the sessions turn it over HTTP, half over their WebSocket (answered by an "applied" event).
@@ -228,3 +228,19 @@ def _silent_run(chunks: list) -> bool:
         if run >= SILENT_RUN:
             return True
     return False
+
+
+def test_a_stalled_client_behind_the_ray_proxy_finds_at_most_the_window_waiting(server):
+    """Serve's proxy never blocks a send, so without acknowledgements a stalled client's audio piles up there; the
+    gateway sends no chunk more than the window past the client's last acknowledgement."""
+    from stall_probe import stall_and_drain
+
+    window_s = pytest.importorskip("flowjam.engine.serve.protocol").ACK_WINDOW_FRAMES / 48_000
+    client = Client(server, timeout_s=WAIT_S)
+    name = client.create(PROMPT, seconds=LOOP_S, name="stalled")["session"]
+    try:
+        stall = stall_and_drain(client, name, stall_s=2 * window_s)
+    finally:
+        client.end(name)
+    assert stall.waited_s <= window_s + 0.25, f"{stall.waited_s:.2f} s waited; the window is {window_s:g} s"
+    assert stall.skipped_chunks > 0 and stall.counted_dropped == stall.skipped_chunks, stall

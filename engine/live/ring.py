@@ -33,6 +33,8 @@ class SharedRing:
         self.pipeline = StreamPipeline(
             session.models.acestep.decoder, depth=1, backend=backend or session.backend, paced=True
         )
+        self.pipeline.cycle_costs = True  # admission learns what a whole cycle of this ring costs, not the tick alone
+        self._cycle_started: float | None = None
         self._runners: dict[str, object] = {}  # lane name -> LiveRunner, in the order they came
         self._playing: set[str] = set()  # the lanes the tick thread ticks (started runners)
         self._lock = threading.Condition()  # runners and lanes change between ticks, never during one
@@ -121,6 +123,7 @@ class SharedRing:
         while True:
             with self._lock:
                 while not self._playing and not self._stopping:
+                    self._cycle_started = None  # a wait for sessions is no part of a cycle's cost
                     self._lock.wait()
                 if self._stopping:
                     return
@@ -129,6 +132,10 @@ class SharedRing:
                 time.sleep(0.0005)
 
     def _tick(self, runners: list) -> None:
+        cycle_started = time.perf_counter()
+        if self._cycle_started is not None:
+            self.pipeline.record_cycle((cycle_started - self._cycle_started) * 1000.0)
+        self._cycle_started = cycle_started
         started: dict[str, float] = {}
         for runner in runners:
             try:

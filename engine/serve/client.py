@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.parse
@@ -13,7 +14,7 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from .protocol import AudioChunk, decode_chunk
+from .protocol import ACK_EVERY, AudioChunk, decode_chunk
 
 CLOSE_UNKNOWN_SESSION = 4404
 
@@ -122,6 +123,7 @@ class Stream:
         self.connection = connection
         self.close_code: int | None = None  # once the server closed the stream
         self._last_error = ""
+        self._unacked = 0  # chunks taken since the last acknowledgement (flow control: see protocol.py)
 
     def receive(self, timeout_s: float | None = None) -> AudioChunk | dict[str, Any] | None:
         """The next chunk or event; None once the stream is closed; TimeoutError if nothing came in `timeout_s`."""
@@ -135,7 +137,13 @@ class Stream:
                 raise ServerError(404, self._last_error or "unknown session") from None
             return None
         if isinstance(message, bytes):
-            return decode_chunk(message)
+            chunk = decode_chunk(message)
+            self._unacked += 1
+            if self._unacked >= ACK_EVERY:
+                self._unacked = 0
+                with contextlib.suppress(ConnectionClosed):  # the close is read on the next receive
+                    self.connection.send(json.dumps({"ack": chunk.sample + chunk.frames}))
+            return chunk
         event = json.loads(message)
         if event.get("event") == "error":
             self._last_error = event.get("error", "")

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
 from .errors import SessionLost, SessionRefused, UnknownSession
+from .protocol import ACK_WINDOW_FRAMES, chunk_sample, with_more_dropped
 
 if TYPE_CHECKING:
     from .host import RingHost
@@ -169,6 +170,12 @@ class _Link:
     def __init__(self, websocket: WebSocket):
         self.websocket = websocket
         self.lock = asyncio.Lock()
+        self.acked: int | None = None  # the sample after the client's last acknowledged chunk (None: it never acks)
+        self.dropped = 0  # chunks not sent because the client was more than ACK_WINDOW_FRAMES behind
+
+    def keeps_up(self, sample: int) -> bool:
+        """Whether a chunk starting at `sample` may go: the client acknowledges and is not too far behind."""
+        return self.acked is None or sample - self.acked <= ACK_WINDOW_FRAMES
 
     async def send_bytes(self, data: bytes) -> None:
         async with self.lock:
@@ -188,7 +195,10 @@ async def _send_audio(router: SessionRouter, session: str, link: _Link) -> None:
     reason = f"session {session!r} ended"
     try:
         async for chunk in router.audio(session):
-            await link.send_bytes(chunk)
+            if not link.keeps_up(chunk_sample(chunk)):
+                link.dropped += 1
+                continue
+            await link.send_bytes(with_more_dropped(chunk, link.dropped) if link.dropped else chunk)
     except UnknownSession as error:
         reason = str(error)
     except SessionLost as error:
@@ -205,11 +215,26 @@ async def _read_control(router: SessionRouter, session: str, link: _Link) -> Non
         message = await link.websocket.receive()
         if message["type"] == "websocket.disconnect":
             return
+        acked = _ack(message.get("text"))
+        if acked is not None:
+            link.acked = acked if link.acked is None else max(link.acked, acked)
+            continue
         try:
             event = await _apply_control(router, session, message.get("text"))
         except (ValueError, UnknownSession, SessionLost) as error:  # ended or lost: the audio task says so next
             event = {"event": "error", "error": str(error)}
         await link.send_event(event)
+
+
+def _ack(text: str | None) -> int | None:
+    """The sample of an {"ack": sample} message (flow control, answered by nothing), else None."""
+    if text is None or not text.startswith('{"ack"'):
+        return None
+    try:
+        sample = json.loads(text)["ack"]
+    except (json.JSONDecodeError, KeyError):
+        return None
+    return sample if isinstance(sample, int) and sample >= 0 else None
 
 
 async def _apply_control(router: SessionRouter, session: str, text: str | None) -> dict[str, Any]:

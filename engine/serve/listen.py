@@ -44,6 +44,7 @@ class JitterBuffer:
         self._offset = 0  # frames of the first block already played
         self._frames = 0
         self._playing = False
+        self._finished = False  # no more audio will come: play out what waits, running dry is the end
         self._lock = threading.Lock()
 
     @property
@@ -60,10 +61,16 @@ class JitterBuffer:
                 self._advance(excess)
                 self.skipped_frames += excess
 
+    def finish(self) -> None:
+        """No more audio will be pushed: what waits plays even if it is less than start_frames, and running dry
+        from now on is the end of the stream, not an underrun."""
+        with self._lock:
+            self._finished = True
+
     def pull(self, out: np.ndarray) -> None:
         """Fill `out` [frames, channels] with the oldest waiting audio, or silence while (re)buffering."""
         with self._lock:
-            if not self._playing and self._frames >= self.start_frames:
+            if not self._playing and (self._frames >= self.start_frames or (self._finished and self._frames)):
                 self._playing = True
             if not self._playing:
                 out.fill(0.0)
@@ -77,7 +84,8 @@ class JitterBuffer:
                 filled += take
             if filled < len(out):
                 out[filled:].fill(0.0)
-                self.underruns += 1
+                if not self._finished:
+                    self.underruns += 1
                 self._playing = False
 
     def _advance(self, frames: int) -> None:
@@ -146,6 +154,7 @@ def listen(
             wav = WavStream(partial_path(out), CHANNELS, SAMPLE_RATE)
         try:
             _receive(stream, report, buffer, wav, seconds, say)
+            buffer.finish()
             if output is not None:  # let what waits play out
                 deadline = time.monotonic() + buffer.frames / SAMPLE_RATE + 0.5
                 while buffer.frames and time.monotonic() < deadline:

@@ -1,5 +1,10 @@
 """The wire format shared by the server and its clients: audio chunks (binary WebSocket messages) and the JSON
-control messages. Audio is 48 kHz stereo, 16-bit little-endian, interleaved, after a fixed header."""
+control messages. Audio is 48 kHz stereo, 16-bit little-endian, interleaved, after a fixed header.
+
+Flow control: a client sends {"ack": sample} (the sample after the last chunk it has taken) every ACK_EVERY chunks.
+The server sends a client that acknowledges no chunk more than ACK_WINDOW_FRAMES ahead of its last ack: later chunks
+are dropped and counted in the header until it catches up, so a stalled client's backlog stays bounded wherever it
+builds (a proxy's queue, the kernel's). A client that never acknowledges is sent everything."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ SAMPLE_RATE = 48_000
 CHANNELS = 2
 MAGIC = b"FJA1"
 HEADER = struct.Struct("<4sQIII")  # magic, sample index, loop position, frames, dropped chunks so far
+ACK_EVERY = 4  # a client acknowledges every 4th chunk: {"ack": the sample after it} (200 ms)
+ACK_WINDOW_FRAMES = 2 * SAMPLE_RATE  # a client that acknowledges has at most 2 s of audio unacknowledged
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,17 @@ def encode_chunk(audio: np.ndarray, sample: int, position: int, dropped: int = 0
         raise ValueError(f"audio must be [frames, {CHANNELS}], got shape {tuple(audio.shape)}")
     pcm = np.clip(np.rint(audio * 32767.0), -32768, 32767).astype("<i2")
     return HEADER.pack(MAGIC, sample, position, audio.shape[0], dropped) + pcm.tobytes()
+
+
+def chunk_sample(data: bytes) -> int:
+    """An encoded chunk's sample index, read from its header alone."""
+    return HEADER.unpack_from(data)[1]
+
+
+def with_more_dropped(data: bytes, dropped: int) -> bytes:
+    """The chunk with `dropped` more chunks counted in its header (dropped on the way, after the host)."""
+    magic, sample, position, frames, before = HEADER.unpack_from(data)
+    return HEADER.pack(magic, sample, position, frames, before + dropped) + data[HEADER.size :]
 
 
 def decode_chunk(data: bytes) -> AudioChunk:
