@@ -276,6 +276,16 @@ def test_bridge_forwards_real_osc_messages_and_starts_where_the_session_is(clien
         wait_until(lambda: bridge.forwarder.failures >= 2, 5.0, "the next knob to be tried")
 
 
+def test_the_bridge_mirror_follows_knobs_another_client_moves_without_sending_them_back(client, new_session):
+    session = new_session()
+    with Bridge(client, session, None, on_error=pytest.fail) as bridge:
+        client.set_knobs(session, {"velocity_scale": 1.25, "cfg_mode": "full"})
+        wait_until(lambda: bridge.registry.get("velocity_scale") == 1.25, 5.0, "the mirror to follow the server")
+        assert bridge.registry.specs["cfg_mode"].choice(bridge.registry.get("cfg_mode")) == "full"
+        time.sleep(1.5)
+        assert bridge.forwarder.requests == 0, "the bridge sent the server's own values back"
+
+
 def test_listen_records_a_wav_of_the_requested_length(server, new_session, tmp_path, capsys):
     session = new_session()
     parser = argparse.ArgumentParser()

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from ..live.knobs import KnobChange, KnobRegistry
 from ..live.osc import OscBridge, OscConfig
-from .client import Client
+from .client import Client, ServerError
 
 log = logging.getLogger("flowjam.bridge")
 
 REPEAT_ERROR_S = 5.0  # the same error is shown again at most this often
+FOLLOW_S = 1.0  # how often the mirror takes in knob changes other clients made on the server
 
 
 class Forwarder:
@@ -122,6 +123,10 @@ class Bridge:
         self.mapper = None
         self._midi_map: Path | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._on_error = on_error or _print_error
+        self._local_at = 0.0  # when a controller here last moved a knob (monotonic)
+        self._stop_following = threading.Event()
+        self._follower: threading.Thread | None = None
 
     def enable_midi(
         self, port: str | None, map_path: Path | None = None, learn: tuple[str, ...] = (), backend: str | None = None
@@ -150,6 +155,9 @@ class Bridge:
             log.warning("the server has knobs this bridge does not know (a newer flowjam?): %s", ", ".join(unknown))
         self._unsubscribe = self.registry.subscribe(self._forward)
         self.forwarder.start()
+        self._stop_following.clear()
+        self._follower = threading.Thread(target=self._follow, name="flowjam-bridge-follow", daemon=True)
+        self._follower.start()
         try:
             if self.midi is not None:
                 self.midi.start()
@@ -165,6 +173,10 @@ class Bridge:
         for part in (self.midi, self.osc):
             if part is not None:
                 part.stop()
+        self._stop_following.set()
+        if self._follower is not None:
+            self._follower.join()
+            self._follower = None
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -181,10 +193,32 @@ class Bridge:
 
     def _forward(self, change: KnobChange) -> None:
         """Registry subscriber: forwards the knob's value as it is now (callbacks from the OSC and MIDI threads may
-        arrive out of order; the registry holds the newest), a choice by its name."""
+        arrive out of order; the registry holds the newest), a choice by its name; what came from the server stays."""
+        if change.origin == "server":
+            return
+        self._local_at = time.monotonic()
         spec = self.registry.specs[change.name]
         value = self.registry.get(change.name)
         self.forwarder.knob(change.name, spec.choice(value) if spec.choices else value)
+
+    def _follow(self) -> None:
+        """Every FOLLOW_S, take the knobs another client moved on the server into the mirror (the OSC feedback then
+        shows them on the controller); skipped while a change from here may still be on its way."""
+        while not self._stop_following.wait(FOLLOW_S):
+            if time.monotonic() - self._local_at < 2 * FOLLOW_S:
+                continue
+            try:
+                knobs = self.client.status(self.session).get("knobs", {})
+            except (ServerError, OSError) as error:
+                self._on_error(f"following the session's knobs: {error}")
+                continue
+            for name, value in knobs.items():
+                spec = self.registry.specs.get(name)
+                if spec is None:
+                    continue
+                mine = self.registry.get(name)
+                if (spec.choice(mine) != value) if spec.choices else abs(mine - float(value)) > 1e-9:
+                    self.registry.set(name, value, origin="server")
 
     def _transport(self, command: str) -> None:
         if command != "reset":

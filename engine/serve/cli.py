@@ -108,6 +108,8 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"serving {model} on http://{args.host}:{sock.getsockname()[1]} (Ctrl-C stops)", flush=True)
     try:
         uvicorn.Server(uvicorn.Config(make_app(router), log_level="info")).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then raises it again
+        print("stopped", flush=True)
     finally:
         router.close()
         host.close()
