@@ -14,7 +14,7 @@ import statistics
 import time
 import weakref
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -332,7 +332,7 @@ class StreamPipeline:
         if len(self._lanes) > MAX_LANES:  # the main lane does not count
             raise ValueError(f"the ring holds {MAX_LANES} sessions already: end one, or start another ring/GPU")
         self._check_depth(depth)
-        self._admission_check(_Lane(name, -1, depth, paced, need))
+        self._admission_check([*self._lanes.values(), _Lane(name, -1, depth, paced, need)], f"session {name!r} refused")
         return StreamLane(self, self._new_lane(name, depth, paced, need))
 
     def remove_lane(self, name: str) -> None:
@@ -384,8 +384,8 @@ class StreamPipeline:
         if self.cycle_costs and stats.steady:
             stats.cost_samples.append((stats.rows, ms))
 
-    def _admission_check(self, new: _Lane) -> None:
-        lanes = [*self._lanes.values(), new]
+    def _admission_check(self, lanes: list[_Lane], refused: str) -> None:
+        """Raise AdmissionRefused (starting with `refused`) if the ring, playing `lanes`, would miss a need."""
         if not any(lane.need is not None for lane in lanes):
             return
         playing = [lane for lane in lanes if lane.need is not None or not lane.idle]  # an idle main lane adds no rows
@@ -396,7 +396,7 @@ class StreamPipeline:
         for lane in lanes:
             if lane.need is not None and predicted > lane.need.max_tick_ms(lane.depth):
                 raise AdmissionRefused(
-                    f"session {new.name!r} refused: with it the ring would run {rows} rows a tick, measured to take "
+                    f"{refused}: with it the ring would run {rows} rows a tick, measured to take "
                     f"~{predicted:.0f} ms, but session {lane.name!r} (depth {lane.depth}, {lane.need.steps} steps) "
                     f"needs a tick within {lane.need.max_tick_ms(lane.depth):.0f} ms to get a latent every "
                     f"{lane.need.latent_interval_ms:.0f} ms; end a session, lower a depth or the steps, or start it "
@@ -1031,8 +1031,20 @@ class StreamLane:
         self.pipeline._submit(self._lane, request, supersedes)
 
     def set_depth(self, depth: int) -> None:
-        self._check_open()
+        """Hot depth change; a deeper lane is refused (AdmissionRefused) if the ring could then no longer keep every
+        session's need."""
+        self.check_depth(depth)
         self.pipeline._set_depth(self._lane, depth)
+
+    def check_depth(self, depth: int) -> None:
+        """Raise AdmissionRefused, with the numbers, if this lane at `depth` would make the ring miss a need."""
+        self._check_open()
+        self.pipeline._check_depth(depth)
+        lane = self._lane
+        if depth > lane.depth:
+            deeper = replace(lane, depth=depth)
+            lanes = [deeper if other is lane else other for other in self.pipeline._lanes.values()]
+            self.pipeline._admission_check(lanes, f"depth {depth} for session {lane.name!r} refused")
 
     def set_shared_curve(self, name: str, value: Curve | None) -> None:
         self._check_open()

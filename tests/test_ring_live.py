@@ -201,3 +201,18 @@ def test_the_host_refuses_a_session_it_could_not_keep_in_real_time(session):
         assert host.names() == ["first"] and host.status("first")["errors"] == 0
     finally:
         host.close()
+
+
+def test_the_host_refuses_a_depth_its_ring_could_not_keep_in_real_time(session):
+    host = RingHost(session, latent_interval_ms=0.01)
+    try:
+        host.create("deep", SessionSpec("lofi", seconds=4, knobs={"depth": 1}))
+        deadline = time.monotonic() + 30
+        while host.status("deep")["ticks"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(ValueError, match="depth 4 for session 'deep' refused"):
+            host.set_knobs("deep", {"depth": 4, "denoise": 0.5})
+        knobs = host.status("deep")["knobs"]
+        assert knobs["depth"] == 1 and knobs["denoise"] == 0.7, "a refused batch applied part of itself"
+    finally:
+        host.close()

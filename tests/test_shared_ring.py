@@ -112,3 +112,21 @@ def test_sessions_are_named_bounded_and_ended_cleanly(session, prompts):
         lane.submit(session.make_request(a, SECONDS, seed=2, steps=4))
     assert ring.idle, "an ended session's slots stayed in the ring"
     ring.add_lane("one", 2)  # its name and its slot indices are free again
+
+
+def test_a_session_cannot_deepen_past_what_the_ring_keeps_in_real_time(session, prompts):
+    a, _, null = prompts
+    ring = StreamPipeline(session.models.acestep.decoder, depth=1)
+    me = ring.add_lane("me", depth=2, need=RealtimeNeed(steps=8, rows_per_slot=2, latent_interval_ms=60_000.0))
+    play(ring, [me], {"me": lambda t: session.make_request(a, SECONDS, seed=t, cfg_mode="full", negative=null)})
+    at_12, at_24 = ring.predicted_tick_ms(12), ring.predicted_tick_ms(24)
+    assert at_24 > at_12 > 0
+    # a tick within (at_12 + at_24) / 2 every latent of 8 steps at depth 2 (4 ticks): 12 rows fit, 24 do not
+    ring.add_lane("tight", depth=2, need=RealtimeNeed(8, 2, latent_interval_ms=4 * (at_12 + at_24) / 2))
+    other = ring.add_lane("other", depth=1, need=RealtimeNeed(8, 2, latent_interval_ms=60_000.0))
+    other.set_depth(2)  # 12 rows: every need kept
+    with pytest.raises(ValueError, match=r"depth 8 for session 'other' refused: .* 24 rows .* session 'tight'"):
+        other.set_depth(8)
+    assert other.depth == 2, "a refused depth was applied"
+    other.set_depth(1)  # shallower is always fine
+    assert other.depth == 1

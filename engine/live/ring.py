@@ -54,6 +54,11 @@ class SharedRing:
         with self._between_ticks():
             return self.pipeline.add_lane(name, depth, paced=True, need=need)
 
+    def check_depth(self, name: str, depth: int) -> None:
+        """Raise AdmissionRefused if session `name` at `depth` would make the ring miss a session's need."""
+        with self._between_ticks():
+            self.pipeline.lane(name).check_depth(depth)
+
     def register(self, runner) -> None:
         """Make `runner` (a LiveRunner on one of this ring's lanes) one of the ring's: `step` ticks it from now on,
         the tick thread once it is attached."""

@@ -231,6 +231,8 @@ class RingHost:
         trial = KnobRegistry(hosted.registry.specs.values())
         for knob, value in knobs.items():
             trial.set(knob, value, origin="check")
+        if "depth" in knobs:  # deeper is more rows a tick: admission control has its say (ValueError, 400)
+            self.ring.check_depth(name, int(trial.get("depth")))
         for knob, value in knobs.items():
             hosted.registry.set(knob, value, origin="remote")
         return {knob: _knob_value(hosted.registry, knob) for knob in knobs}
