@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval-ms", type=float, default=250.0, help="a fresh latent per session at least this often"
     )
     sessions.add_argument("--ear-ms", type=float, default=150.0, help="knob -> ear target (p95 of the shared knob)")
+    sessions.add_argument(
+        "--gpus", type=int, default=1, help="run the same bench on GPUs 0..N-1 at once, one process (host) each"
+    )
     add_model_arguments(sessions)
     soak = targets.add_parser("soak", help="play for N minutes under a knob storm and prompt swaps")
     soak.add_argument("--minutes", type=float, default=2.0)
@@ -470,6 +473,8 @@ def bench_latency(args: argparse.Namespace) -> int:
 
 
 def bench_sessions(args: argparse.Namespace) -> int:
+    if args.gpus > 1:
+        return bench_sessions_on_gpus(args.gpus)
     import torch
 
     from .engine.serve.bench import measure_sessions
@@ -493,6 +498,35 @@ def bench_sessions(args: argparse.Namespace) -> int:
     finally:
         host.close()
     return 0
+
+
+def bench_sessions_on_gpus(gpus: int) -> int:
+    """The same `bench sessions` on GPUs 0..gpus-1 at once, each in a process of its own that sees one GPU (as one
+    Ray replica would), their lines prefixed with the GPU; -> the worst exit status."""
+    import os
+    import subprocess
+
+    argv, rest = [], iter(sys.argv[1:])
+    for arg in rest:
+        if arg == "--gpus":
+            next(rest, None)  # and its value
+        elif not arg.startswith("--gpus="):
+            argv.append(arg)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "flowjam", *argv],
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for gpu in range(gpus)
+    ]
+    outputs = [child.communicate()[0] for child in children]
+    for gpu, output in enumerate(outputs):
+        for line in output.splitlines():
+            print(f"[gpu {gpu}] {line}")
+    return max(child.returncode for child in children)
 
 
 def report_sessions(r, count: int, args: argparse.Namespace) -> None:
