@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .engine.live.midi import MIDI_BACKENDS
-from .engine.params import BACKENDS, CFG_MODES, LORA_MODES, PRECISIONS
+from .engine.params import BACKENDS, CFG_MODES, LORA_MODES, PRECISIONS, parse_lora_option
 from .engine.serve import cli as serve_commands
 
 if TYPE_CHECKING:
@@ -189,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("--ear-ms", type=float, default=150.0, help="knob -> ear target (p95 of the shared knob)")
     sessions.add_argument(
         "--gpus", type=int, default=1, help="run the same bench on GPUs 0..N-1 at once, one process (host) each"
+    )
+    sessions.add_argument(
+        "--lora-rank",
+        type=int,
+        help="attach a random live LoRA of this rank on every attention and MLP projection; each session plays it "
+        "at its own strength (0.5, 0.6, ...)",
     )
     add_model_arguments(sessions)
     soak = targets.add_parser("soak", help="play for N minutes under a knob storm and prompt swaps")
@@ -395,17 +401,6 @@ def load_session(args: argparse.Namespace):
     return session
 
 
-def parse_lora_option(spec: str) -> tuple[Path, float]:
-    """ "style.safetensors:0.7" -> (path, 0.7); a path alone means strength 1."""
-    path, _, strength = spec.rpartition(":")
-    if path:
-        try:
-            return Path(path), float(strength)
-        except ValueError:
-            pass
-    return Path(spec), 1.0
-
-
 def run_bench(args: argparse.Namespace) -> int:
     benches = {"dit": bench_dit, "tick": bench_tick, "decode": bench_decode, "lm": bench_lm, "lora": bench_lora}
     benches["ring"] = bench_ring
@@ -489,12 +484,20 @@ def bench_sessions(args: argparse.Namespace) -> int:
         f"at once, {args.trials} trials; real time: a latent every <= {args.interval_ms:g} ms and a shared knob heard "
         f"within {args.ear_ms:g} ms (p95)"
     )
+    lora = None
+    if args.lora_rank:
+        from .engine.benchmarks import random_lora
+        from .engine.lora import lora_set
+
+        decoder = session.models.acestep.decoder
+        lora = "bench"
+        lora_set(decoder).attach(random_lora(decoder, lora, args.lora_rank, seed=0), 1.0, "live")
+        print(f"  a live LoRA of rank {args.lora_rank}, each session at its own strength")
     host = RingHost(session, latent_interval_ms=args.interval_ms)  # one host: admission learns from every count
     try:
         for count in args.sessions:
-            report_sessions(
-                measure_sessions(host, count, args.song_seconds, args.depth, args.cfg, args.trials), count, args
-            )
+            r = measure_sessions(host, count, args.song_seconds, args.depth, args.cfg, args.trials, lora)
+            report_sessions(r, count, args)
     finally:
         host.close()
     return 0

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
+from .lora.attached import lora_set
 from .models.dit import CrossKV, DiTDecoder
+
+KV_PER_STRENGTHS = 4  # K/V kept per condition for sessions with their own LoRA strengths (LRU)
 
 
 @dataclass(eq=False)
@@ -20,6 +24,7 @@ class Conditioning:
     _cross_kv: CrossKV | None = field(default=None, repr=False)
     _built_by: weakref.ref[DiTDecoder] | None = field(default=None, repr=False)
     _built_at: int = field(default=-1, repr=False)  # the decoder's cross_kv_version they were built at
+    _kv_by_strengths: OrderedDict[tuple, CrossKV] = field(default_factory=OrderedDict, repr=False)
 
     def __post_init__(self) -> None:
         states = self.encoder_hidden_states
@@ -28,18 +33,33 @@ class Conditioning:
         if not torch.isfinite(states).all():
             raise ValueError("conditioning contains NaN or infinite values")
 
-    def cross_kv(self, decoder: DiTDecoder) -> CrossKV:
+    def cross_kv(self, decoder: DiTDecoder, strengths: tuple[float, ...] | None = None) -> CrossKV:
         """Cross-attention K/V for every decoder layer, computed on first use per decoder and again when the
-        decoder's K/V projections change (a LoRA on them: `cross_kv_version`).
+        decoder's K/V projections change (a LoRA on them: `cross_kv_version`). `strengths`: a session's own LoRA
+        strengths (one per LoRA slot) in place of the decoder's, for a session of a shared ring.
 
         The decoder that built them is held by a weak reference and compared by identity, so a new decoder is
         never served the K/V of a freed one, even at the same address (`id` would collide there)."""
         built_by = None if self._built_by is None else self._built_by()
-        if self._cross_kv is None or built_by is not decoder or self._built_at != decoder.cross_kv_version:
-            with torch.no_grad():
-                self._cross_kv = decoder.build_cross_kv(self.encoder_hidden_states)
+        if built_by is not decoder or self._built_at != decoder.cross_kv_version:
+            self._cross_kv = None
+            self._kv_by_strengths.clear()
             self._built_by, self._built_at = weakref.ref(decoder), decoder.cross_kv_version
-        return self._cross_kv
+        if strengths is None:
+            if self._cross_kv is None:
+                with torch.no_grad():
+                    self._cross_kv = decoder.build_cross_kv(self.encoder_hidden_states)
+            return self._cross_kv
+        kv = self._kv_by_strengths.get(strengths)
+        if kv is None:
+            rows = torch.tensor([strengths], device=self.encoder_hidden_states.device)
+            with torch.no_grad(), lora_set(decoder).rows_at(rows):
+                kv = decoder.build_cross_kv(self.encoder_hidden_states)
+            self._kv_by_strengths[strengths] = kv
+            if len(self._kv_by_strengths) > KV_PER_STRENGTHS:
+                self._kv_by_strengths.popitem(last=False)
+        self._kv_by_strengths.move_to_end(strengths)
+        return kv
 
     @property
     def length(self) -> int:

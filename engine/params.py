@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 LATENT_RATE_HZ = 25  # latent frames per second (48 kHz / 1920-sample hop)
 
@@ -155,6 +156,17 @@ SHARED_FIELDS = tuple(spec.name for spec in KNOB_SPECS if spec.kind is KnobKind.
 KNOBS_BY_NAME = {spec.name: spec for spec in KNOB_SPECS}
 LORA_KNOB_PREFIX = "lora/"  # a loaded LoRA's strength knob is lora/<name>
 LORA_MODES = ("auto", "live", "folded", "merged")  # how a LoRA applies; see Session.load_lora
+
+
+def parse_lora_option(spec: str) -> tuple[Path, float]:
+    """ "style.safetensors:0.7" -> (path, 0.7); a path alone means strength 1 (a --lora option)."""
+    path, _, strength = spec.rpartition(":")
+    if path:
+        try:
+            return Path(path), float(strength)
+        except ValueError:
+            pass
+    return Path(spec), 1.0
 
 
 def lora_knob(name: str) -> KnobSpec:

@@ -23,7 +23,7 @@ from . import solver
 from .backends import decoder_forward, uses_graphs
 from .conditioning import Conditioning
 from .curves import Curve, as_curve
-from .lora.attached import refresh_folds, structure_lock
+from .lora.attached import LoraSet, lora_set, refresh_folds, structure_lock
 from .models.dit import CrossGroup, CrossKV, DiTDecoder
 from .params import CFG_MODES, DCW_MODES, GUIDANCE_METHODS, SHARED_FIELDS, SOLVERS
 from .pinned import PinnedStaging
@@ -163,28 +163,47 @@ class _StepResult:
 @dataclass(frozen=True)
 class _Layout:
     """The batch of a tick: rows reordered so each condition's rows are contiguous (conditions in order of first
-    use); `batch[p]` is the index in `rows` of batch position p."""
+    use); `batch[p]` is the index in `rows` of batch position p. A condition heard at a session's own LoRA
+    strengths (on the cross K/V projections) is a condition of its own: `kv_strengths` says which."""
 
     batch: tuple[int, ...]
     conditions: tuple[Conditioning, ...]
     counts: tuple[int, ...]
+    kv_strengths: tuple[tuple[float, ...] | None, ...]
 
     @staticmethod
-    def of(rows: list[_Row]) -> _Layout:
-        by_condition: dict[int, list[int]] = {}
-        conditions: dict[int, Conditioning] = {}
+    def of(rows: list[_Row], kv_strengths: dict[str, tuple[float, ...] | None]) -> _Layout:
+        """`kv_strengths`: by lane, the LoRA strengths its conditions' K/V are built at (None: the decoder's)."""
+        by_condition: dict[tuple, list[int]] = {}
+        conditions: dict[tuple, Conditioning] = {}
         for index, row in enumerate(rows):
-            by_condition.setdefault(id(row.conditioning), []).append(index)
-            conditions.setdefault(id(row.conditioning), row.conditioning)
+            key = (id(row.conditioning), kv_strengths.get(row.slot.lane.name))
+            by_condition.setdefault(key, []).append(index)
+            conditions.setdefault(key, row.conditioning)
         return _Layout(
             tuple(i for indices in by_condition.values() for i in indices),
             tuple(conditions.values()),
             tuple(len(indices) for indices in by_condition.values()),
+            tuple(strengths for _, strengths in conditions),
         )
 
     def groups(self, kvs: list[CrossKV]) -> list[CrossGroup]:
         starts = [sum(self.counts[:g]) for g in range(len(self.counts))]
         return [CrossGroup(kv, start, count) for kv, start, count in zip(kvs, starts, self.counts)]
+
+
+@dataclass(frozen=True)
+class _OwnStrengths:
+    """What a lane's LoRA strengths change in a tick: `rows`, its rows' strengths in the batched forward (None: the
+    shared ones); `kv`, those its conditions' cross K/V are built at (None unless a live LoRA changes the K/V
+    projections); `time`, the key of its timestep embeddings (None unless a LoRA changes the embedders)."""
+
+    rows: tuple[float, ...] | None = None
+    kv: tuple[float, ...] | None = None
+    time: tuple | None = None
+
+
+SHARED_STRENGTHS = _OwnStrengths()
 
 
 @dataclass
@@ -215,6 +234,7 @@ class _Lane:
     slots: list[_Slot | None] = field(default_factory=list)
     queued: _Prepared | None = None
     shared: dict[str, torch.Tensor] = field(default_factory=dict)
+    loras: dict[str, float] = field(default_factory=dict)  # the session's own LoRA strengths, by LoRA name
 
     @property
     def idle(self) -> bool:
@@ -252,7 +272,7 @@ class StreamPipeline:
         self._check_depth(depth)
         self._lanes: dict[str, _Lane] = {}
         self._main = self._new_lane(MAIN_LANE, depth, paced, None)
-        self._modulation: OrderedDict[float, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._modulation: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._stats = TickStats()
         self.backend = backend
         self.decoder_forward = decoder_forward(decoder, backend)
@@ -361,20 +381,22 @@ class StreamPipeline:
     def predicted_tick_ms(self, rows: int) -> float | None:
         """A tick's time at `rows` rows from the steady ticks measured so far (no first runs or captures): device
         time on a GPU, or the driver's whole cycle with `cycle_costs`. A line through the median ms of each row
-        count seen, or ms per row when one count has been seen; None before any tick."""
+        count seen, or ms per row (at the most rows seen) when one count has been seen or the line does not rise
+        with the rows (noise); None before any tick."""
         by_rows: dict[int, list[float]] = {}
         for count, ms in self._stats.cost_samples:
             by_rows.setdefault(count, []).append(ms)
         if not by_rows:
             return None
         points = [(count, statistics.median(times)) for count, times in by_rows.items()]
-        if len(points) == 1:
-            count, ms = points[0]
-            return rows * ms / count
-        mean_r = sum(r for r, _ in points) / len(points)
-        mean_ms = sum(ms for _, ms in points) / len(points)
-        slope = sum((r - mean_r) * (ms - mean_ms) for r, ms in points) / sum((r - mean_r) ** 2 for r, _ in points)
-        return max(mean_ms + max(slope, 0.0) * (rows - mean_r), 0.0)
+        most_rows, ms_at_most = max(points)
+        if len(points) > 1:
+            mean_r = sum(r for r, _ in points) / len(points)
+            mean_ms = sum(ms for _, ms in points) / len(points)
+            slope = sum((r - mean_r) * (ms - mean_ms) for r, ms in points) / sum((r - mean_r) ** 2 for r, _ in points)
+            if slope > 0:
+                return max(mean_ms + slope * (rows - mean_r), 0.0)
+        return rows * ms_at_most / most_rows  # one count seen, or a flat or falling (noisy) line: ms per row
 
     def record_cycle(self, ms: float) -> None:
         """The time from one tick's start to the next of a driver that does more than tick (a shared ring: every
@@ -419,10 +441,10 @@ class StreamPipeline:
     def _submit(self, lane: _Lane, request: SlotRequest, supersedes: bool) -> None:
         self._validate(request, lane)
         supersedes = supersedes or (lane.queued is not None and lane.queued.supersedes)
-        lane.queued = self._prepare(request)
+        lane.queued = self._prepare(request, self._lora_strengths(lane).kv)
         lane.queued.supersedes = supersedes
 
-    def _prepare(self, request: SlotRequest) -> _Prepared:
+    def _prepare(self, request: SlotRequest, kv_strengths: tuple[float, ...] | None = None) -> _Prepared:
         device, dtype = self._device_dtype()
         for conditioning in (
             request.conditioning,
@@ -430,7 +452,7 @@ class StreamPipeline:
             *(e.conditioning for e in request.extra_conditions),
         ):
             if conditioning is not None:
-                conditioning.cross_kv(self.decoder)
+                conditioning.cross_kv(self.decoder, kv_strengths)
         frames = request.frames
         curves = {
             name: self._to_device(as_curve(getattr(request, name), frames, name))
@@ -543,14 +565,16 @@ class StreamPipeline:
         if not active:
             return []
         rows = [row for slot in active for row in self._rows_for(slot)]
-        layout = _Layout.of(rows)
+        strengths = {lane.name: self._lora_strengths(lane) for lane in {id(s.lane): s.lane for s in active}.values()}
+        layout = _Layout.of(rows, {name: own.kv for name, own in strengths.items()})
+        lora_rows = self._lora_rows(rows, layout, strengths)
         if self._graphs is None:
             with DEVICE_WORK:  # a compiled layer's first run autotunes with a device sync
-                self._eager_step(active, rows, layout)
+                self._eager_step(active, rows, layout, strengths, lora_rows)
             steady = True
         else:
             replays = self._graphs.counters.replays
-            self._graph_step(active, rows, layout)
+            self._graph_step(active, rows, layout, strengths, lora_rows)
             steady = self._graphs.counters.replays > replays  # not a first run or a capture: a cost to learn from
         finished: list[Finished] = []
         for slot in active:
@@ -567,25 +591,69 @@ class StreamPipeline:
         self._record(started, rows, active, finished, steady)
         return finished
 
-    def _row_embeddings(self, rows: list[_Row], layout: _Layout) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each batch row's (temb, modulation) at its slot's t, in batch order."""
-        return [self._timestep_embedding(rows[i].slot.t) for i in layout.batch]
+    def _lora_strengths(self, lane: _Lane) -> _OwnStrengths:
+        """The lane's LoRA strengths for this tick (its own where it set any, else the decoder's shared ones)."""
+        loras: LoraSet | None = self.decoder.__dict__.get("_lora_set")
+        if loras is None or not loras.attached:
+            return SHARED_STRENGTHS
+        live = loras.live_adapters()
+        own = loras.strengths_with(lane.loras) if lane.loras and live else None
+        on_time = any(adapter.touches_time_embedding() for _, adapter in loras.attached.values())
+        return _OwnStrengths(
+            own,
+            own if any(adapter.touches_cross_kv() for adapter in live) else None,
+            (loras.version, own) if on_time else None,
+        )
 
-    def _eager_step(self, active: list[_Slot], rows: list[_Row], layout: _Layout) -> None:
-        embeddings = self._row_embeddings(rows, layout)
+    def _lora_rows(self, rows: list[_Row], layout: _Layout, strengths: dict[str, _OwnStrengths]) -> torch.Tensor | None:
+        """[rows, MAX_LORAS] host tensor of every batch row's LoRA strengths, or None when every lane in the tick
+        plays the shared ones (the forward then reads the decoder's strengths tensor)."""
+        if all(own.rows is None for own in strengths.values()):
+            return None
+        shared = tuple(lora_set(self.decoder).host_strengths)
+        return torch.tensor(
+            [strengths[rows[i].slot.lane.name].rows or shared for i in layout.batch], dtype=torch.float32
+        )
+
+    def _row_embeddings(
+        self, rows: list[_Row], layout: _Layout, strengths: dict[str, _OwnStrengths]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each batch row's (temb, modulation) at its slot's t, in batch order."""
+        return [self._timestep_embedding(rows[i].slot.t, strengths[rows[i].slot.lane.name].time) for i in layout.batch]
+
+    def _eager_step(
+        self,
+        active: list[_Slot],
+        rows: list[_Row],
+        layout: _Layout,
+        strengths: dict[str, _OwnStrengths],
+        lora_rows: torch.Tensor | None,
+    ) -> None:
+        embeddings = self._row_embeddings(rows, layout, strengths)
         temb = torch.cat([e[0] for e in embeddings])
         modulation = torch.cat([e[1] for e in embeddings])
-        groups = layout.groups([c.cross_kv(self.decoder) for c in layout.conditions])
+        kvs = [c.cross_kv(self.decoder, own) for c, own in zip(layout.conditions, layout.kv_strengths)]
+        groups = layout.groups(kvs)
         times = {id(slot): (slot.t, slot.t_next) for slot in active}
-        for slot, result in zip(active, self._device_step(active, rows, layout, groups, temb, modulation, times)):
+        if lora_rows is not None:
+            lora_rows = lora_rows.to(self._device_dtype()[0])
+        results = self._device_step(active, rows, layout, groups, temb, modulation, times, lora_rows)
+        for slot, result in zip(active, results):
             slot.x, slot.running, slot.cached_negative = result.x, result.running, result.cached_negative
 
-    def _graph_step(self, active: list[_Slot], rows: list[_Row], layout: _Layout) -> None:
+    def _graph_step(
+        self,
+        active: list[_Slot],
+        rows: list[_Row],
+        layout: _Layout,
+        strengths: dict[str, _OwnStrengths],
+        lora_rows: torch.Tensor | None,
+    ) -> None:
         """The same device work through static tensors: plain PyTorch the first time a plan comes, captured the
-        second, one graph replay after that. Host work here is copies: times, embeddings, changed K/V."""
+        second, one graph replay after that. Host work here is copies: times, embeddings, strengths, changed K/V."""
         static = self._static
         dtype = self._device_dtype()[1]
-        embeddings = self._row_embeddings(rows, layout)
+        embeddings = self._row_embeddings(rows, layout, strengths)
         hidden = embeddings[0][0].shape[-1]
         temb = static.get("temb", (len(rows), hidden), dtype)
         modulation = static.get("modulation", (len(rows), 6, hidden), dtype)
@@ -598,14 +666,19 @@ class StreamPipeline:
             id(slot): (times_device[i, 0].view(1, 1, 1), times_device[i, 1].view(1, 1, 1))
             for i, slot in enumerate(active)
         }
-        groups = layout.groups([self._static_kv(g, c) for g, c in enumerate(layout.conditions)])
+        kvs = [self._static_kv(g, c, own) for g, (c, own) in enumerate(zip(layout.conditions, layout.kv_strengths))]
+        groups = layout.groups(kvs)
+        if lora_rows is not None:
+            static_rows = static.get("lora_rows", tuple(lora_rows.shape), torch.float32)
+            self._staging.copy(lora_rows, static_rows)
+            lora_rows = static_rows
         for slot in active:
             if self._uses_step_noise(slot):
                 slot.step_noise.copy_(self._draw_step_noise(slot, slot.step))
-        plan = self._plan(active, rows, layout)
+        plan = self._plan(active, rows, layout, lora_rows is not None)
 
         def step() -> tuple[tuple[bool, bool], ...]:
-            results = self._device_step(active, rows, layout, groups, temb, modulation, times)
+            results = self._device_step(active, rows, layout, groups, temb, modulation, times, lora_rows)
             facts = []
             for slot, result in zip(active, results):
                 slot.x.copy_(result.x)
@@ -633,10 +706,10 @@ class StreamPipeline:
     def _static_state(self, slot: _Slot, name: str) -> torch.Tensor:
         return self._static.get((slot.index, name), tuple(slot.x.shape), slot.x.dtype)
 
-    def _static_kv(self, group: int, conditioning: Conditioning) -> CrossKV:
+    def _static_kv(self, group: int, conditioning: Conditioning, strengths: tuple[float, ...] | None) -> CrossKV:
         """The group's static K/V, refreshed (one fused copy) when a different condition takes the group or its
         K/V were rebuilt (a LoRA strength on the cross K/V projections changed)."""
-        kv = conditioning.cross_kv(self.decoder)
+        kv = conditioning.cross_kv(self.decoder, strengths)
         names = [("kv", group, side, layer) for side in "kv" for layer in range(len(kv.keys))]
         static = [self._static.get(name, tuple(t.shape), t.dtype) for name, t in zip(names, kv.keys + kv.values)]
         if self._kv_owner.get(group) is not kv:
@@ -645,7 +718,7 @@ class StreamPipeline:
         layers = len(kv.keys)
         return CrossKV(static[:layers], static[layers:])
 
-    def _plan(self, active: list[_Slot], rows: list[_Row], layout: _Layout) -> tuple:
+    def _plan(self, active: list[_Slot], rows: list[_Row], layout: _Layout, per_row_loras: bool) -> tuple:
         """Everything that shapes a tick's device work besides tensor values: the graph's key."""
         slots = tuple(
             (
@@ -675,7 +748,7 @@ class StreamPipeline:
             for lane in self._lanes.values()
         )
         structure = self.decoder.structure_version  # LoRAs attached or detached: the layers themselves changed
-        return frames, slots, row_kinds, layout.batch, layout.counts, kv_lengths, shared, structure
+        return frames, slots, row_kinds, layout.batch, layout.counts, kv_lengths, shared, structure, per_row_loras
 
     def _step_facts(self, slot: _Slot) -> tuple:
         """What a slot's place in its schedule changes in the device work: the conditions whose step range is
@@ -695,12 +768,18 @@ class StreamPipeline:
         temb: torch.Tensor,
         modulation: torch.Tensor,
         times: dict[int, tuple[Any, Any]],
+        lora_rows: torch.Tensor | None,
     ) -> list[_StepResult]:
-        """The device work of a tick: one decoder call over every row, then each slot's guidance and step."""
+        """The device work of a tick: one decoder call over every row (at each row's session's LoRA strengths when
+        `lora_rows` [rows, MAX_LORAS] is given), then each slot's guidance and step."""
         inputs = {id(slot): self._model_input(slot, times[id(slot)][0]) for slot in active}
         x = torch.cat([inputs[id(rows[i].slot)] for i in layout.batch])
         context = torch.cat([rows[i].slot.context for i in layout.batch])
-        velocities = self.decoder_forward(x, temb, modulation, context, groups)
+        if lora_rows is None:
+            velocities = self.decoder_forward(x, temb, modulation, context, groups)
+        else:
+            with lora_set(self.decoder).rows_at(lora_rows):
+                velocities = self.decoder_forward(x, temb, modulation, context, groups)
         position = {index: p for p, index in enumerate(layout.batch)}
         return [
             self._advance(
@@ -817,14 +896,22 @@ class StreamPipeline:
             return slot.x
         return solver.mask_pre_blend(slot.x, mask, slot.source, slot.noise, t).to(slot.x.dtype)
 
-    def _timestep_embedding(self, t: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _timestep_embedding(self, t: float, strengths: tuple | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(temb [1, H], modulation [1, 6, H]) for one t, computed alone (batch 1) and cached: every row at the
-        same t gets identical embeddings whatever else is in the batch."""
-        cached = self._modulation.get(t)
+        same t gets identical embeddings whatever else is in the batch. `strengths`: (version, own strengths) of
+        the LoRAs on the timestep embedders, if any (see `_OwnStrengths.time`)."""
+        key = (t, strengths)
+        cached = self._modulation.get(key)
         if cached is None:
             device, dtype = self._device_dtype()
-            cached = self.decoder.timestep_modulation(torch.tensor([t], device=device, dtype=dtype))
-            self._modulation[t] = cached
+            t_tensor = torch.tensor([t], device=device, dtype=dtype)
+            own = None if strengths is None else strengths[1]
+            if own is None:
+                cached = self.decoder.timestep_modulation(t_tensor)
+            else:  # r = t computed here, at these strengths, not the decoder's kept constant
+                with lora_set(self.decoder).rows_at(torch.tensor([own], device=device)):
+                    cached = self.decoder.timestep_modulation(t_tensor, t_tensor)
+            self._modulation[key] = cached
             if len(self._modulation) > MODULATION_CACHE_SIZE:
                 self._modulation.popitem(last=False)
         return cached
@@ -1052,6 +1139,19 @@ class StreamLane:
 
     def shared_curves(self) -> dict[str, torch.Tensor]:
         return dict(self._lane.shared)
+
+    def set_lora_strength(self, name: str, strength: float) -> None:
+        """This session's own strength for a live LoRA of the decoder, heard from the next tick by its rows only
+        (the other sessions keep theirs); ValueError for an unknown or folded LoRA or a strength out of range."""
+        self._check_open()
+        lora_set(self.pipeline.decoder).check_own_strength(name, strength)
+        self._lane.loras[name] = float(strength)
+
+    def lora_strength(self, name: str) -> float:
+        """The strength this session hears a LoRA at: its own, else the decoder's shared one."""
+        loras = lora_set(self.pipeline.decoder)
+        shared = loras.strength(name)
+        return shared if name in loras.folded_names else self._lane.loras.get(name, shared)
 
     def stats(self) -> dict[str, Any]:
         """The whole ring's tick stats (every lane shares its ticks)."""

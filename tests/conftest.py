@@ -11,7 +11,10 @@ import time
 
 import pytest
 import torch
+from flowjam.engine.benchmarks import random_lora
+from flowjam.engine.lora import LowRank, lora_set
 from flowjam.engine.session import Session
+from safetensors.torch import save_file
 
 JACK_RATE = 48_000
 JACK_PERIOD = 1024
@@ -95,3 +98,40 @@ def source(session):
     t = torch.arange(48_000 * 10) / 48_000
     audio = 0.4 * torch.stack([torch.sin(2 * math.pi * 110 * t), torch.sin(2 * math.pi * 165 * t)])
     return session.prepare_source(audio, 48_000)
+
+
+@pytest.fixture
+def tint_lora(session, request):
+    """A live LoRA called "tint" on the tiny session's DiT at strength 1, on every attention and MLP projection and
+    on the layers a tick computes once and keeps (the condition embedder feeding the cross K/V, both timestep
+    embedders); detached afterwards, so the shared session returns to its plain weights. Parametrized (indirect)
+    "per-row only": only on the layers that run per batch row (no cross K/V, no timestep embedders)."""
+    decoder = session.models.acestep.decoder
+    adapter = random_lora(decoder, "tint", rank=4, seed=3)
+    generator = torch.Generator().manual_seed(4)
+    per_row_only = getattr(request, "param", "everywhere") == "per-row only"
+    if per_row_only:
+        for path in [path for path in adapter.deltas if path.endswith(("cross_attn.k_proj", "cross_attn.v_proj"))]:
+            del adapter.deltas[path]
+    for path in () if per_row_only else ("condition_embedder", "time_embed.linear_1", "time_embed_r.linear_2"):
+        linear = decoder.get_submodule(path)
+        down = torch.randn(4, linear.in_features, generator=generator) / linear.in_features**0.5
+        adapter.deltas[path] = LowRank(down, torch.randn(linear.out_features, 4, generator=generator) * 0.05, 0.25)
+    lora_set(decoder).attach(adapter, 1.0, "live")
+    yield adapter.name
+    lora_set(decoder).detach(adapter.name)
+
+
+@pytest.fixture(scope="session")
+def glow_lora_file(tmp_path_factory):
+    """A LoRA file (ComfyUI layout, rank 2) named "glow" for the tiny preset's DiT, on every self-attention query."""
+    decoder = Session.load(preset="tiny").models.acestep.decoder
+    generator = torch.Generator().manual_seed(5)
+    tensors = {}
+    for index, layer in enumerate(decoder.layers):
+        linear, key = layer.self_attn.q_proj, f"diffusion_model.layers.{index}.self_attn.q_proj"
+        tensors[f"{key}.lora_A.weight"] = torch.randn(2, linear.in_features, generator=generator)
+        tensors[f"{key}.lora_B.weight"] = torch.randn(linear.out_features, 2, generator=generator)
+    path = tmp_path_factory.mktemp("loras") / "glow.safetensors"
+    save_file(tensors, str(path))
+    return path

@@ -48,6 +48,7 @@ CASES = {
     "render --lora missing": Case(
         "render", lambda f: ["--lora", f"{f.tmp / 'no_lora.safetensors'}:0.5"], "LoRA not found"
     ),
+    "serve --lora missing": Case("serve", lambda f: ["--lora", f"{f.tmp / 'gone.safetensors'}:0.5"], "no such file"),
     "render --lora .pt": Case(
         "render", lambda f: ["--lora", str(f.tmp / "style.pt")], "are read from .safetensors only"
     ),
@@ -121,9 +122,11 @@ CASES = {
 
 def base_arguments(case: Case, extra: list[str], out: Path) -> list[str]:
     """What the case is not about is given safe values: a fresh --out for render; no sound card, no OSC and one
-    second of play for live. Later arguments override earlier ones."""
+    second of play for live; one host on any free port for serve. Later arguments override earlier ones."""
     if case.command == "render":
         return ["render", "--prompt", "ambient", "--out", str(out), *extra]
+    if case.command == "serve":
+        return ["serve", "--local", "--port", "0", *extra]
     audio = [] if "--audio-device" in extra else ["--no-audio"]
     return ["live", *audio, "--osc-port", "0", "--seconds", "1", *extra]
 

@@ -8,12 +8,14 @@ import time
 import numpy as np
 import pytest
 import torch
+from flowjam.engine.live.app import add_lora_knobs
 from flowjam.engine.live.knobs import KnobRegistry
 from flowjam.engine.live.loop_buffer import LoopBuffer
 from flowjam.engine.live.ring import SharedRing
 from flowjam.engine.live.runner import LiveRunner
+from flowjam.engine.lora import lora_set
 from flowjam.engine.serve.errors import SessionRefused, UnknownSession
-from flowjam.engine.serve.host import RingHost, SessionSpec
+from flowjam.engine.serve.host import HostOptions, RingHost, SessionSpec
 from flowjam.engine.serve.protocol import decode_chunk
 
 SECONDS = 10.0  # T = 250 frames: batch-size-invariant CPU GEMMs, so sharing a batch changes no bit
@@ -25,6 +27,7 @@ class Player:
 
     def __init__(self, session, prompt: str, knobs: dict, ring: SharedRing | None = None, name: str = "me"):
         self.registry = KnobRegistry()
+        add_lora_knobs(self.registry, session)
         for knob, value in knobs.items():
             self.registry.set(knob, value, origin="test")
         frames = round(SECONDS * 25) * session.models.vae.hop_samples
@@ -101,6 +104,23 @@ def test_a_knob_on_one_session_changes_it_and_leaves_the_other_bit_for_bit(sessi
     play_ring(ring_b, [a2, b2], at={2: [(b2, "velocity_scale", 1.5)]})
     assert all(torch.equal(x, y) for x, y in zip(a.latents, a2.latents)) and len(a.latents) == len(a2.latents)
     assert not torch.equal(b.latents[-1], b2.latents[-1]), "the knob did not change its own session"
+
+
+def test_a_lora_knob_on_one_session_is_its_own_strength_heard_as_alone(session, players, tint_lora):
+    knob = f"lora/{tint_lora}"
+    solo = play_alone(players("mellow piano", {**ME, knob: 0.3}))  # alone, the knob sets the decoder's strength
+    lora_set(session.models.acestep.decoder).set_strength(tint_lora, 1.0)
+    ring = SharedRing(session)
+    quiet = players("mellow piano", {**ME, knob: 0.3}, ring, "quiet")
+    loud = players("mellow piano", ME, ring, "loud")
+    play_ring(ring, [quiet, loud], at={2: [(loud, knob, 1.8)]})
+    assert len(quiet.latents) == len(solo) >= 4
+    for index, (shared, own) in enumerate(zip(quiet.latents, solo)):
+        assert torch.equal(shared, own), f"latent {index}: the other session's LoRA strength reached this one"
+    assert (quiet.latents[-1] - loud.latents[-1]).abs().max() > 1e-3, "the strength knobs changed nothing"
+    assert loud.runner.stream.lora_strength(tint_lora) == 1.8 and quiet.runner.stream.lora_strength(tint_lora) == 0.3
+    assert lora_set(session.models.acestep.decoder).strength(tint_lora) == 1.0, "a session knob moved everyone's"
+    assert quiet.runner.stats.errors == 0 and loud.runner.stats.errors == 0
 
 
 def test_ending_a_session_leaves_the_others_playing(session, players):
@@ -214,5 +234,25 @@ def test_the_host_refuses_a_depth_its_ring_could_not_keep_in_real_time(session):
             host.set_knobs("deep", {"depth": 4, "denoise": 0.5})
         knobs = host.status("deep")["knobs"]
         assert knobs["depth"] == 1 and knobs["denoise"] == 0.7, "a refused batch applied part of itself"
+    finally:
+        host.close()
+
+
+def test_a_host_started_with_a_lora_gives_every_session_its_own_strength_knob(glow_lora_file, tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.safetensors"):
+        HostOptions(loras=((str(tmp_path / "missing.safetensors"), 1.0),)).build()
+    host = HostOptions(loras=((str(glow_lora_file), 0.7),)).build()
+    try:
+        host.create("a", SessionSpec("lofi piano", seconds=4, knobs={"depth": 1}))
+        host.create("b", SessionSpec("drums", seconds=4, knobs={"depth": 1, "lora/glow": 0.2}))
+        assert host.status("a")["knobs"]["lora/glow"] == 0.7 and host.status("b")["knobs"]["lora/glow"] == 0.2
+        assert host.set_knobs("a", {"lora/glow": 5}) == {"lora/glow": 2.0}, "out of range is clamped, as OSC"
+        lanes = {name: host._sessions[name].runner.stream for name in ("a", "b")}
+        deadline = time.monotonic() + 30
+        while lanes["a"].lora_strength("glow") != 2.0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lanes["a"].lora_strength("glow") == 2.0 and lanes["b"].lora_strength("glow") == 0.2
+        assert lora_set(host.session.models.acestep.decoder).strength("glow") == 0.7, "a session moved the shared"
+        assert host.status("a")["errors"] == 0 and host.status("b")["errors"] == 0
     finally:
         host.close()

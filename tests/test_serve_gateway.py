@@ -30,8 +30,8 @@ SUBSCRIBER_CHUNKS = 20  # 1 s of slack for a slow reader, so the slow-client tes
 
 
 @pytest.fixture(scope="module")
-def server():
-    host = HostOptions(preset="tiny").build()
+def server(glow_lora_file):
+    host = HostOptions(preset="tiny", loras=((str(glow_lora_file), 1.0),)).build()  # each session: knob lora/glow
     router = LocalRouter(host, subscriber_chunks=SUBSCRIBER_CHUNKS)
     sock = listening_socket("127.0.0.1", 0)
     uvicorn_server = uvicorn.Server(uvicorn.Config(make_app(router), log_level="warning", timeout_graceful_shutdown=2))
@@ -260,6 +260,8 @@ def test_bridge_forwards_real_osc_messages_and_starts_where_the_session_is(clien
         controller.send_message("/flowjam/jam/norm/denoise", 1.0)
         wait_until(lambda: client.status(session)["knobs"]["velocity_scale"] == 1.5, 5.0, "the OSC knob on the server")
         assert client.status(session)["knobs"]["denoise"] == 1.0
+        controller.send_message("/flowjam/jam/knob/lora/glow", 0.25)  # the server's LoRA: this session's strength
+        wait_until(lambda: client.status(session)["knobs"]["lora/glow"] == 0.25, 5.0, "the LoRA knob on the server")
         with client.stream(session) as stream:
             assert rms(chunks(stream, 5)) > 0.005
             controller.send_message("/flowjam/jam/knob/volume", 0.0)

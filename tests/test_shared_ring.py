@@ -4,6 +4,8 @@ admission control that refuses a session the measured tick cost says could not b
 
 import pytest
 import torch
+from flowjam.engine.benchmarks import random_lora
+from flowjam.engine.lora import lora_set
 from flowjam.engine.stream import MAX_LANES, RealtimeNeed, StreamPipeline
 
 SECONDS = 10.0  # T = 250 frames, as the stream tests: batch-size-invariant CPU GEMMs
@@ -130,3 +132,56 @@ def test_a_session_cannot_deepen_past_what_the_ring_keeps_in_real_time(session, 
     assert other.depth == 2, "a refused depth was applied"
     other.set_depth(1)  # shallower is always fine
     assert other.depth == 1
+
+
+@pytest.mark.parametrize("tint_lora", ["everywhere", "per-row only"], indirect=True)
+def test_each_session_hears_a_lora_at_its_own_strength_and_alone_bit_for_bit(session, prompts, tint_lora):
+    a, b, null = prompts
+    decoder = session.models.acestep.decoder
+
+    def mine(tick):
+        return session.make_request(a, SECONDS, seed=tick, steps=4, cfg_mode="full", negative=null)
+
+    def alone(strength):  # a stream of its own, the decoder's (shared) strength set: no per-session path at all
+        lora_set(decoder).set_strength(tint_lora, strength)
+        try:
+            pipeline = StreamPipeline(decoder, depth=2, paced=True)
+            return play(pipeline, [pipeline.lane("main")], {"main": mine})["main"]
+        finally:
+            lora_set(decoder).set_strength(tint_lora, 1.0)
+
+    quiet, shared = alone(0.3), alone(1.0)
+    ring = StreamPipeline(decoder, depth=1)
+    lanes = [ring.add_lane(name, depth=2) for name in ("quiet", "loud", "shared", "back")]
+    lanes[0].set_lora_strength(tint_lora, 0.3)
+    lanes[1].set_lora_strength(tint_lora, 1.8)
+    lanes[3].set_lora_strength(tint_lora, 1.8)
+    lanes[3].set_lora_strength(tint_lora, 1.0)  # turned back to the shared strength
+    requests = {lane.name: mine for lane in lanes}
+    requests["loud"] = lambda tick: session.make_request(b, SECONDS, seed=50 + tick, steps=4, cfg_mode="self")
+    together = play(ring, lanes, requests)
+    assert ring.stats()["rows"] >= 12, "the sessions' rows were not in one forward"
+    for name, solo in (("quiet", quiet), ("shared", shared), ("back", shared)):
+        assert len(together[name]) == len(solo) >= 4
+        for (seed, mixed), (_, own) in zip(together[name], solo):
+            assert torch.equal(mixed, own), f"{name}, seed {seed}: the others' LoRA strengths reached this session"
+    assert all((x - y).abs().max() > 1e-4 for (_, x), (_, y) in zip(quiet, shared)), "the strength changed nothing"
+    assert lanes[0].lora_strength(tint_lora) == 0.3 and lanes[2].lora_strength(tint_lora) == 1.0
+
+
+def test_a_session_strength_is_refused_for_a_folded_lora_or_out_of_range(session, tint_lora):
+    ring = StreamPipeline(session.models.acestep.decoder, depth=1)
+    lane = ring.add_lane("me", depth=2)
+    with pytest.raises(ValueError, match=r"strength must be a number in \[0, 2\]"):
+        lane.set_lora_strength(tint_lora, 2.5)
+    with pytest.raises(ValueError, match="no LoRA named 'nope' is loaded"):
+        lane.set_lora_strength("nope", 1.0)
+    loras = lora_set(session.models.acestep.decoder)
+    folded = random_lora(session.models.acestep.decoder, "baked", rank=2, seed=9)
+    loras.attach(folded, 1.0, "folded")
+    try:
+        with pytest.raises(ValueError, match="folded into the shared weights.* mode 'live'"):
+            lane.set_lora_strength("baked", 0.5)
+    finally:
+        loras.detach("baked")
+    assert lane.lora_strength(tint_lora) == 1.0

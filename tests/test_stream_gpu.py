@@ -371,3 +371,50 @@ def test_sessions_sharing_a_graph_ring_play_as_alone():
     assert len(together["me"]) == len(alone) >= 4 and together["other"]
     for shared, solo in zip(together["me"], alone):
         torch.testing.assert_close(shared, solo, atol=2e-5, rtol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["graph", "compile-graph"])
+def test_sessions_of_a_graph_ring_hear_a_lora_at_their_own_strengths_as_eager_does(backend):
+    """Per-session LoRA strengths on replayed ticks: each row's strength is a copy into the graph's static rows and
+    each session's conditions get K/V at its strengths, so a graph ring plays what an eager ring plays, and moving
+    one session's strength captures nothing new."""
+    from flowjam.engine.benchmarks import random_lora
+    from flowjam.engine.lora import LoraAdapter, LowRank, lora_set
+
+    session = Session.load(preset="tiny", device="cuda")
+    decoder = session.models.acestep.decoder
+    calm = session.encode_text("calm pads")
+    weak = random_lora(decoder, "style", rank=4, seed=0)
+    strong = {path: LowRank(d.down, d.up * 30, d.scale) for path, d in weak.deltas.items()}
+    lora_set(decoder).attach(LoraAdapter("style", "test", "peft", strong), strength=1.0)
+
+    def play(ring_backend):
+        ring = StreamPipeline(decoder, depth=1, backend=ring_backend)
+        lanes = [ring.add_lane("dry", 2), ring.add_lane("wet", 2)]
+        lanes[0].set_lora_strength("style", 0.0)
+        out = {lane.name: [] for lane in lanes}
+        captures_before_move = None
+        for tick in range(20):
+            if tick == 12:
+                captures_before_move = ring.stats()["graphs"] and ring.stats()["graphs"]["captures"]
+                lanes[1].set_lora_strength("style", 0.5)
+            for lane in lanes:
+                lane.submit(session.make_request(calm, 4.0, seed=tick, steps=4))
+            for done in ring.tick():
+                out[done.lane].append(done.latent.clone())
+        torch.cuda.synchronize()
+        graphs = ring.stats()["graphs"]
+        return out, None if graphs is None else graphs["captures"] - captures_before_move
+
+    try:
+        eager, _ = play("eager")
+        replayed, captured_after_move = play(backend)
+    finally:
+        lora_set(decoder).detach("style")
+    assert captured_after_move == 0, "moving a session's strength captured new tick graphs"
+    for name in ("dry", "wet"):
+        assert len(replayed[name]) == len(eager[name]) >= 8
+        for graph_latent, eager_latent in zip(replayed[name], eager[name]):
+            torch.testing.assert_close(graph_latent, eager_latent, atol=2e-3, rtol=2e-3)
+    assert (replayed["dry"][2] - replayed["wet"][2]).abs().max() > 1e-2, "the sessions' strengths changed nothing"

@@ -441,9 +441,13 @@ class LiveRunner:
             self._seq_applied = max(self._seq_applied, change.seq)
 
     def _apply_lora(self, name: str, strength: float) -> None:
-        """A LoRA strength knob; one whose LoRA was unloaded meanwhile is reported, and the stream plays on."""
+        """A LoRA strength knob (on a shared ring, this session's own strength); one whose LoRA was unloaded
+        meanwhile is reported, and the stream plays on."""
         try:
-            self.session.set_lora_strength(name, strength)
+            if self._ring is None:
+                self.session.set_lora_strength(name, strength)
+            else:
+                self.stream.set_lora_strength(name, strength)
         except ValueError as error:
             self.count_error(error)
 

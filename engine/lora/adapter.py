@@ -60,7 +60,18 @@ class LoraAdapter:
 
     def touches_cross_kv(self) -> bool:
         """Whether it changes what the decoder's cross-attention K/V are built from (cached per condition)."""
-        return any(path.endswith(("cross_attn.k_proj", "cross_attn.v_proj")) for path in self.deltas)
+        return any(
+            path == "condition_embedder" or path.endswith(("cross_attn.k_proj", "cross_attn.v_proj"))
+            for path in self.deltas
+        )
+
+    def touches_time_embedding(self) -> bool:
+        """Whether it changes the timestep embedders (whose output a stream computes once per t and keeps)."""
+        return any(path.startswith("time_embed") for path in self.deltas)
+
+    def touches_constant_time_embedding(self) -> bool:
+        """Whether it changes `time_embed_r`, whose output at r = t the decoder computes once and keeps."""
+        return any(path.startswith("time_embed_r.") for path in self.deltas)
 
 
 def linear_shape(module: nn.Module) -> tuple[int, int] | None:

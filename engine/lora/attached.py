@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from weakref import WeakKeyDictionary
 
 import torch
@@ -28,6 +30,9 @@ class LoraSet:
         self.decoder = decoder
         self.dtype = weight.dtype
         self.strengths = torch.zeros(MAX_LORAS, device=weight.device)
+        self.host_strengths = [0.0] * MAX_LORAS  # the same values on the host: per-row strengths start from them
+        self.row_strengths: torch.Tensor | None = None  # [rows or 1, MAX_LORAS] while a forward runs per row
+        self.version = 0  # bumped by every attach, detach and strength change
         self.attached: dict[str, tuple[int, LoraAdapter]] = {}
         self.folded_names: set[str] = set()
         self.folds: dict[str, FoldedLayer] = {}  # layer path -> its folded LoRAs
@@ -55,7 +60,7 @@ class LoraSet:
                 foldable_linear(self.decoder.get_submodule(path), path)
         slot = free[0]
         with structure_lock(self.decoder), torch.no_grad():
-            self.strengths[slot] = strength
+            self._write(slot, strength)
             self.attached[adapter.name] = (slot, adapter)
             if mode == "folded":
                 for path, delta in adapter.deltas.items():
@@ -91,7 +96,7 @@ class LoraSet:
                         self._replace(path, carrier.base)
                 self.decoder.structure_version += 1
                 self._changed(adapter)
-            self.strengths[slot] = 0.0
+            self._write(slot, 0.0)
             del self.attached[name]
 
     def set_strength(self, name: str, strength: float) -> None:
@@ -100,14 +105,50 @@ class LoraSet:
         slot, adapter = self._get(name)
         check_strength(name, strength)
         with structure_lock(self.decoder):
-            self.strengths[slot].fill_(float(strength))
+            self._write(slot, strength)
             if name in self.folded_names:
                 self._fold_stale = True
             else:
                 self._changed(adapter)
 
     def strength(self, name: str) -> float:
-        return float(self.strengths[self._get(name)[0]])
+        return self.host_strengths[self._get(name)[0]]
+
+    def slot(self, name: str) -> int:
+        return self._get(name)[0]
+
+    def live_adapters(self) -> list[LoraAdapter]:
+        """The LoRAs attached unmerged (their strengths can differ row by row)."""
+        return [adapter for name, (_, adapter) in self.attached.items() if name not in self.folded_names]
+
+    def strengths_with(self, own: dict[str, float]) -> tuple[float, ...]:
+        """Every slot's strength with a session's `own` ones in place of the shared (names no longer attached, or
+        folded since, keep the shared value)."""
+        values = list(self.host_strengths)
+        for name, strength in own.items():
+            if name in self.attached and name not in self.folded_names:
+                values[self.attached[name][0]] = strength
+        return tuple(values)
+
+    def check_own_strength(self, name: str, strength: float) -> None:
+        """Raise ValueError unless `name` is a live LoRA a session can play at its own `strength`."""
+        self._get(name)
+        check_strength(name, strength)
+        if name in self.folded_names:
+            raise ValueError(
+                f"LoRA {name!r} is folded into the shared weights, so every session hears one strength: load it "
+                "with mode 'live' to give each session of a shared ring its own"
+            )
+
+    @contextmanager
+    def rows_at(self, strengths: torch.Tensor) -> Iterator[None]:
+        """Run the decoder's live LoRAs at per-row strengths, [rows, MAX_LORAS] (or [1, MAX_LORAS] for every row)
+        in place of the shared ones: several sessions in one batch, each at its own. Folded LoRAs keep theirs."""
+        previous, self.row_strengths = self.row_strengths, strengths
+        try:
+            yield
+        finally:
+            self.row_strengths = previous
 
     def mode(self, name: str) -> str:
         self._get(name)
@@ -122,8 +163,11 @@ class LoraSet:
         if self.folds:
             self.fold_runner.run(list(self.folds.values()), self.strengths)
             self.folds_run += 1
-        if any(self.attached[name][1].touches_cross_kv() for name in self.folded_names):
+        folded = [self.attached[name][1] for name in self.folded_names]
+        if any(adapter.touches_cross_kv() for adapter in folded):
             self.decoder.cross_kv_version += 1
+        if any(adapter.touches_constant_time_embedding() for adapter in folded):
+            self.decoder.clear_folded_constants()
 
     def resting_weight(self, path: str) -> torch.Tensor | None:
         """The weight a folded layer rests at (what a merge changes while LoRAs are folded there), else None."""
@@ -132,6 +176,11 @@ class LoraSet:
 
     def resting_weights_changed(self) -> None:
         self._fold_stale = True
+
+    def _write(self, slot: int, strength: float) -> None:
+        self.strengths[slot].fill_(float(strength))
+        self.host_strengths[slot] = float(strength)
+        self.version += 1
 
     def _get(self, name: str) -> tuple[int, LoraAdapter]:
         if name not in self.attached:
@@ -142,6 +191,8 @@ class LoraSet:
     def _changed(self, adapter: LoraAdapter) -> None:
         if adapter.touches_cross_kv():  # conditions rebuild their K/V at their next use
             self.decoder.cross_kv_version += 1
+        if adapter.touches_constant_time_embedding():
+            self.decoder.clear_folded_constants()
 
     def _fold_layer(self, path: str) -> FoldedLayer:
         layer = self.folds.get(path)

@@ -45,8 +45,9 @@ class DeltaStack(nn.Module):
         ]
 
     def column_strengths(self, strengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """[R]: each low-rank column's scale x its LoRA's strength (read from the device tensor, no host sync)."""
-        return (self.column_scale * strengths[self.column_slot]).to(dtype)
+        """[..., R]: each low-rank column's scale x its LoRA's strength, from strengths [..., MAX_LORAS] (read from
+        the device tensor, no host sync)."""
+        return (self.column_scale * strengths[..., self.column_slot]).to(dtype)
 
     def add(self, slot: int, delta: LowRank | Kronecker, dtype: torch.dtype) -> None:
         device = self.down.device

@@ -27,16 +27,33 @@ class LoraLinear(DeltaStack):
         self.register_state_dict_post_hook(_base_keys_out)  # the model's keys stay what they were without LoRAs
         self.register_load_state_dict_pre_hook(_base_keys_in)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The base layer's weight (code that reads a linear layer's weight or dtype reads it through the LoRAs)."""
+        return self.base.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
-        strengths = self.owner.strengths
+        strengths = self._strengths(x)
         # Compiled, the add below fuses into the layer's next elementwise kernel; an addmm onto the base output
         # measured slower (cuBLAS copies that output first).
         if self.rank:
             out = out + F.linear(F.linear(x, self.down) * self.column_strengths(strengths, x.dtype), self.up)
         for slot, scale, w1, w2 in self.kron_factors():
-            out = out + kron_apply(x, w1, w2) * (strengths[slot] * scale).to(x.dtype)
+            out = out + kron_apply(x, w1, w2) * (strengths[..., slot, None] * scale).to(x.dtype)
         return out
+
+    def _strengths(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared strengths [MAX_LORAS], or per-row ones shaped to broadcast over x's rows: [rows, 1.., MAX]."""
+        rows = self.owner.row_strengths
+        if rows is None:
+            return self.owner.strengths
+        if rows.shape[0] not in (1, x.shape[0]):
+            raise RuntimeError(
+                f"per-row LoRA strengths for {rows.shape[0]} rows reached a layer run on {x.shape[0]}: set them "
+                "only around the batched forward whose rows they describe"
+            )
+        return rows.view(rows.shape[0], *([1] * (x.dim() - 2)), rows.shape[1])
 
 
 def _base_keys_out(module: nn.Module, state: dict, prefix: str, _metadata) -> None:

@@ -44,20 +44,27 @@ def _follow(runner, seq: int, what: str):
 
 
 def measure_sessions(
-    host: RingHost, sessions: int, song_seconds: float = 60.0, depth: int = 4, cfg_mode: str = "full", trials: int = 8
+    host: RingHost,
+    sessions: int,
+    song_seconds: float = 60.0,
+    depth: int = 4,
+    cfg_mode: str = "full",
+    trials: int = 8,
+    lora: str | None = None,
 ) -> SessionsReport:
     """Start `sessions` sessions on `host` (admission control may refuse some: the host learns its tick cost from
     the sessions before), wait for every loop to be written, then turn each knob of KNOB_TRIALS on every session at
     once, `trials` times (plus a first touch, left out), following each change to the ear; the latent interval is
-    timed over the trials. The sessions are ended at the end."""
+    timed over the trials. `lora`: a LoRA of the host that session i plays at its own strength 0.5 + 0.1 i. The
+    sessions are ended at the end."""
     refused = None
     try:
         for index in range(sessions):
+            knobs: dict[str, float | str] = {"depth": depth, "cfg_mode": cfg_mode}
+            if lora is not None:
+                knobs[f"lora/{lora}"] = round(0.5 + 0.1 * index, 2)
             try:
-                host.create(
-                    f"s{index}",
-                    SessionSpec(f"session {index}", seconds=song_seconds, knobs={"depth": depth, "cfg_mode": cfg_mode}),
-                )
+                host.create(f"s{index}", SessionSpec(f"session {index}", seconds=song_seconds, knobs=knobs))
             except SessionRefused as error:
                 refused = str(error)
                 break

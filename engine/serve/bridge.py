@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..live.knobs import KnobChange, KnobRegistry
 from ..live.osc import OscBridge, OscConfig
+from ..params import LORA_KNOB_PREFIX, lora_knob
 from .client import Client, ServerError
 
 log = logging.getLogger("flowjam.bridge")
@@ -147,6 +148,8 @@ class Bridge:
         status = self.client.status(self.session)
         unknown = []
         for name, value in status.get("knobs", {}).items():
+            if name.startswith(LORA_KNOB_PREFIX) and name not in self.registry.specs:
+                self.registry.add(lora_knob(name[len(LORA_KNOB_PREFIX) :]))  # a LoRA the server loaded
             if name in self.registry.specs:
                 self.registry.set(name, value, origin="server")
             else:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..live.midi import MIDI_BACKENDS
-from ..params import BACKENDS, PRECISIONS
+from ..params import BACKENDS, PRECISIONS, parse_lora_option
 
 DTYPES = ("float32", "bfloat16")
 
@@ -30,6 +30,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--dtype", default="float32", choices=DTYPES)
     serve.add_argument("--precision", default="bf16", choices=PRECISIONS)
     serve.add_argument("--backend", choices=BACKENDS, help="tick backend (default: the session's)")
+    serve.add_argument(
+        "--lora",
+        action="append",
+        metavar="PATH[:STRENGTH]",
+        help="a LoRA for the DiT on every replica, attached live so that each session plays it at its own strength "
+        "(knob lora/<file name>, starting at STRENGTH, default 1); repeatable",
+    )
 
     bridge = commands.add_parser("bridge", help="play a served session from OSC (and MIDI) controllers on this machine")
     add_server_arguments(bridge)
@@ -87,7 +94,13 @@ def run_serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         backend=args.backend,
         precision=args.precision,
+        loras=tuple((str(path), strength) for path, strength in map(parse_lora_option, args.lora or ())),
     )
+    for path, _ in options.loras:  # before Ray or a model starts: a typo is one line, not a replica's traceback
+        if not Path(path).exists():
+            raise ValueError(
+                f"--lora {path}: no such file or folder (on a Ray cluster it must be at this path on every node)"
+            )
     if not args.local:
         from .deployment import run_on_ray
 

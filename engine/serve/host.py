@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..live.app import add_lora_knobs
 from ..live.knobs import KnobRegistry
 from ..live.loop_buffer import LoopBuffer
 from ..live.playback import BlockRenderer
@@ -54,8 +55,10 @@ class HostOptions:
     backend: str | None = None
     precision: str = "bf16"
     latent_interval_ms: float = 250.0
+    loras: tuple[tuple[str, float], ...] = ()  # (file, strength a new session starts at), attached live
 
     def build(self) -> RingHost:
+        """The host; ValueError or FileNotFoundError naming the LoRA file that does not load."""
         session = Session.load(
             self.checkpoint,
             preset=self.preset,
@@ -65,6 +68,11 @@ class HostOptions:
         )
         if self.backend is not None:
             session.backend = self.backend
+        for path, strength in self.loras:  # live: every session of the ring plays each at its own strength
+            try:
+                session.load_lora(path, strength, mode="live")
+            except (ValueError, FileNotFoundError) as error:
+                raise type(error)(f"LoRA {path}: {error}") from None
         return RingHost(session, latent_interval_ms=self.latent_interval_ms)
 
 
@@ -141,6 +149,7 @@ class RingHost:
             raise ValueError("a session needs a prompt: a non-empty text such as 'lofi hip hop, mellow piano'")
         frames = song_frames(spec.seconds, "seconds")
         registry = KnobRegistry()
+        add_lora_knobs(registry, self.session)  # a lora/<name> knob per LoRA of the host, this session's own
         for knob, value in spec.knobs.items():
             registry.set(knob, value, origin="create")
         hop = self.session.models.vae.hop_samples
