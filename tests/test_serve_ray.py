@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -105,6 +106,14 @@ def replica_actor(replica: str):
         raise AssertionError(f"no actor {name!r}; the named actors are {actors}") from None
 
 
+def replica_logs() -> list[Path]:
+    """The log files of this cluster's RingReplicas (Serve writes one per replica under the session's logs)."""
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    found = sorted(logs.glob(f"replica_{deployment.APP_NAME}_RingReplica_*.log"))
+    assert len(found) >= 2, f"no replica logs under {logs}"
+    return found
+
+
 def status_code(call: Callable[[], object]) -> int:
     try:
         call()
@@ -177,6 +186,10 @@ def test_sessions_keep_their_replica_and_outlive_another_replica(server):
         for name in extras:
             client.end(name)
         assert {entry["session"]: entry["replica"] for entry in client.sessions()} == placed
+
+        # Every refusal so far (400, 404, 503) was an answer, not a failure: the replicas' logs hold no traceback.
+        for log in replica_logs():
+            assert "Traceback" not in log.read_text(), f"{log.name} logged a refusal as a failure:\n{log.read_text()}"
 
         # One replica dies: its sessions are lost (stream event, then 410), the other replica's play on.
         victim = placed[names[0]]

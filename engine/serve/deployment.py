@@ -18,10 +18,11 @@ more ids than a host holds sessions."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -51,6 +52,40 @@ MULTIPLEX_WRAPPER = "__serve_multiplex_wrapper"  # where @serve.multiplexed keep
 
 class NotHere(LookupError):
     """A call for a session reached a replica that does not play it; RayRouter looks for the session and retries."""
+
+
+REFUSALS: tuple[type[Exception], ...] = (NotHere, SessionLost, UnknownSession, SessionRefused, ValueError)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An expected refusal (no such session here, a bad value, no room) that a replica answers with instead of
+    raising it: Ray Serve logs every exception a replica raises with its traceback, which for refusals the API
+    answers every day (404, 400, 503) would bury the real errors. RayRouter raises it again on its side."""
+
+    kind: str  # the name of one of REFUSALS
+    message: str
+
+    @staticmethod
+    def of(error: Exception) -> Refusal:
+        return Refusal(next(kind.__name__ for kind in REFUSALS if isinstance(error, kind)), str(error))
+
+    def error(self) -> Exception:
+        return {kind.__name__: kind for kind in REFUSALS}[self.kind](self.message)
+
+
+def _answers_refusals(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A replica method whose REFUSALS come back as a Refusal (plain data: any ValueError subclass reaches the
+    gateway as a ValueError with its message, whatever its own pickling)."""
+
+    @functools.wraps(method)
+    async def answer(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except REFUSALS as error:
+            return Refusal.of(error)
+
+    return answer
 
 
 class SessionRequestRouter(MultiplexMixin, RequestRouter):
@@ -90,6 +125,7 @@ class RingReplica:
         self.local = LocalRouter(options.build(), replica=self.replica_id)
         self._creating: dict[str, dict[str, Any]] = {}
 
+    @_answers_refusals
     async def create(self, name: str, spec: dict[str, Any], replica: str | None = None) -> dict[str, Any]:
         """Start session `name` here -> {"session", "replica", "status"}, or {"refused": why, "replica"} when the
         host refuses it (full, or admission control), so that RayRouter can try another replica."""
@@ -99,49 +135,56 @@ class RingReplica:
             raise ValueError(f"a session named {name!r} is playing already: end it first or pick another name")
         self._creating[name] = spec
         try:
-            with _portable_errors():
-                return await self._start(name)
-        except SessionRefused as error:
-            return {"refused": str(error), "replica": self.replica_id}
+            started = await self._start(name)
         finally:
             del self._creating[name]
             if name not in self.local.host.names():
-                self._forget(name)  # a refused or failed create may have been reported while it was starting
+                self._forget(name)  # a refused or failed create was cached, and may have been reported meanwhile
+        if isinstance(started, Refusal) and started.kind == SessionRefused.__name__:
+            return {"refused": started.message, "replica": self.replica_id}
+        return started
 
     @serve.multiplexed(max_num_models_per_replica=MULTIPLEXED_SESSIONS)
-    async def _start(self, name: str) -> dict[str, Any]:
-        """The multiplexed loader: only create gets here (any other call checks `_here` first)."""
+    async def _start(self, name: str) -> dict[str, Any] | Refusal:
+        """The multiplexed loader: only create gets here (any other call checks `_here` first). A refusal is
+        returned, not raised: Ray logs a loader's exceptions as failures with their tracebacks."""
         spec = self._creating.get(name)
         if spec is None:
-            raise NotHere(f"no session {name!r} on replica {self.replica_id}")
-        return await self.local.create({**spec, "name": name})
+            return Refusal.of(NotHere(f"no session {name!r} on replica {self.replica_id}"))
+        try:
+            return await self.local.create({**spec, "name": name})
+        except REFUSALS as error:
+            return Refusal.of(error)
 
+    @_answers_refusals
     async def end(self, name: str) -> None:
         self._here(name)
-        with _portable_errors():
-            await self.local.end(name)
+        await self.local.end(name)
         self._forget(name)
 
+    @_answers_refusals
     async def set_knobs(self, name: str, knobs: dict[str, Any]) -> dict[str, Any]:
         self._here(name)
-        with _portable_errors():
-            return await self.local.set_knobs(name, knobs)
+        return await self.local.set_knobs(name, knobs)
 
+    @_answers_refusals
     async def set_prompt(self, name: str, slot: str, text: str) -> None:
         self._here(name)
-        with _portable_errors():
-            await self.local.set_prompt(name, slot, text)
+        await self.local.set_prompt(name, slot, text)
 
+    @_answers_refusals
     async def status(self, name: str) -> dict[str, Any]:
         self._here(name)
-        with _portable_errors():
-            return {**await self.local.status(name), "replica": self.replica_id}
+        return {**await self.local.status(name), "replica": self.replica_id}
 
-    async def audio(self, name: str) -> AsyncIterator[bytes]:
-        self._here(name)
-        with _portable_errors():
+    async def audio(self, name: str) -> AsyncIterator[bytes | Refusal]:
+        """The session's chunks; a refusal (not here, ended) as a last item, not raised (see Refusal)."""
+        try:
+            self._here(name)
             async for chunk in self.local.audio(name):
                 yield chunk
+        except REFUSALS as error:
+            yield Refusal.of(error)
 
     def placement(self) -> dict[str, Any]:
         return {"replica": self.replica_id, "sessions": self.local.host.names()}
@@ -238,6 +281,8 @@ class RayRouter:
             stream = self.replicas.options(stream=True, multiplexed_model_id=session).audio.remote(session)
             try:
                 async for chunk in stream:
+                    if isinstance(chunk, Refusal):
+                        raise chunk.error()
                     yield chunk
                 return
             except Exception as error:
@@ -264,7 +309,7 @@ class RayRouter:
         died under the call is NotHere."""
         response = getattr(self.replicas.options(multiplexed_model_id=session), method).remote(*args, **kwargs)
         try:
-            return await asyncio.wait_for(response, timeout_s)
+            answer = await asyncio.wait_for(response, timeout_s)
         except asyncio.TimeoutError:
             response.cancel()
             raise SessionRefused(
@@ -274,6 +319,9 @@ class RayRouter:
         except Exception as error:
             cause = _cause(error)
             raise (NotHere(str(cause)) if isinstance(cause, RayActorError) else cause) from None
+        if isinstance(answer, Refusal):
+            raise answer.error()
+        return answer
 
     async def _retry(self, session: str, deadline: float) -> None:
         """After a NotHere: SessionLost if the session was created here and no replica has it now, UnknownSession if
@@ -302,19 +350,6 @@ class RayRouter:
                 f"a replica did not say which sessions it plays within {PLACEMENT_TIMEOUT_S:g} s: try again"
             ) from None
         return [answer for answer in answers if isinstance(answer, dict)]
-
-
-@contextmanager
-def _portable_errors() -> Iterator[None]:
-    """A replica's errors reach the gateway pickled, and a ValueError subclass whose __init__ takes other arguments
-    and has no __reduce__ would not unpickle there (a 500 instead of a 400): every ValueError but SessionRefused
-    travels as a plain one."""
-    try:
-        yield
-    except SessionRefused:
-        raise
-    except ValueError as error:
-        raise ValueError(str(error)) from None
 
 
 def _cause(error: BaseException) -> BaseException:
