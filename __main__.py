@@ -534,9 +534,12 @@ def bench_sessions_on_gpus(gpus: int) -> int:
 
 def report_sessions(r, count: int, args: argparse.Namespace) -> None:
     verdict = "REAL TIME" if r.realtime(args.interval_ms, args.ear_ms) else "not real time"
+    p = r.phases
     print(
         f"  {count} asked, {r.sessions} playing: tick {r.ring_tick_ms:.1f} ms, a latent every "
-        f"{r.latent_interval_ms:.0f} ms (slowest session), {r.errors} errors -> {verdict}"
+        f"{r.latent_interval_ms:.0f} ms (slowest session), {r.errors} errors -> {verdict}\n"
+        f"    ring cycle {p.cycle_ms:.1f} ms: runners {p.runners_ms:.1f} + tick {p.tick_ms:.1f} + hand-out "
+        f"{p.handout_ms:.1f} + other {p.cycle_ms - p.runners_ms - p.tick_ms - p.handout_ms:.1f} ms"
     )
     for s in r.knobs:
         print(

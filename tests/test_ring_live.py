@@ -14,6 +14,7 @@ from flowjam.engine.live.loop_buffer import LoopBuffer
 from flowjam.engine.live.ring import SharedRing
 from flowjam.engine.live.runner import LiveRunner
 from flowjam.engine.lora import lora_set
+from flowjam.engine.serve.bench import measure_sessions
 from flowjam.engine.serve.errors import SessionRefused, UnknownSession
 from flowjam.engine.serve.host import HostOptions, RingHost, SessionSpec
 from flowjam.engine.serve.protocol import decode_chunk
@@ -256,3 +257,18 @@ def test_a_host_started_with_a_lora_gives_every_session_its_own_strength_knob(gl
         assert host.status("a")["errors"] == 0 and host.status("b")["errors"] == 0
     finally:
         host.close()
+
+
+def test_the_sessions_bench_plays_every_session_follows_its_knobs_to_the_ear_and_splits_the_cycle(session, tint_lora):
+    host = RingHost(session)
+    try:
+        report = measure_sessions(host, 2, song_seconds=4.0, depth=1, trials=1, lora=tint_lora)
+    finally:
+        host.close()
+    assert report.sessions == 2 and report.refused is None and report.errors == 0
+    assert [summary.knob for summary in report.knobs] == ["velocity_scale", "denoise"]
+    assert all(summary.ear_ms_median > summary.tick_ms_median > 0 for summary in report.knobs)
+    phases = report.phases
+    assert phases.cycle_ms >= phases.tick_ms > 0 and phases.runners_ms > 0
+    assert phases.runners_ms + phases.tick_ms + phases.handout_ms <= phases.cycle_ms * 1.5
+    assert host.names() == [], "the bench left sessions playing"

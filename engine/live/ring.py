@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +23,27 @@ from ..session import Session
 from ..stream import RealtimeNeed, StreamLane, StreamPipeline
 
 log = logging.getLogger("flowjam.ring")
+
+PHASE_EMA = 0.1  # weight of the newest cycle in CyclePhases
+
+
+@dataclass
+class CyclePhases:
+    """Where a ring's cycle goes (exponential moving averages, ms): every runner's first half (messages, knobs, its
+    request), the tick (waited for on a GPU), every runner's second half (latents handed out), and the rest of the
+    cycle (threads waiting to change sessions, the wait for a first session)."""
+
+    runners_ms: float = 0.0
+    tick_ms: float = 0.0
+    handout_ms: float = 0.0
+    cycle_ms: float = 0.0
+
+    def add(self, runners_ms: float, tick_ms: float, handout_ms: float, cycle_ms: float | None) -> None:
+        self.runners_ms += PHASE_EMA * (runners_ms - self.runners_ms)
+        self.tick_ms += PHASE_EMA * (tick_ms - self.tick_ms)
+        self.handout_ms += PHASE_EMA * (handout_ms - self.handout_ms)
+        if cycle_ms is not None:
+            self.cycle_ms += PHASE_EMA * (cycle_ms - self.cycle_ms)
 
 
 class SharedRing:
@@ -44,6 +66,7 @@ class SharedRing:
         self._tick_done = torch.cuda.Event() if session.device.type == "cuda" else None
         self.ticks = 0
         self.tick_ms = 0.0
+        self.phases = CyclePhases()
 
     # ---- sessions ------------------------------------------------------------------------------------------------
 
@@ -138,8 +161,9 @@ class SharedRing:
 
     def _tick(self, runners: list) -> None:
         cycle_started = time.perf_counter()
-        if self._cycle_started is not None:
-            self.pipeline.record_cycle((cycle_started - self._cycle_started) * 1000.0)
+        cycle_ms = None if self._cycle_started is None else (cycle_started - self._cycle_started) * 1000.0
+        if cycle_ms is not None:
+            self.pipeline.record_cycle(cycle_ms)
         self._cycle_started = cycle_started
         started: dict[str, float] = {}
         for runner in runners:
@@ -171,3 +195,5 @@ class SharedRing:
                     runner.end_tick(started[name], done, by_lane.get(name, []))
                 except Exception as error:
                     runner.count_error(error)
+        ms = 1000.0
+        self.phases.add((began - cycle_started) * ms, self.tick_ms, (time.perf_counter() - done) * ms, cycle_ms)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..live.bench import LatencySummary, summarize_latency
+from ..live.ring import CyclePhases
 from .errors import SessionRefused
 from .host import RingHost, SessionSpec
 
@@ -20,6 +21,7 @@ class SessionsReport:
     sessions: int
     refused: str | None  # admission control's reason when the last session was refused
     ring_tick_ms: float  # median over the measurement
+    phases: CyclePhases  # where the ring's cycle went, at the end
     latent_interval_ms: float  # the slowest session's median time between fresh latents
     knobs: list[LatencySummary]  # over every session's trials
     errors: int
@@ -91,6 +93,7 @@ def measure_sessions(
             len(runners),
             refused,
             statistics.median(ticks),
+            replace(host.ring.phases),
             interval,
             summaries,
             sum(r.stats.errors for r in runners),
