@@ -269,6 +269,7 @@ def test_the_sessions_bench_plays_every_session_follows_its_knobs_to_the_ear_and
     assert [summary.knob for summary in report.knobs] == ["velocity_scale", "denoise"]
     assert all(summary.ear_ms_median > summary.tick_ms_median > 0 for summary in report.knobs)
     phases = report.phases
-    assert phases.cycle_ms >= phases.tick_ms > 0 and phases.runners_ms > 0
-    assert phases.runners_ms + phases.tick_ms + phases.handout_ms <= phases.cycle_ms * 1.5
+    assert phases.cycles > 3 and phases.tick_ms > 0 and phases.runners_ms > 0
+    parts_ms = phases.runners_ms + phases.tick_ms + phases.handout_ms
+    assert phases.cycle_ms * 0.5 <= parts_ms <= phases.cycle_ms + 1e-9, "the phases do not add up to the cycle"
     assert host.names() == [], "the bench left sessions playing"

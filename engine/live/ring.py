@@ -37,13 +37,16 @@ class CyclePhases:
     tick_ms: float = 0.0
     handout_ms: float = 0.0
     cycle_ms: float = 0.0
+    cycles: int = 0  # cycles averaged
 
-    def add(self, runners_ms: float, tick_ms: float, handout_ms: float, cycle_ms: float | None) -> None:
-        self.runners_ms += PHASE_EMA * (runners_ms - self.runners_ms)
-        self.tick_ms += PHASE_EMA * (tick_ms - self.tick_ms)
-        self.handout_ms += PHASE_EMA * (handout_ms - self.handout_ms)
-        if cycle_ms is not None:
-            self.cycle_ms += PHASE_EMA * (cycle_ms - self.cycle_ms)
+    def add(self, runners_ms: float, tick_ms: float, handout_ms: float, cycle_ms: float) -> None:
+        """One whole cycle: its parts and its length, start to the next cycle's start (so never less than the parts)."""
+        weight = 1.0 if self.cycles == 0 else PHASE_EMA  # the first cycle seeds the averages
+        self.runners_ms += weight * (runners_ms - self.runners_ms)
+        self.tick_ms += weight * (tick_ms - self.tick_ms)
+        self.handout_ms += weight * (handout_ms - self.handout_ms)
+        self.cycle_ms += weight * (cycle_ms - self.cycle_ms)
+        self.cycles += 1
 
 
 class SharedRing:
@@ -57,6 +60,7 @@ class SharedRing:
         )
         self.pipeline.cycle_costs = True  # admission learns what a whole cycle of this ring costs, not the tick alone
         self._cycle_started: float | None = None
+        self._cycle_parts: tuple[float, float, float] | None = None  # the last cycle's runners, tick and hand-out (ms)
         self._runners: dict[str, object] = {}  # lane name -> LiveRunner, in the order they came
         self._playing: set[str] = set()  # the lanes the tick thread ticks (started runners)
         self._lock = threading.Condition()  # runners and lanes change between ticks, never during one
@@ -164,7 +168,10 @@ class SharedRing:
         cycle_ms = None if self._cycle_started is None else (cycle_started - self._cycle_started) * 1000.0
         if cycle_ms is not None:
             self.pipeline.record_cycle(cycle_ms)
+            if self._cycle_parts is not None:
+                self.phases.add(*self._cycle_parts, cycle_ms)
         self._cycle_started = cycle_started
+        self._cycle_parts = None
         started: dict[str, float] = {}
         for runner in runners:
             try:
@@ -196,4 +203,4 @@ class SharedRing:
                 except Exception as error:
                     runner.count_error(error)
         ms = 1000.0
-        self.phases.add((began - cycle_started) * ms, self.tick_ms, (time.perf_counter() - done) * ms, cycle_ms)
+        self._cycle_parts = ((began - cycle_started) * ms, self.tick_ms, (time.perf_counter() - done) * ms)
