@@ -533,18 +533,27 @@ def bench_sessions_on_gpus(gpus: int) -> int:
 
 
 def report_sessions(r, count: int, args: argparse.Namespace) -> None:
+    from .engine.serve.bench import SETTLE_TIMEOUT_S
+
+    def settled(seconds: float | None) -> str:
+        return f"not within {SETTLE_TIMEOUT_S:g} s" if seconds is None else f"{seconds:.1f} s"
+
     verdict = "REAL TIME" if r.realtime(args.interval_ms, args.ear_ms) else "not real time"
     p = r.phases
     print(
         f"  {count} asked, {r.sessions} playing: tick {r.ring_tick_ms:.1f} ms, a latent every "
-        f"{r.latent_interval_ms:.0f} ms (slowest session), {r.errors} errors -> {verdict}\n"
+        f"{r.latent_interval_ms:.0f} ms (slowest session: {r.cycles_per_latent:.2f} ring cycles of "
+        f"{r.latent_interval_ms / r.cycles_per_latent:.1f} ms; {r.restarting_interval_ms:.0f} ms while a per-request "
+        f"knob restarts the slots), {r.errors} errors -> {verdict}\n"
+        f"    tick graphs settled {settled(r.settle_s)} after the sessions started\n"
         f"    ring cycle {p.cycle_ms:.1f} ms: runners {p.runners_ms:.1f} + tick {p.tick_ms:.1f} + hand-out "
         f"{p.handout_ms:.1f} + other {p.cycle_ms - p.runners_ms - p.tick_ms - p.handout_ms:.1f} ms"
     )
-    for s in r.knobs:
+    for s, touch_settle_s in zip(r.knobs, r.touch_settle_s):
         print(
             f"    {s.knob:>15} ({s.kind}): knob -> tick {s.tick_ms_median:.1f} / {s.tick_ms_p95:.1f} ms, -> ear "
-            f"{s.ear_ms_median:.1f} / {s.ear_ms_p95:.1f} ms (median / p95; first touch {s.first_touch_ear_ms:.1f})"
+            f"{s.ear_ms_median:.1f} / {s.ear_ms_p95:.1f} ms (median / p95; first touch {s.first_touch_ear_ms:.1f}, "
+            f"graphs settled {settled(touch_settle_s)} after it)"
         )
     if r.refused:
         print(f"    refused: {r.refused}")

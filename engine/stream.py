@@ -28,7 +28,7 @@ from .models.dit import CrossGroup, CrossKV, DiTDecoder
 from .params import CFG_MODES, DCW_MODES, GUIDANCE_METHODS, SHARED_FIELDS, SOLVERS
 from .pinned import PinnedStaging
 from .schedule import timestep_schedule
-from .tick_graph import DEVICE_WORK, StaticTensors, TickGraphs
+from .tick_graph import DEVICE_WORK, GraphCounters, StaticTensors, TickGraphs
 
 MAX_DEPTH = 8
 MAX_LANES = 8  # sessions sharing one ring besides its main lane; each lane owns MAX_DEPTH slot indices
@@ -299,6 +299,11 @@ class StreamPipeline:
     @property
     def paced(self) -> bool:
         return self._main.paced
+
+    @property
+    def graph_counters(self) -> GraphCounters | None:
+        """A copy of the tick graphs' counters (new plans, captures, replays...); None on a backend without graphs."""
+        return None if self._graphs is None else replace(self._graphs.counters)
 
     def set_depth(self, depth: int) -> None:
         """Hot depth change: growing adds free slots; shrinking stops admitting to the removed slots, whose

@@ -262,11 +262,13 @@ def test_a_host_started_with_a_lora_gives_every_session_its_own_strength_knob(gl
 def test_the_sessions_bench_plays_every_session_follows_its_knobs_to_the_ear_and_splits_the_cycle(session, tint_lora):
     host = RingHost(session)
     try:
-        report = measure_sessions(host, 2, song_seconds=4.0, depth=1, trials=1, lora=tint_lora)
+        report = measure_sessions(host, 2, song_seconds=4.0, depth=1, trials=2, lora=tint_lora)
     finally:
         host.close()
     assert report.sessions == 2 and report.refused is None and report.errors == 0
     assert [summary.knob for summary in report.knobs] == ["velocity_scale", "denoise"]
+    assert 0 < report.latent_interval_ms < 60_000 and 0 < report.restarting_interval_ms < 60_000
+    assert report.cycles_per_latent > 0 and report.settle_s is not None and None not in report.touch_settle_s
     assert all(summary.ear_ms_median > summary.tick_ms_median > 0 for summary in report.knobs)
     phases = report.phases
     assert phases.cycles > 3 and phases.tick_ms > 0 and phases.runners_ms > 0

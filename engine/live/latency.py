@@ -4,6 +4,7 @@ thread and the writer thread."""
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..params import KnobKind
@@ -102,6 +103,7 @@ class RunnerStats:
     last_error: str | None = None
     errors: int = 0
     latency: LatencyTracker = field(default_factory=LatencyTracker)
+    latent_times: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # perf_counter at each latent
 
     @property
     def latencies(self) -> list[LatencyRecord]:

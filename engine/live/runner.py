@@ -376,6 +376,7 @@ class LiveRunner:
             self._latest = finished[-1].latent
             fresh_from = self._latest_seq = finished[-1].request.tag
             self.stats.latents += len(finished)
+            self.stats.latent_times.extend([tick_done] * len(finished))
         latency.tick_done(tick_done, fresh_from)
         if fresh_from is not None:
             self._writer.offer(self._latest, fresh_from, self.stats.ticks)
