@@ -468,9 +468,20 @@ def bench_latency(args: argparse.Namespace) -> int:
 
 
 def bench_sessions(args: argparse.Namespace) -> int:
-    if args.gpus > 1:
-        return bench_sessions_on_gpus(args.gpus)
     import torch
+
+    if args.gpus < 1:
+        raise CommandError(f"--gpus {args.gpus}: give 1 or more GPUs")
+    if args.gpus > 1:
+        if not args.device.startswith("cuda"):
+            raise CommandError(f"--gpus {args.gpus} runs one process per GPU: add --device cuda")
+        found = torch.cuda.device_count()
+        if found < args.gpus:
+            raise CommandError(
+                f"--gpus {args.gpus}: this machine has {found} CUDA device(s); use --gpus {max(1, found)} or a machine "
+                f"with {args.gpus} GPUs"
+            )
+        return bench_sessions_on_gpus(args.gpus)
 
     from .engine.serve.bench import measure_sessions
     from .engine.serve.host import RingHost

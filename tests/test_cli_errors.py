@@ -92,6 +92,8 @@ CASES = {
         if name not in ("12-bit PCM", "mu-law")  # encodings: read_wav's own tests
     },
     # live
+    "bench sessions --gpus 0": Case("bench", lambda f: ["sessions", "--gpus", "0"], "--gpus 0: give 1 or more GPUs"),
+    "bench sessions --gpus 2 on the CPU": Case("bench", lambda f: ["sessions", "--gpus", "2"], "add --device cuda"),
     "live --song-seconds inf": Case("live", lambda f: ["--song-seconds", "inf"], "--song-seconds must be a finite"),
     "live --song-seconds 1e5": Case("live", lambda f: ["--song-seconds", "1e5"], "use --song-seconds 600 or less"),
     "live --seconds nan": Case("live", lambda f: ["--seconds", "nan"], "--seconds must be a finite number > 0"),
@@ -122,11 +124,13 @@ CASES = {
 
 def base_arguments(case: Case, extra: list[str], out: Path) -> list[str]:
     """What the case is not about is given safe values: a fresh --out for render; no sound card, no OSC and one
-    second of play for live; one host on any free port for serve. Later arguments override earlier ones."""
+    second of play for live; one host on any free port for serve; the bench as given. Later arguments override earlier ones."""
     if case.command == "render":
         return ["render", "--prompt", "ambient", "--out", str(out), *extra]
     if case.command == "serve":
         return ["serve", "--local", "--port", "0", *extra]
+    if case.command == "bench":
+        return ["bench", *extra]
     audio = [] if "--audio-device" in extra else ["--no-audio"]
     return ["live", *audio, "--osc-port", "0", "--seconds", "1", *extra]
 
