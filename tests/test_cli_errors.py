@@ -91,9 +91,10 @@ CASES = {
         for name, (_, expected) in BAD_WAVS.items()
         if name not in ("12-bit PCM", "mu-law")  # encodings: read_wav's own tests
     },
-    # live
+    # bench
     "bench sessions --gpus 0": Case("bench", lambda f: ["sessions", "--gpus", "0"], "--gpus 0: give 1 or more GPUs"),
     "bench sessions --gpus 2 on the CPU": Case("bench", lambda f: ["sessions", "--gpus", "2"], "add --device cuda"),
+    # live
     "live --song-seconds inf": Case("live", lambda f: ["--song-seconds", "inf"], "--song-seconds must be a finite"),
     "live --song-seconds 1e5": Case("live", lambda f: ["--song-seconds", "1e5"], "use --song-seconds 600 or less"),
     "live --seconds nan": Case("live", lambda f: ["--seconds", "nan"], "--seconds must be a finite number > 0"),
