@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .engine.live.midi import MIDI_BACKENDS
+from .cli import serve as serve_commands
 from .engine.params import BACKENDS, CFG_MODES, LORA_MODES, PRECISIONS, parse_lora_option
-from .engine.serve import cli as serve_commands
+from .live.midi import MIDI_BACKENDS
 
 if TYPE_CHECKING:
-    from .engine.live.app import LiveConfig
+    from .live.app import LiveConfig
 
 DTYPES = ("float32", "bfloat16")
 
@@ -411,7 +411,7 @@ def run_bench(args: argparse.Namespace) -> int:
 def bench_decode(args: argparse.Namespace) -> int:
     import torch
 
-    from .engine.benchmarks import bench_decode as measure
+    from .engine.bench.ticks import bench_decode as measure
 
     check_device(args.device)
     device_name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
@@ -426,7 +426,7 @@ def bench_decode(args: argparse.Namespace) -> int:
 def bench_lm(args: argparse.Namespace) -> int:
     import torch
 
-    from .engine.lm.bench import run_lm_bench
+    from .engine.bench.lm import run_lm_bench
 
     run_lm_bench(
         args.preset,
@@ -446,7 +446,7 @@ RUNNER_TIMINGS = ("tick_ms", "loop_ms", "decode_ms", "interval_ms", "write_ms", 
 
 
 def bench_latency(args: argparse.Namespace) -> int:
-    from .engine.live.bench import measure_latency
+    from .live.bench import measure_latency
 
     session = load_session(args)
     session.backend = args.backend
@@ -483,8 +483,8 @@ def bench_sessions(args: argparse.Namespace) -> int:
             )
         return bench_sessions_on_gpus(args.gpus)
 
-    from .engine.serve.bench import measure_sessions
-    from .engine.serve.host import RingHost
+    from .serve.bench import measure_sessions
+    from .serve.host import RingHost
 
     session = load_session(args)
     session.backend = args.backend
@@ -497,7 +497,7 @@ def bench_sessions(args: argparse.Namespace) -> int:
     )
     lora = None
     if args.lora_rank:
-        from .engine.benchmarks import random_lora
+        from .engine.bench.ticks import random_lora
         from .engine.lora import lora_set
 
         decoder = session.models.acestep.decoder
@@ -544,7 +544,7 @@ def bench_sessions_on_gpus(gpus: int) -> int:
 
 
 def report_sessions(r, count: int, args: argparse.Namespace) -> None:
-    from .engine.serve.bench import SETTLE_TIMEOUT_S
+    from .serve.bench import SETTLE_TIMEOUT_S
 
     def settled(seconds: float | None) -> str:
         return f"not within {SETTLE_TIMEOUT_S:g} s" if seconds is None else f"{seconds:.1f} s"
@@ -571,7 +571,7 @@ def report_sessions(r, count: int, args: argparse.Namespace) -> None:
 
 
 def bench_soak(args: argparse.Namespace) -> int:
-    from .engine.live.bench import soak
+    from .live.bench import soak
 
     session = load_session(args)
     session.backend = args.backend
@@ -598,8 +598,8 @@ def bench_soak(args: argparse.Namespace) -> int:
 def bench_tick(args: argparse.Namespace) -> int:
     import torch
 
-    from .engine.benchmarks import TickFixture
-    from .engine.benchmarks import bench_tick as measure
+    from .engine.bench.ticks import TickFixture
+    from .engine.bench.ticks import bench_tick as measure
 
     device_name = (
         torch.cuda.get_device_name(args.device)
@@ -648,8 +648,8 @@ def bench_tick(args: argparse.Namespace) -> int:
 def bench_ring(args: argparse.Namespace) -> int:
     import torch
 
-    from .engine.benchmarks import TickFixture
-    from .engine.benchmarks import bench_ring as measure
+    from .engine.bench.ticks import TickFixture
+    from .engine.bench.ticks import bench_ring as measure
 
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     print(
@@ -671,8 +671,8 @@ def bench_ring(args: argparse.Namespace) -> int:
 def bench_lora(args: argparse.Namespace) -> int:
     import torch
 
-    from .engine.benchmarks import TickFixture
-    from .engine.benchmarks import bench_lora as measure
+    from .engine.bench.ticks import TickFixture
+    from .engine.bench.ticks import bench_lora as measure
 
     print(
         f"LoRA ticks: preset {args.preset}, {args.seconds:g} s song, {args.loras} LoRAs of rank {args.rank} on every "
@@ -713,7 +713,7 @@ def bench_lora(args: argparse.Namespace) -> int:
 def bench_dit(args: argparse.Namespace) -> int:
     import torch
 
-    from .engine.benchmarks import time_dit_forward
+    from .engine.bench.ticks import time_dit_forward
 
     print(
         f"DiT forward, preset {args.preset}, batch {args.batch}, {args.dtype}, device {args.device}, torch threads {torch.get_num_threads()}"
@@ -730,7 +730,7 @@ def bench_dit(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from .engine.benchmarks import parameter_census
+    from .engine.bench.ticks import parameter_census
 
     for name, count in parameter_census(args.preset).items():
         print(f"{name:>26}: {count:>15,}")
@@ -777,7 +777,7 @@ def check_live_args(args: argparse.Namespace) -> None:
     if not args.osc_port and (args.osc_host or args.osc_feedback or args.osc_allow):
         raise CommandError("--osc-host, --osc-feedback and --osc-allow need OSC, which --osc-port 0 turns off")
 
-    from .engine.audio_io import check_wav
+    from .engine.audio.files import check_wav
     from .engine.render import check_prompt
 
     check_prompt(args.prompt)
@@ -809,8 +809,8 @@ def check_osc(config: LiveConfig) -> None:
     before the model loads rather than after; the live app binds the port again when it starts."""
     import logging
 
-    from .engine.live.knobs import KnobRegistry
-    from .engine.live.osc import OscBridge, OscConfig
+    from .live.knobs import KnobRegistry
+    from .live.osc import OscBridge, OscConfig
 
     bridge = OscBridge(
         KnobRegistry(),
@@ -834,15 +834,15 @@ def check_osc(config: LiveConfig) -> None:
 
 def run_live(args: argparse.Namespace) -> int:
     if args.list_devices:
-        from .engine.live.playback import list_devices
+        from .live.playback import list_devices
 
         print(list_devices())
         return 0
     check_live_args(args)
-    from .engine.live.app import LiveApp, LiveConfig, parse_host_port
-    from .engine.live.knobs import KnobRegistry
-    from .engine.live.playback import PlaybackError
-    from .engine.live.runner import RunnerConfig
+    from .live.app import LiveApp, LiveConfig, parse_host_port
+    from .live.knobs import KnobRegistry
+    from .live.playback import PlaybackError
+    from .live.runner import RunnerConfig
 
     registry = KnobRegistry()
     for name in ("depth", "steps", "cfg_mode"):
@@ -874,7 +874,7 @@ def run_live(args: argparse.Namespace) -> int:
     if config.osc_port is not None:
         check_osc(config)
     if config.uses_midi:
-        from .engine.live.midi import find_input_port
+        from .live.midi import find_input_port
 
         find_input_port(config.midi_port, config.midi_backend)  # a wrong port or MIDI system fails before loading
     app = LiveApp(load_session(args), config, registry)

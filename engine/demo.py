@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import curves
-from .audio_io import write_wav
+from .audio.files import write_wav
+from .audio.stitch import append_with_overlap
 from .params import seconds_to_frames
+from .sampling import curves
 from .session import Session, peak_normalize
-from .stitch import append_with_overlap
 
 SONG_SECONDS = 10.0
 HOP_SECONDS = 0.4

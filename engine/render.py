@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from .audio_io import check_wav, read_wav, write_wav
+from .audio.files import check_wav, read_wav, write_wav
 from .lm.sampling import SamplingParams
 from .lm.song import lm_duration
 from .outputs import check_output_path
 from .params import MAX_SONG_SECONDS, seconds_to_frames, song_frames
-from .schedule import validate_schedule_args
+from .sampling.schedule import validate_schedule_args
 from .session import Session, peak_normalize
 
 

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from . import prompts
-from .audio_io import resample
-from .checkpoints import ModelBundle, load_models, silence_frames
+from .audio.files import resample
+from .audio.window_decode import WindowDecoder, plan_window
+from .checkpoints.loading import ModelBundle, load_models, silence_frames
 from .conditioning import Conditioning, blend_conditionings
 from .lm.checkpoint import load_lm
 from .lm.sampling import SamplingParams
@@ -24,7 +25,6 @@ from .lora.folded import FOLDABLE_DTYPES
 from .models.fp8 import check_fp8_device, to_fp8
 from .params import LORA_MODES, PRECISIONS, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
-from .window_decode import WindowDecoder, plan_window
 
 CAPTION_MAX_TOKENS = 256
 DECODE_MARGIN_FRAMES = 12

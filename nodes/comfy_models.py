@@ -33,9 +33,9 @@ def _model_management():
 
 def _streamed(session: Any) -> bool:
     """Whether a running stream plays `session`."""
-    from ..engine.live import sessions
+    from ..live import performances
 
-    return any(app is not None and app.session is session for app in map(sessions.get, sessions.names()))
+    return any(app is not None and app.session is session for app in map(performances.get, performances.names()))
 
 
 def _patcher(management, session: Any):

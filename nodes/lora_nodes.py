@@ -48,8 +48,8 @@ def session_of(model: Any) -> Any:
 def with_loras(node: str, model: Any, registry=None) -> Any:
     """The session, brought to the LoRAs `model` asks for (none for Load model's output), for a node that runs the
     DiT. `registry`: a running stream's knobs, whose lora/<name> knobs carry the strengths."""
-    from ..engine.live.app import add_lora_knobs
     from ..engine.params import LORA_KNOB_PREFIX
+    from ..live.app import add_lora_knobs
 
     session = session_of(model)
     wanted = {choice.name: choice for choice in chain_of(model)}

@@ -54,7 +54,7 @@ def load_model(preset: str, checkpoint: str, device: str, dtype: str, backend: s
     after ComfyUI frees its cache (and no stream plays it) it is freed, and the next run loads it again."""
     import torch
 
-    from ..engine.checkpoints import CheckpointError
+    from ..engine.checkpoints.loading import CheckpointError
     from ..engine.session import Session
 
     path = comfy_io.resolve_checkpoint(checkpoint)
@@ -127,13 +127,13 @@ def _frames(node: str, seconds: float) -> int:
 
 
 def curve_constant(value: float, seconds: float) -> tuple:
-    from ..engine import curves
+    from ..engine.sampling import curves
 
     return (curves.constant(check_range("Curve constant", "value", value), _frames("Curve constant", seconds)),)
 
 
 def curve_ramp(start: float, end: float, seconds: float) -> tuple:
-    from ..engine import curves
+    from ..engine.sampling import curves
 
     return (
         curves.ramp(
@@ -145,7 +145,7 @@ def curve_ramp(start: float, end: float, seconds: float) -> tuple:
 
 
 def curve_wave(kind: str, cycles: float, low: float, high: float, seconds: float) -> tuple:
-    from ..engine import curves
+    from ..engine.sampling import curves
 
     if kind not in WAVE_KINDS:
         raise NodeInputError(f"Curve wave: input 'kind' must be one of {', '.join(WAVE_KINDS)}")
@@ -162,7 +162,7 @@ def curve_wave(kind: str, cycles: float, low: float, high: float, seconds: float
 
 def curve_points(points: str, seconds: float) -> tuple:
     """Comma-separated values spread evenly, or "x:y" pairs with x in 0..1 (drawn automation)."""
-    from ..engine import curves
+    from ..engine.sampling import curves
 
     text = [p.strip() for p in points.replace("\n", ",").split(",") if p.strip()]
     try:
@@ -177,7 +177,7 @@ def curve_points(points: str, seconds: float) -> tuple:
 
 
 def curve_math(a, b, op: str) -> tuple:
-    from ..engine import curves
+    from ..engine.sampling import curves
 
     if op not in CURVE_OPS:
         raise NodeInputError(f"Curve math: input 'op' must be one of {', '.join(CURVE_OPS)}")
@@ -236,7 +236,7 @@ def generate(
 
 def _fit_curve(curve, source, seconds: float):
     """Resample a curve to the generation's frame count."""
-    from ..engine import curves
+    from ..engine.sampling import curves
 
     frames = source.frames if source is not None else seconds_to_frames(seconds)
     return curve if curve.numel() in (1, frames) else curves.resample(curve.flatten(), frames)

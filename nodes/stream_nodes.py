@@ -85,9 +85,9 @@ class StreamSockets:
 
 
 def _app(node: str, stream: str):
-    from ..engine.live import sessions
+    from ..live import performances
 
-    app = sessions.get(stream)
+    app = performances.get(stream)
     if app is None:
         raise NodeInputError(f"{node}: {not_running(stream)}")
     return app
@@ -118,7 +118,7 @@ def stream_start(
 ) -> tuple:
     """Start the named stream, or update it in place: conditions, source, LM structure and knob values apply on its
     next ticks. Every input is checked before anything changes."""
-    from ..engine.live import sessions
+    from ..live import performances
 
     name = session_id.strip()
     if not name:
@@ -127,13 +127,13 @@ def stream_start(
     knobs = StreamKnobs(depth, steps, denoise, seed, shift, prompt_blend, structure, cfg_mode)
     if lm_structure is not None and source is not None:
         raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
-    running = sessions.get(name)
+    running = performances.get(name)
     model = with_loras("Stream", model, None if running is None else running.registry)
     comfy_models.use(model)
     frames = running.runner.frames if running is not None else seconds_to_frames(song_seconds)
     context = None if lm_structure is None else structure_context("Stream", model, lm_structure, frames)
     sockets = StreamSockets(conditioning, conditioning_b or conditioning, negative, source, lm_structure, context)
-    app, created = sessions.start_or_get(
+    app, created = performances.start_or_get(
         name, partial(new_stream, model, name, song_seconds, audio_device, knobs, sockets)
     )
     if not created:
@@ -145,8 +145,8 @@ def stream_start(
 def new_stream(model, name: str, song_seconds: float, audio_device: str, knobs: StreamKnobs, sockets: StreamSockets):
     """A LiveApp for a new stream, not started: knobs, negative and structure are in place before its runner starts,
     so its first generation uses them."""
-    from ..engine.live.app import LiveApp, LiveConfig
-    from ..engine.live.knobs import KnobRegistry
+    from ..live.app import LiveApp, LiveConfig
+    from ..live.knobs import KnobRegistry
 
     registry = KnobRegistry()
     knobs.apply(registry)
@@ -205,7 +205,7 @@ def shared_curve(stream: str, knob: str, value: float, curve=None) -> tuple:
     if curve is None:
         app.registry.set(knob, value, origin="comfyui")
         return (stream,)
-    from ..engine import curves
+    from ..engine.sampling import curves
 
     frames = app.runner.frames
     app.runner.set_curve(knob, curve if curve.numel() in (1, frames) else curves.resample(curve.flatten(), frames))
@@ -215,10 +215,10 @@ def shared_curve(stream: str, knob: str, value: float, curve=None) -> tuple:
 def stream_stop(stream: str, after: str | None = None) -> tuple:
     """Stop the stream. ComfyUI runs a node after every node it takes input from, and in no set order otherwise:
     `stream` (and `after`, from another branch) chain the stop after the nodes that use the stream."""
-    from ..engine.live import sessions
+    from ..live import performances
 
-    app = sessions.get(stream)
-    if app is None or not sessions.stop(stream):
+    app = performances.get(stream)
+    if app is None or not performances.stop(stream):
         return (not_running(stream),)
     comfy_models.use(app.session)  # back on ComfyUI's list (unless another stream plays it)
     return (f"stopped {stream}",)
@@ -242,7 +242,7 @@ def stream_capture(stream: str, seconds: float) -> tuple:
 
 
 def osc_bridge(stream: str, port: int, feedback: str, host: str) -> tuple:
-    from ..engine.live.app import parse_host_port
+    from ..live.app import parse_host_port
 
     check_range("OSC bridge", "port", port, 1, 65535)
     app = _app("OSC bridge", stream)

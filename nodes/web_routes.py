@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..engine.live import sessions
-from ..engine.live.knobs import KnobError
 from ..engine.params import KNOB_SPECS, KnobSpec
+from ..live import performances
+from ..live.knobs import KnobError
 
 KNOB_BODY = '{"name": <knob>, "value": <number, or a choice name for cfg_mode>}'
 
@@ -44,9 +44,9 @@ def not_running(name: str) -> str:
 def status_for(name: str) -> tuple[int, dict[str, Any]]:
     """GET /flowjam/session/{name}: always 200 (a panel polls before its stream exists and after it stops);
     `running` says whether the stream plays, `specs` carries every knob's range either way."""
-    app = sessions.get(name)
+    app = performances.get(name)
     if app is None:
-        return 200, {"name": name, "running": False, "specs": SPECS_JSON, "sessions": sessions.names()}
+        return 200, {"name": name, "running": False, "specs": SPECS_JSON, "sessions": performances.names()}
     status = app.status()
     status.update(
         name=name,
@@ -61,7 +61,7 @@ def status_for(name: str) -> tuple[int, dict[str, Any]]:
 def set_knob(name: str, body: Any) -> tuple[int, dict[str, Any]]:
     """POST /flowjam/session/{name}/knob with `body` the parsed JSON (None when it was not JSON): 404 for an unknown
     stream, 400 for a bad body or knob, else 200 with the value the knob now holds."""
-    app = sessions.get(name)
+    app = performances.get(name)
     if app is None:
         return 404, {"error": not_running(name)}
     if not isinstance(body, dict):
@@ -89,7 +89,7 @@ def register() -> None:
 
     @routes.get("/flowjam/sessions")
     async def list_sessions(request):
-        return web.json_response({"sessions": sessions.names()})
+        return web.json_response({"sessions": performances.names()})
 
     @routes.get("/flowjam/session/{name}")
     async def session_status(request):

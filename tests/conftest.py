@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from flowjam.engine.benchmarks import random_lora
+from flowjam.engine.bench.ticks import random_lora
 from flowjam.engine.lora import LowRank, lora_set
 from flowjam.engine.session import Session
 from safetensors.torch import save_file

@@ -4,9 +4,9 @@ and what was dropped, for the flow-control tests (tests/test_serve_flow.py, test
 import time
 from dataclasses import dataclass
 
-from flowjam.engine.serve.client import Client
-from flowjam.engine.serve.host import BLOCK_FRAMES
-from flowjam.engine.serve.protocol import SAMPLE_RATE
+from flowjam.serve.client import Client
+from flowjam.serve.host import BLOCK_FRAMES
+from flowjam.serve.protocol import SAMPLE_RATE
 
 
 @dataclass(frozen=True)

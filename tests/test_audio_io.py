@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 import torch
-from flowjam.engine.audio_io import check_wav, read_wav, resample, write_wav
+from flowjam.engine.audio.files import check_wav, read_wav, resample, write_wav
 
 
 def test_pcm16_round_trip(tmp_path):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from flowjam.engine.checkpoints import CheckpointError, build_random, load_checkpoint, save_flowjam_file
+from flowjam.engine.checkpoints.loading import CheckpointError, build_random, load_checkpoint, save_flowjam_file
 from flowjam.engine.models.presets import get_preset
 from safetensors.torch import save_file
 

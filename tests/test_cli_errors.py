@@ -17,9 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from flowjam.engine.live.knobs import KnobRegistry
-from flowjam.engine.live.osc import OscBridge, OscConfig
 from flowjam.engine.outputs import atomic_output, check_output_path
+from flowjam.live.knobs import KnobRegistry
+from flowjam.live.osc import OscBridge, OscConfig
 from test_audio_io import BAD_WAVS, raw_wav
 from test_checkpoints import bad_safetensors
 

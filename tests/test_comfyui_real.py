@@ -456,7 +456,7 @@ def test_shipped_workflow_runs(comfy, name):
 def _write_lora(path: Path) -> None:
     """A ComfyUI-style LoRA file (diffusion_model.<layer>.lora_A/B + .alpha) for the tiny preset's DiT."""
     import torch
-    from flowjam.engine.benchmarks import random_lora
+    from flowjam.engine.bench.ticks import random_lora
     from flowjam.engine.session import Session
     from safetensors.torch import save_file
 
@@ -504,7 +504,7 @@ def _lora_render_prompt(checkpoint: str, strength: float | None, prefix: str) ->
 def test_a_lora_changes_what_generate_renders_and_strength_0_is_the_bare_model(comfy):
     """Load model -> LoRA (the file from the fixture's loras folder) -> Generate: at strength 1 the audio and the
     latent differ clearly from the same seed without the LoRA; at strength 0 they are exactly the bare model's."""
-    from flowjam.engine.checkpoints import save_flowjam_file
+    from flowjam.engine.checkpoints.loading import save_flowjam_file
     from flowjam.engine.session import Session
     from safetensors.numpy import load_file
 
@@ -1190,7 +1190,7 @@ MODEL_COPIES = 8
 def _tiny_checkpoints(folder: Path) -> tuple[list[str], int]:
     """MODEL_COPIES files of the tiny preset in the server's diffusion_models folder -> (their names as Load model
     lists them, the parameter bytes of one model)."""
-    from flowjam.engine.checkpoints import save_flowjam_file
+    from flowjam.engine.checkpoints.loading import save_flowjam_file
     from flowjam.engine.session import Session
 
     models = Session.load(preset="tiny").models

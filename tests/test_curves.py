@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from flowjam.engine.curves import as_curve, combine, constant, from_points, lerp, ramp, resample, wave
+from flowjam.engine.sampling.curves import as_curve, combine, constant, from_points, lerp, ramp, resample, wave
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 import torch
-from flowjam.engine.audio_io import read_wav
+from flowjam.engine.audio.files import read_wav
+from flowjam.engine.audio.stitch import append_with_overlap, equal_power_ramps
 from flowjam.engine.demo import knob_script
-from flowjam.engine.stitch import append_with_overlap, equal_power_ramps
 
 
 def test_demo_cli_streams_the_requested_seconds_and_prints_tick_stats(tmp_path):

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
-from flowjam.engine.live.app import LiveApp, LiveConfig
-from flowjam.engine.live.knobs import KnobRegistry
-from flowjam.engine.live.loop_buffer import PLAYED, LoopBuffer
-from flowjam.engine.live.playback import BlockRenderer
-from flowjam.engine.live.runner import LiveRunner
 from flowjam.engine.params import KNOB_SPECS, KnobKind
 from flowjam.engine.session import Session
+from flowjam.live.app import LiveApp, LiveConfig
+from flowjam.live.knobs import KnobRegistry
+from flowjam.live.loop_buffer import PLAYED, LoopBuffer
+from flowjam.live.playback import BlockRenderer
+from flowjam.live.runner import LiveRunner
 from pythonosc.udp_client import SimpleUDPClient
 
 SONG_SECONDS = 1.0

@@ -6,9 +6,9 @@ import sys
 import threading
 
 import pytest
-from flowjam.engine.live.knobs import KnobError, KnobRegistry
 from flowjam.engine.params import KNOB_SPECS, SHARED_FIELDS, KnobKind, KnobSpec
 from flowjam.engine.stream import SlotRequest
+from flowjam.live.knobs import KnobError, KnobRegistry
 
 
 def test_default_knobs_name_engine_fields():
@@ -25,14 +25,15 @@ def test_default_knobs_name_engine_fields():
 def test_parameter_registry_is_torch_free_and_names_what_the_engine_has():
     import subprocess
 
-    code = "import sys, flowjam.engine.params, flowjam.engine.live.knobs; print('torch' in sys.modules)"
+    code = "import sys, flowjam.engine.params, flowjam.live.knobs; print('torch' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"
     )
-    from flowjam.engine import curves, params
+    from flowjam.engine import params
     from flowjam.engine.models.lm import LM_PRESETS
     from flowjam.engine.models.presets import PRESETS
+    from flowjam.engine.sampling import curves
 
     assert tuple(PRESETS) == params.PRESET_NAMES and tuple(LM_PRESETS) == params.LM_PRESET_NAMES
     assert tuple(curves.COMBINE_OPS) == params.CURVE_OPS

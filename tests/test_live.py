@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flowjam.engine.audio_io import read_wav
-from flowjam.engine.live.app import LiveApp, LiveConfig
-from flowjam.engine.live.bench import measure_latency
-from flowjam.engine.live.knobs import KnobRegistry
-from flowjam.engine.live.layout import OPEN_STAGE_CONTROL_FILE, open_stage_control_session
+from flowjam.engine.audio.files import read_wav
 from flowjam.engine.session import Session
+from flowjam.live.app import LiveApp, LiveConfig
+from flowjam.live.bench import measure_latency
+from flowjam.live.knobs import KnobRegistry
+from flowjam.live.layout import OPEN_STAGE_CONTROL_FILE, open_stage_control_session
 from pythonosc.udp_client import SimpleUDPClient
 
 SONG_SECONDS = 4.0
@@ -447,7 +447,7 @@ def test_a_recording_survives_the_process_being_killed(tmp_path, signal_name):
 def test_stopping_a_stream_while_it_ticks_never_raises(session, caplog):
     """100 start/stop cycles, each stop arriving while the runner is inside a tick and not waiting for it (as when a
     heavy stream is stopped from ComfyUI): the tick finishes against the closed loop buffer without an error."""
-    from flowjam.engine.live.runner import RunnerConfig
+    from flowjam.live.runner import RunnerConfig
 
     prompt = session.encode_text("stop me")
     registry_settings = {"depth": 1, "steps": 2}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from flowjam.engine.checkpoints import CheckpointError
+from flowjam.engine.checkpoints.loading import CheckpointError
 from flowjam.engine.lm.checkpoint import TEXT_ENCODER_VOCAB, load_lm
 from flowjam.engine.models.lm import AUDIO_CODE_BASE, LM_PRESETS, Qwen3LM
 from qwen_reference import EOS_ID, random_state

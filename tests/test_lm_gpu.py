@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from flowjam.engine.lm.bench import random_lm
+from flowjam.engine.bench.lm import random_lm
 from flowjam.engine.lm.generate import CodeGenerator, CodeRequest
 from flowjam.engine.lm.sampling import SamplingParams
 from flowjam.engine.models.lm import compiled_layer_step

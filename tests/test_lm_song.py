@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from flowjam.engine.audio_io import read_wav
+from flowjam.engine.audio.files import read_wav
 from flowjam.engine.lm.song import codes_for_seconds
 from flowjam.engine.models.lm import NUM_CODES
 from flowjam.engine.render import RenderRequest, render
@@ -116,7 +116,7 @@ def test_render_lm_and_cover_together_is_refused(tmp_path):
 
 
 def first_live_latent(session, lm: bool, structure: float) -> torch.Tensor:
-    from flowjam.engine.live.app import LiveApp, LiveConfig
+    from flowjam.live.app import LiveApp, LiveConfig
 
     app = LiveApp(session, LiveConfig("lofi beat", song_seconds=4.0, playback_mode="null", osc_port=None, lm=lm))
     app.registry.set("structure", structure)

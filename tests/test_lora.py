@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from flowjam.engine.live.knobs import KnobRegistry
 from flowjam.engine.lora import LIVE_MODES, MAX_LORAS, LoraLinear, lora_set, merge, read_lora, unmerge
 from flowjam.engine.lora.formats import PEFT_CONFIG, PEFT_WEIGHTS
 from flowjam.engine.params import lora_knob
 from flowjam.engine.session import Session
 from flowjam.engine.stream import StreamPipeline
+from flowjam.live.knobs import KnobRegistry
 from safetensors.torch import save_file
 
 peft = pytest.importorskip("peft", reason="peft is a test dependency (pip install -e .[test])")

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 from flowjam import NODE_CLASS_MAPPINGS
-from flowjam.engine.live import sessions
+from flowjam.live import performances
 from flowjam.nodes.spec import NodeInputError
 from safetensors.torch import save_file
 
@@ -38,7 +38,7 @@ def text(model):
 def stop_streams(model):
     """Streams stop and LoRAs go after each test: Load model shares its session with every test module."""
     yield
-    sessions.stop_all()
+    performances.stop_all()
     for name in list(model.loras):
         model.unload_lora(name)
 
@@ -101,7 +101,7 @@ def run_stream(model, prompt, name):
         structure=1.0,
         audio_device="none",
     )
-    return sessions.get(name)
+    return performances.get(name)
 
 
 def settled_latent(app):

@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
-from flowjam.engine.live import sessions
+from flowjam.live import performances
 from flowjam.nodes import NODE_SPECS
 from flowjam.nodes.comfy_v1 import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from flowjam.nodes.spec import CATEGORY, SOCKET_TYPES, WIDGET_TYPES, NodeInputError
@@ -104,7 +104,7 @@ def free_udp_port() -> int:
 @pytest.fixture(autouse=True)
 def stop_streams():
     yield
-    sessions.stop_all()
+    performances.stop_all()
 
 
 # ---- declarations --------------------------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_full_size_presets_are_not_offered_and_old_graphs_get_the_fix(model, tmp
         assert all(fix in str(e.value) for fix in ("'checkpoint'", "diffusion_models/", "checkpoints/", "tiny"))
     with pytest.raises(NodeInputError, match="input 'lm_preset' 'lm-1.7b' has no weights.*text_encoders/"):
         lm_structure(model, lm_preset="lm-1.7b")
-    from flowjam.engine.checkpoints import save_flowjam_file
+    from flowjam.engine.checkpoints.loading import save_flowjam_file
 
     saved = save_flowjam_file(model.models, tmp_path / "acestep_tiny.safetensors")
     started = time.monotonic()
@@ -295,7 +295,7 @@ def test_a_loaded_model_is_reused_while_held_and_freed_once_nothing_holds_it():
 def test_a_running_stream_keeps_its_model_and_lets_it_go_when_stopped():
     model = load("tiny", dtype="bfloat16")
     stream(model, text(model, "held by the stream"), "held", steps=1, depth=1)
-    app = sessions.get("held")
+    app = performances.get("held")
     kept = weakref.ref(model)
     del model
     gc.collect()
@@ -354,12 +354,12 @@ def test_a_comfyui_latent_feeds_prepare_source_and_a_cover(model, prompt_a):
 
 def test_requeued_stream_updates_the_running_session_in_place(model, prompt_a):
     assert stream(model, prompt_a, "requeue") == "requeue"
-    app = sessions.get("requeue")
+    app = performances.get("requeue")
     wait_ticks(app, 5)
     ticks = app.runner.stats.ticks
     assert stream(model, prompt_a, "requeue", denoise=0.4, seed=7, depth=3, steps=3, prompt_blend=0.25) == "requeue"
     node("FlowjamSharedCurve").run(stream="requeue", knob="velocity_scale", value=1.3)
-    assert sessions.get("requeue") is app and app.runner.alive, "the same session, still running"
+    assert performances.get("requeue") is app and app.runner.alive, "the same session, still running"
     assert app.runner.stats.ticks >= ticks
     wait_ticks(app, 5)
     values = app.registry.values()
@@ -375,7 +375,7 @@ def test_requeued_stream_updates_the_running_session_in_place(model, prompt_a):
     assert app.runner.stream.pipeline.shared_curves()["velocity_scale"].flatten().tolist() == [pytest.approx(1.3)]
     assert app.runner.stats.errors == 0
     assert node("FlowjamStreamStop").run(stream="requeue") == ("stopped requeue",)
-    assert sessions.get("requeue") is None and not app.runner.alive
+    assert performances.get("requeue") is None and not app.runner.alive
     assert node("FlowjamStreamStop").run(stream="requeue") == (
         "no running stream named 'requeue'; queue a flowjam Stream node with session_id 'requeue' first",
     )
@@ -385,7 +385,7 @@ def guided_latent(model, conditioning, session_id: str, **values) -> torch.Tenso
     """The newest latent of a stream (depth 1, denoise 1: every generation is the same render) with guidance 4 on the
     Shared curve, once generations that started after the curve have finished; the stream is stopped."""
     stream(model, conditioning, session_id, depth=1, denoise=1.0, **values)
-    app = sessions.get(session_id)
+    app = performances.get(session_id)
     node("FlowjamSharedCurve").run(stream=session_id, knob="guidance", value=4.0)
     finished = app.runner.stats.latents
     wait_for(lambda: app.runner.stats.latents >= finished + 3, 30, f"three more generations of {session_id!r}")
@@ -407,7 +407,7 @@ def test_cfg_mode_and_the_negative_change_what_the_stream_generates(model, promp
 
 def test_a_connected_negative_reaches_the_runner_and_a_disconnected_one_goes_back_to_none(model, prompt_a, prompt_b):
     stream(model, prompt_a, "negative", cfg_mode="full", negative=prompt_b)
-    app = sessions.get("negative")
+    app = performances.get("negative")
     wait_ticks(app, 2)
     assert app.runner._prompts["negative"] is prompt_b, "the connected negative is not the runner's negative"
     assert app.runner.status()["cfg_mode"] == "full", "a new stream starts in the node's cfg_mode"
@@ -418,7 +418,7 @@ def test_a_connected_negative_reaches_the_runner_and_a_disconnected_one_goes_bac
         "the disconnected negative to go back to the null condition",
     )
     assert app.runner.status()["cfg_mode"] == "initialize", "a re-queue sets cfg_mode"
-    assert sessions.get("negative") is app and app.runner.stats.errors == 0
+    assert performances.get("negative") is app and app.runner.stats.errors == 0
     node("FlowjamStreamStop").run(stream="negative")
 
 
@@ -464,11 +464,11 @@ def test_a_changed_prompt_is_heard(model, prompt_a, prompt_b):
     loop_b = loop_audio(model, generate(model, prompt_b, seconds=2.0, seed=42, steps=4)[1])
     assert distance(loop_a[:, :RATE], loop_b) > 1e-4, "the two prompts must render differently"
     stream(model, prompt_a, "heard", **song)
-    app = sessions.get("heard")
+    app = performances.get("heard")
     before = heard(app, loop_a, "prompt A's render")
     stream(model, prompt_b, "heard", **song)
     after = heard(app, loop_b, "prompt B's render after the re-queue")
-    assert sessions.get("heard") is app
+    assert performances.get("heard") is app
     assert distance(before, loop_b) > 1e-4, "before the re-queue prompt B must not be playing"
     assert distance(after, loop_a) > 1e-4, "after the re-queue prompt A must be gone"
 
@@ -493,7 +493,7 @@ def heard(app, loop: np.ndarray, what: str, timeout: float = 30.0) -> np.ndarray
 
 def test_stream_capture_returns_the_requested_length(model, prompt_a):
     stream(model, prompt_a, "capture", song_seconds=4.0)
-    app = sessions.get("capture")
+    app = performances.get("capture")
     early = node("FlowjamStreamCapture").run(stream="capture", seconds=2.0)[0]  # waits for the first audio
     assert early["waveform"].shape[:2] == (1, 2) and 0 < early["waveform"].shape[2] < 2 * RATE, "what has played"
     wait_played(app, 2.3)
@@ -510,7 +510,7 @@ def test_stream_capture_returns_the_requested_length(model, prompt_a):
 
 def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, prompt_a, prompt_b, tmp_path):
     stream(model, prompt_a, "steady", seed=5, denoise=0.6)
-    app = sessions.get("steady")
+    app = performances.get("steady")
     wait_ticks(app, 3)
     knobs, prompts, ticks = app.registry.values(), dict(app.runner._prompts), app.runner.stats.ticks
     (curve,) = node("FlowjamCurveConstant").run(value=1.0, seconds=1.0)
@@ -620,9 +620,9 @@ def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, promp
         with pytest.raises(NodeInputError, match="no running stream named 'stedy'; queue a flowjam Stream node with "):
             node(node_id).run(stream="stedy", **values)
     wait_ticks(app, 3)
-    assert sessions.get("steady") is app and app.runner.alive and app.runner.stats.ticks > ticks
+    assert performances.get("steady") is app and app.runner.alive and app.runner.stats.ticks > ticks
     assert app.registry.values() == knobs, "a rejected input changes no knob"
-    assert sessions.names() == ["steady"] and app.osc is None and app.runner.stats.errors == 0
+    assert performances.names() == ["steady"] and app.osc is None and app.runner.stats.errors == 0
     assert app.runner._prompts == prompts, "a rejected input changes no prompt"
 
 
@@ -632,7 +632,7 @@ def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, promp
 def test_a_connected_curve_steers_the_shared_curve(model, prompt_a):
     """Shared curve used to write the scalar knob too; the runner applied it after the curve in the same tick."""
     stream(model, prompt_a, "curve")
-    app = sessions.get("curve")
+    app = performances.get("curve")
     (curve,) = node("FlowjamCurveRamp").run(start=0.5, end=1.5, seconds=2.0)
     node("FlowjamSharedCurve").run(stream="curve", knob="velocity_scale", value=1.0, curve=curve)
     wait_ticks(app, 5)
@@ -652,14 +652,14 @@ def test_the_first_generation_uses_the_node_values(model, prompt_a, monkeypatch)
 
     monkeypatch.setattr(model, "make_request", spy)
     stream(model, prompt_a, "first", seed=7, steps=2)
-    wait_ticks(sessions.get("first"), 3)
+    wait_ticks(performances.get("first"), 3)
     assert requests[0] == (7, 2)
 
 
 def test_a_rejected_source_leaves_the_prompts_alone(model, prompt_a, prompt_b):
     """Stream used to queue the new prompts before a source of the wrong length was refused."""
     stream(model, prompt_a, "cover", song_seconds=2.0)
-    app = sessions.get("cover")
+    app = performances.get("cover")
     (short,) = node("FlowjamPrepareSource").run(
         model=model, audio={"waveform": 0.1 * torch.randn(1, 2, RATE), "sample_rate": RATE}
     )
@@ -679,7 +679,7 @@ def test_a_busy_osc_port_is_a_node_input_error_and_the_bridge_recovers(model, pr
         with pytest.raises(NodeInputError, match="input 'port'"):
             node("FlowjamOscBridge").run(stream="osc", port=busy.getsockname()[1], feedback="", host="127.0.0.1")
     node("FlowjamOscBridge").run(stream="osc", port=port, feedback="", host="127.0.0.1")
-    assert sessions.get("osc").osc.address == ("127.0.0.1", port)
+    assert performances.get("osc").osc.address == ("127.0.0.1", port)
 
 
 def test_a_requeued_osc_feedback_address_applies(model, prompt_a):
@@ -693,7 +693,7 @@ def test_a_requeued_osc_feedback_address_applies(model, prompt_a):
         node("FlowjamOscBridge").run(
             stream="feedback", port=port, feedback=f"127.0.0.1:{listener.getsockname()[1]}", host="127.0.0.1"
         )
-        sessions.get("feedback").registry.set("volume", 0.5)
+        performances.get("feedback").registry.set("volume", 0.5)
         assert b"/flowjam/feedback/knob/volume" in listener.recvfrom(4096)[0]
 
 
@@ -750,7 +750,7 @@ def test_lm_structure_and_its_consumers_name_bad_inputs(model, prompt_a, tmp_pat
     for call, message in cases:
         with pytest.raises(NodeInputError, match=message):
             call()
-    assert sessions.get("lm-bad") is None, "a rejected structure must not start a stream"
+    assert performances.get("lm-bad") is None, "a rejected structure must not start a stream"
 
 
 def test_generate_follows_an_lm_structure(model, prompt_a):
@@ -765,10 +765,10 @@ def test_generate_follows_an_lm_structure(model, prompt_a):
 def test_a_stream_follows_an_lm_structure_until_it_is_disconnected(model, prompt_a):
     structure, _ = lm_structure(model, seconds=10.0)
     stream(model, prompt_a, "lm", lm_structure=structure)
-    app = sessions.get("lm")
+    app = performances.get("lm")
     wait_ticks(app, 2)
     assert torch.equal(app.runner._hints_context, model.codes_context(structure.codes, app.runner.frames))
     stream(model, prompt_a, "lm")
     wait_for(lambda: app.runner._hints_context is None, 10, "the disconnected structure to be dropped")
-    assert sessions.get("lm") is app and app.runner.stats.errors == 0
+    assert performances.get("lm") is app and app.runner.stats.errors == 0
     node("FlowjamStreamStop").run(stream="lm")

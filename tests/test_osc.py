@@ -13,8 +13,8 @@ import threading
 import time
 
 import pytest
-from flowjam.engine.live.knobs import KnobRegistry
-from flowjam.engine.live.osc import ECHO_HOLD_S, OscBridge, OscConfig
+from flowjam.live.knobs import KnobRegistry
+from flowjam.live.osc import ECHO_HOLD_S, OscBridge, OscConfig
 from pythonosc.osc_bundle_builder import IMMEDIATELY, OscBundleBuilder
 from pythonosc.osc_message import OscMessage
 from pythonosc.osc_message_builder import OscMessageBuilder

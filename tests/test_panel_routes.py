@@ -5,8 +5,8 @@ through the nodes (audio_device "none": a silent real-time clock)."""
 import json
 
 import pytest
-from flowjam.engine.live import sessions
 from flowjam.engine.params import CFG_MODES, KNOB_SPECS, KNOBS_BY_NAME
+from flowjam.live import performances
 from flowjam.nodes.web_routes import set_knob, status_for
 from test_nodes import node, stream, text, wait_for, wait_ticks
 
@@ -23,10 +23,10 @@ def model():
 def panel_stream(model):
     """A running stream "panel", played for a few ticks; stopped after the test."""
     stream(model, text(model, "warm analog pads"), "panel")
-    app = sessions.get("panel")
+    app = performances.get("panel")
     wait_ticks(app, 3)
     yield app
-    sessions.stop_all()
+    performances.stop_all()
 
 
 def ok_status(name: str) -> dict:

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flowjam.engine.audio_io import read_wav
-from flowjam.engine.live.loop_buffer import PLAYED, LoopBuffer
-from flowjam.engine.live.playback import Playback, PlaybackError, find_device, list_devices
+from flowjam.engine.audio.files import read_wav
+from flowjam.live.loop_buffer import PLAYED, LoopBuffer
+from flowjam.live.playback import Playback, PlaybackError, find_device, list_devices
 
 SR = 48_000
 BLOCK = 1024
@@ -399,7 +399,7 @@ def test_process_mode_keeps_playing_while_python_threads_hog_the_gil(jack_server
 
 
 def test_a_recording_is_a_valid_wav_at_every_moment_and_a_cut_take_is_kept_aside(tmp_path):
-    from flowjam.engine.live.recording import WavStream, partial_path, recover_partial
+    from flowjam.live.recording import WavStream, partial_path, recover_partial
 
     target = tmp_path / "take.wav"
     wav = WavStream(partial_path(target), channels=2, sample_rate=SR)

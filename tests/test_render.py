@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from flowjam.engine.audio_io import read_wav, write_wav
+from flowjam.engine.audio.files import read_wav, write_wav
 from flowjam.engine.render import RenderRequest, render
 from flowjam.engine.session import Session
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 import torch
-from flowjam.engine.live.knobs import KnobRegistry
-from flowjam.engine.live.loop_buffer import LoopBuffer
-from flowjam.engine.live.runner import LiveRunner
+from flowjam.live.knobs import KnobRegistry
+from flowjam.live.loop_buffer import LoopBuffer
+from flowjam.live.runner import LiveRunner
 
 SONG_SECONDS = 2.0
 TIMEOUT_S = 20.0
@@ -114,7 +114,7 @@ class PatchLog(LoopBuffer):
 def test_new_audio_starts_at_playhead_plus_lead_not_at_the_next_latent_frame(session):
     """The writer patches from playhead + lead to the sample: rounding up to the next latent frame (40 ms) would
     add up to 40 ms to every knob's way to the ear. What it writes there is the decoded latent at that time."""
-    from flowjam.engine.live.loop_buffer import PLAYED
+    from flowjam.live.loop_buffer import PLAYED
 
     hop = session.models.vae.hop_samples
     buffer = PatchLog(round(SONG_SECONDS * 25) * hop, channels=2, sample_rate=session.sample_rate)

@@ -1,7 +1,7 @@
 """Timestep schedules equal the spec's worked values (turbo shift 3; denoise 0.5 / 0.75; shift 3.5)."""
 
 import pytest
-from flowjam.engine.schedule import timestep_schedule
+from flowjam.engine.sampling.schedule import timestep_schedule
 
 
 def rounded(values, places=4):

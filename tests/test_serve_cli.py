@@ -11,7 +11,7 @@ import time
 import wave
 
 import pytest
-from flowjam.engine.serve.client import Client
+from flowjam.serve.client import Client
 from pythonosc.udp_client import SimpleUDPClient
 
 START_S = 60.0

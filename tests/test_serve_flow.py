@@ -8,10 +8,10 @@ import time
 
 import pytest
 import uvicorn
-from flowjam.engine.serve.client import Client
-from flowjam.engine.serve.gateway import LocalRouter, listening_socket, make_app
-from flowjam.engine.serve.host import BLOCK_FRAMES, HostOptions
-from flowjam.engine.serve.protocol import ACK_WINDOW_FRAMES, SAMPLE_RATE, decode_chunk
+from flowjam.serve.client import Client
+from flowjam.serve.gateway import LocalRouter, listening_socket, make_app
+from flowjam.serve.host import BLOCK_FRAMES, HostOptions
+from flowjam.serve.protocol import ACK_WINDOW_FRAMES, SAMPLE_RATE, decode_chunk
 from stall_probe import stall_and_drain
 from websockets.sync.client import connect
 

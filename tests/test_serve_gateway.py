@@ -16,14 +16,14 @@ import wave
 import numpy as np
 import pytest
 import uvicorn
-from flowjam.engine.live.osc import OscConfig
-from flowjam.engine.serve.bridge import Bridge
-from flowjam.engine.serve.cli import add_commands, run
-from flowjam.engine.serve.client import Client, ServerError
-from flowjam.engine.serve.gateway import LocalRouter, listening_socket, make_app
-from flowjam.engine.serve.host import HostOptions
-from flowjam.engine.serve.listen import JitterBuffer
-from flowjam.engine.serve.protocol import SAMPLE_RATE, AudioChunk
+from flowjam.cli.serve import add_commands, run
+from flowjam.live.osc import OscConfig
+from flowjam.serve.bridge import Bridge
+from flowjam.serve.client import Client, ServerError
+from flowjam.serve.gateway import LocalRouter, listening_socket, make_app
+from flowjam.serve.host import HostOptions
+from flowjam.serve.listen import JitterBuffer
+from flowjam.serve.protocol import SAMPLE_RATE, AudioChunk
 from pythonosc.udp_client import SimpleUDPClient
 
 SUBSCRIBER_CHUNKS = 20  # 1 s of slack for a slow reader, so the slow-client test sees drops soon

@@ -20,9 +20,9 @@ if os.environ.get("FLOWJAM_RAY") != "1":
         "Ray Serve test: set FLOWJAM_RAY=1 with the serve extra installed (.ci/test-serve)", allow_module_level=True
     )
 ray = pytest.importorskip("ray")
-deployment = pytest.importorskip("flowjam.engine.serve.deployment")
-client_module = pytest.importorskip("flowjam.engine.serve.client")
-host_module = pytest.importorskip("flowjam.engine.serve.host")
+deployment = pytest.importorskip("flowjam.serve.deployment")
+client_module = pytest.importorskip("flowjam.serve.client")
+host_module = pytest.importorskip("flowjam.serve.host")
 MAX_LANES = pytest.importorskip("flowjam.engine.stream").MAX_LANES
 
 Client, ServerError = client_module.Client, client_module.ServerError
@@ -248,7 +248,7 @@ def test_a_stalled_client_behind_the_ray_proxy_finds_at_most_the_window_waiting(
     gateway sends no chunk more than the window past the client's last acknowledgement."""
     from stall_probe import stall_and_drain
 
-    window_s = pytest.importorskip("flowjam.engine.serve.protocol").ACK_WINDOW_FRAMES / 48_000
+    window_s = pytest.importorskip("flowjam.serve.protocol").ACK_WINDOW_FRAMES / 48_000
     client = Client(server, timeout_s=WAIT_S)
     name = client.create(PROMPT, seconds=LOOP_S, name="stalled")["session"]
     try:

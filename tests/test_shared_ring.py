@@ -4,7 +4,7 @@ admission control that refuses a session the measured tick cost says could not b
 
 import pytest
 import torch
-from flowjam.engine.benchmarks import random_lora
+from flowjam.engine.bench.ticks import random_lora
 from flowjam.engine.lora import lora_set
 from flowjam.engine.stream import MAX_LANES, RealtimeNeed, StreamPipeline
 

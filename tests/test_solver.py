@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from flowjam.engine.solver import (
+from flowjam.engine.sampling.solver import (
     apg,
     blend_velocities,
     blend_x0_target,

@@ -7,9 +7,9 @@ import copy
 
 import pytest
 import torch
-from flowjam.engine.backends import BACKENDS
 from flowjam.engine.models.dit import CrossGroup
 from flowjam.engine.stream import DCW, StreamPipeline
+from flowjam.engine.stream.backends import BACKENDS
 
 SECONDS = 10.0  # T = 250 frames (125 tokens): large enough for batch-size-invariant CPU GEMMs
 FRAMES = 250
@@ -321,7 +321,7 @@ def test_dcw_changes_the_result_and_stays_finite(session, prompts):
 
 
 def test_compiled_backend_matches_eager(session, prompts):
-    from flowjam.engine.backends import decoder_forward
+    from flowjam.engine.stream.backends import decoder_forward
 
     a, _, null = prompts
     outputs = {}

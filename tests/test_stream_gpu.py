@@ -98,7 +98,7 @@ def test_graph_backend_replays_ticks_close_to_eager_without_host_syncs():
 def test_fp8_error_against_bf16_at_the_turbo_shapes():
     """The figures the README gives beside FP8's speed: one 8-row forward's velocity and a finished 8-step latent,
     turbo-2b shapes (random weights), 30 s."""
-    from flowjam.engine.benchmarks import TickFixture
+    from flowjam.engine.bench.ticks import TickFixture
     from flowjam.engine.models.fp8 import check_fp8_device
 
     try:
@@ -115,9 +115,9 @@ def test_fp8_error_against_bf16_at_the_turbo_shapes():
 @cuda
 def test_window_decoder_replays_the_plain_decode_without_host_syncs():
     """The full-size VAE (random weights, bf16): a replayed window is the plain decode's audio, bit for bit."""
+    from flowjam.engine.audio.window_decode import WindowDecoder
     from flowjam.engine.models.presets import get_preset
     from flowjam.engine.models.vae import OobleckVAE
-    from flowjam.engine.window_decode import WindowDecoder
 
     device = torch.device("cuda")
     vae = OobleckVAE(get_preset("turbo-2b").vae).to(device, torch.bfloat16).eval()
@@ -137,9 +137,9 @@ def test_window_decoder_replays_the_plain_decode_without_host_syncs():
 
 @cuda
 def test_runner_writes_from_its_own_cuda_stream_while_graph_ticks_run():
-    from flowjam.engine.live.knobs import KnobRegistry
-    from flowjam.engine.live.loop_buffer import LoopBuffer
-    from flowjam.engine.live.runner import LiveRunner, RunnerConfig
+    from flowjam.live.knobs import KnobRegistry
+    from flowjam.live.loop_buffer import LoopBuffer
+    from flowjam.live.runner import LiveRunner, RunnerConfig
 
     session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
     buffer = LoopBuffer(10 * 25 * 1920, channels=2, sample_rate=session.sample_rate)
@@ -191,7 +191,7 @@ def test_every_feature_is_captured_and_replayed(shared):
 
 @cuda
 def test_a_plan_whose_capture_fails_runs_uncaptured_and_later_plans_still_capture():
-    from flowjam.engine.tick_graph import TickGraphs
+    from flowjam.engine.stream.tick_graph import TickGraphs
 
     graphs = TickGraphs(torch.device("cuda"))
     out = torch.zeros(4, device="cuda")
@@ -215,7 +215,7 @@ def test_a_plan_whose_capture_fails_runs_uncaptured_and_later_plans_still_captur
 
 @cuda
 def test_pinned_staging_copies_every_value_while_the_gpu_is_busy_and_does_not_wait_for_it():
-    from flowjam.engine.pinned import BUFFERS_PER_SHAPE, PinnedStaging
+    from flowjam.engine.stream.pinned import BUFFERS_PER_SHAPE, PinnedStaging
 
     device = torch.device("cuda")
     staging = PinnedStaging(device)
@@ -237,7 +237,7 @@ def test_pinned_staging_copies_every_value_while_the_gpu_is_busy_and_does_not_wa
 def test_a_lora_strength_reaches_replayed_tick_graphs_without_a_capture_and_attaching_renews_them():
     """Graph backends replay captured ticks: a strength is a tensor the graph reads (no capture, the music
     changes, and back bit for bit); attaching a LoRA changes the layers, so its ticks are new plans."""
-    from flowjam.engine.benchmarks import random_lora
+    from flowjam.engine.bench.ticks import random_lora
     from flowjam.engine.lora import LoraAdapter, LowRank, lora_set
 
     session = Session.load(preset="tiny", device="cuda")
@@ -276,7 +276,7 @@ def test_a_folded_lora_strength_refolds_replayed_tick_graphs_without_a_capture()
     """Folded LoRAs rewrite the weights the captured ticks read: attaching one captures nothing new (the layers
     are the same), a strength change refolds once (one fold-graph replay) and reaches the next tick, and strength
     0 then detaching leaves the stream and the weights as they were, to the bit."""
-    from flowjam.engine.benchmarks import random_lora
+    from flowjam.engine.bench.ticks import random_lora
     from flowjam.engine.lora import LoraAdapter, LowRank, lora_set
 
     session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
@@ -379,7 +379,7 @@ def test_sessions_of_a_graph_ring_hear_a_lora_at_their_own_strengths_as_eager_do
     """Per-session LoRA strengths on replayed ticks: each row's strength is a copy into the graph's static rows and
     each session's conditions get K/V at its strengths, so a graph ring plays what an eager ring plays, and moving
     one session's strength captures nothing new."""
-    from flowjam.engine.benchmarks import random_lora
+    from flowjam.engine.bench.ticks import random_lora
     from flowjam.engine.lora import LoraAdapter, LowRank, lora_set
 
     session = Session.load(preset="tiny", device="cuda")

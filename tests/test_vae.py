@@ -102,7 +102,7 @@ def test_tiny_shapes_and_sampling():
 def test_seeded_tiny_vae_plays_a_centred_texture_not_a_dc_offset():
     """The tiny preset's decoder is centred when it is built: what a newcomer hears first is zero-mean and peaks
     around half scale (untrained, it sat pinned near -1.0 / +0.5 full scale)."""
-    from flowjam.engine.checkpoints import build_random
+    from flowjam.engine.checkpoints.loading import build_random
 
     vae = build_random("tiny").vae
     latents = torch.randn(1, 64, 100, generator=torch.Generator().manual_seed(7))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from flowjam.engine.window_decode import plan_window
+from flowjam.engine.audio.window_decode import plan_window
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flowjam.engine.audio_io import read_wav, write_wav
-from flowjam.engine.live import sessions
+from flowjam.engine.audio.files import read_wav, write_wav
+from flowjam.live import performances
 from flowjam.nodes.spec import NodeInputError
 from pythonosc.osc_message import OscMessage
 from pythonosc.udp_client import SimpleUDPClient
@@ -70,7 +70,7 @@ def runner(comfy_dirs):
 @pytest.fixture(autouse=True)
 def stop_streams():
     yield
-    sessions.stop_all()
+    performances.stop_all()
 
 
 def workflow(name: str) -> dict:
@@ -548,11 +548,11 @@ def disconnected(wf: dict, link_type: str) -> dict:
 def run_live(wf: dict, runner: WorkflowRunner, session: str, played_s: float):
     """Queue once (starts the stream), wait until it has played `played_s`, queue again (updates it in place)."""
     first = runner.execute(wf)
-    app = sessions.get(session)
+    app = performances.get(session)
     assert app is not None and app.runner.alive
     wait_for(lambda: app.buffer.playhead_frames >= played_s * RATE, 30, f"{played_s} s of '{session}' to play")
     second = runner.execute(wf)
-    assert sessions.get(session) is app and app.runner.alive, (
+    assert performances.get(session) is app and app.runner.alive, (
         "a re-queue must update the running stream, not replace it"
     )
     ticks = app.runner.stats.ticks
@@ -616,9 +616,11 @@ def test_an_armed_stop_runs_after_the_osc_bridge_and_the_capture(runner):
     run = runner.execute(wf)
     assert run.order[-1] == stop["id"] and run.order.index(osc["id"]) < run.order.index(capture["id"])
     assert run.outputs[osc["id"]] == ("blend",) and run.outputs[capture["id"]][1] == "blend"
-    assert run.outputs[stop["id"]] == ("stopped blend",) and sessions.get("blend") is None
+    assert run.outputs[stop["id"]] == ("stopped blend",) and performances.get("blend") is None
     bypassed = runner.execute(shipped)
-    assert stop["id"] not in bypassed.order and sessions.get("blend").runner.alive, "bypassed, the stop does nothing"
+    assert stop["id"] not in bypassed.order and performances.get("blend").runner.alive, (
+        "bypassed, the stop does nothing"
+    )
 
 
 def test_an_old_graph_with_a_full_size_preset_loads_and_names_the_fix(runner):

@@ -196,7 +196,7 @@ def comfy_standins(input_dir: Path | None, output_dir: Path | None, temp_dir: Pa
             return {"required": {"audio": (files, {"audio_upload": True})}}
 
         def load(self, audio: str):
-            from flowjam.engine.audio_io import read_wav
+            from flowjam.engine.audio.files import read_wav
 
             waveform, rate = read_wav(Path(input_dir) / audio)
             return ({"waveform": waveform.unsqueeze(0), "sample_rate": int(rate)},)
@@ -216,7 +216,7 @@ def comfy_standins(input_dir: Path | None, output_dir: Path | None, temp_dir: Pa
             return self.save(audio, filename_prefix)
 
         def save(self, audio, filename_prefix: str):
-            from flowjam.engine.audio_io import write_wav
+            from flowjam.engine.audio.files import write_wav
 
             _check_audio(type(self).__name__, audio)
             if self.folder is None:

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..checkpoints import COMFY_AIO_FILE, CheckpointError, load_strict, read_sharded, safetensors_header
-from ..key_maps import infer_qwen3_config, strip_prefix
+from ..checkpoints.key_maps import infer_qwen3_config, strip_prefix
+from ..checkpoints.loading import COMFY_AIO_FILE, CheckpointError, load_strict, read_sharded, safetensors_header
 from ..models.lm import LM_PRESETS, LM_VOCAB, Qwen3LM
 from ..models.presets import Qwen3Config
 

@@ -1,0 +1,225 @@
+"""Live benchmarks: knob-to-tick / knob-to-ear latency and a soak run (knob storm + prompt swaps)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..engine.session import Session
+from .app import LiveApp, LiveConfig
+from .knobs import KnobRegistry
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def _wait(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    knob: str
+    kind: str
+    trials: int
+    tick_ms_median: float
+    tick_ms_p95: float
+    written_ms_median: float  # knob -> its first audio patched into the loop
+    ear_ms_median: float
+    ear_ms_p95: float
+    first_touch_ear_ms: float  # the knob's first move off its default, before the trials (see measure_latency)
+
+
+def summarize_latency(knob: str, kind: str, records, first_touch) -> LatencySummary:
+    ticks = sorted(r.knob_to_tick_ms for r in records)
+    ears = sorted(r.knob_to_ear_ms for r in records)
+    written = statistics.median(r.knob_to_written_ms for r in records)
+
+    def p95(values):
+        return values[min(len(values) - 1, int(0.95 * len(values)))]
+
+    return LatencySummary(
+        knob,
+        kind,
+        len(records),
+        statistics.median(ticks),
+        p95(ticks),
+        written,
+        statistics.median(ears),
+        p95(ears),
+        first_touch.knob_to_ear_ms,
+    )
+
+
+def _registry(depth: int, cfg_mode: str) -> KnobRegistry:
+    registry = KnobRegistry()
+    registry.set("depth", depth, origin="bench")
+    registry.set("cfg_mode", cfg_mode, origin="bench")
+    return registry
+
+
+def measure_latency(
+    session: Session,
+    trials: int = 12,
+    song_seconds: float = 10.0,
+    depth: int = 4,
+    playback_mode: str = "null-process",
+    cfg_mode: str = "off",
+) -> tuple[list[LatencySummary], dict]:
+    """Turn a shared-curve knob (velocity_scale) and a per-request knob (denoise) `trials` times each; follow every
+    change to the first tick that used it and to the moment the playhead reaches audio made with it. Returns the
+    summaries and the runner's status at the end (tick, decode, interval between writes, lead).
+
+    Each knob is moved once off its default before its trials and that first touch is reported on its own: a
+    shared knob off its default makes a new tick plan (run plain once, captured the next time), a one-off cost of
+    a knob's first move that the steady trials would otherwise average in."""
+    registry = _registry(depth, cfg_mode)
+    app = LiveApp(
+        session,
+        LiveConfig(prompt="latency probe", song_seconds=song_seconds, playback_mode=playback_mode, osc_port=None),
+        registry,
+    )
+    app.start()
+    try:
+        # trials start once the loop is filled and written ahead of (the first latent's whole-loop decode is done)
+        if not _wait(lambda: app.runner.stats.writes > 1, 120):
+            raise RuntimeError("the stream produced nothing within 120 s")
+
+        def follow(knob: str, value: float):
+            change = registry.set(knob, value, origin="bench")
+            if not _wait(lambda: any(r.change.seq == change.seq for r in app.runner.stats.latencies), 60):
+                raise RuntimeError(f"a {knob} change never reached the ear")
+            time.sleep(0.05)
+            return next(r for r in app.runner.stats.latencies if r.change.seq == change.seq)
+
+        summaries = []
+        for knob, values in (("velocity_scale", (1.3, 0.7)), ("denoise", (0.5, 0.8))):
+            records = [follow(knob, values[trial % 2]) for trial in range(-1, trials)]
+            summaries.append(summarize_latency(knob, registry.specs[knob].kind.value, records[1:], records[0]))
+        return summaries, app.runner.status()
+    finally:
+        app.stop()
+
+
+@dataclass(frozen=True)
+class SoakReport:
+    minutes: float
+    ticks: int
+    knob_sets: int
+    prompt_swaps: int
+    rss_start_mb: float
+    rss_end_mb: float
+    underruns: int  # while soaking
+    start_underruns: int  # while starting (first compiles and captures), before the storm
+    tick_ms_first: float
+    tick_ms_last: float
+    errors: int
+    gpu_mb: tuple[float, float, float] | None  # allocated at the start and the end, peak (None off a GPU)
+    status: dict
+
+
+def soak(
+    session: Session,
+    minutes: float,
+    song_seconds: float = 10.0,
+    depth: int = 4,
+    playback_mode: str = "null-process",
+    seed: int = 0,
+    cfg_mode: str = "off",
+    report: Callable[[str], None] | None = None,
+) -> SoakReport:
+    """Play for `minutes` under a knob storm (~200 sets/s over every knob but steps, depth and cfg_mode) with a
+    prompt swap every 5 s; `report` gets a progress line every 30 s."""
+    rng = random.Random(seed)
+    registry = _registry(depth, cfg_mode)
+    app = LiveApp(
+        session,
+        LiveConfig(
+            prompt="soak a", prompt_b="soak b", song_seconds=song_seconds, playback_mode=playback_mode, osc_port=None
+        ),
+        registry,
+    )
+    stop = threading.Event()
+    counts = {"knobs": 0, "prompts": 0}
+    names = [name for name in registry.specs if name not in ("steps", "depth", "cfg_mode")]
+
+    def storm() -> None:
+        last_prompt = time.monotonic()
+        while not stop.is_set():
+            name = rng.choice(names)
+            registry.set_normalized(name, rng.random(), origin="soak")
+            counts["knobs"] += 1
+            if time.monotonic() - last_prompt > 5:
+                app.runner.set_prompt(rng.choice("ab"), f"soak prompt {counts['prompts']}")
+                counts["prompts"] += 1
+                last_prompt = time.monotonic()
+            time.sleep(0.005)
+
+    app.start()
+    worker = threading.Thread(target=storm, daemon=True)
+    tick_samples: list[tuple[float, float]] = []
+    try:
+        _wait(lambda: app.runner.stats.writes > 1, 120)
+        rss_start = _rss_mb()
+        cuda = session.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(session.device)
+            gpu_start = torch.cuda.memory_allocated(session.device) / 2**20
+        underruns_at_start = app.playback.stats().get("underruns", 0)
+        started = time.monotonic()
+        worker.start()
+        while time.monotonic() - started < minutes * 60:
+            time.sleep(0.5)
+            tick_samples.append((time.monotonic() - started, app.runner.stats.tick_ms))
+            if report is not None and len(tick_samples) % 60 == 0:
+                stats = app.runner.stats
+                report(
+                    f"{tick_samples[-1][0]:.0f} s: {stats.ticks} ticks, {stats.errors} runner errors, "
+                    f"{app.playback.stats().get('underruns', 0) - underruns_at_start} underruns, "
+                    f"tick {stats.tick_ms:.1f} ms"
+                )
+        rss_end = _rss_mb()
+        gpu_mb = None
+        if cuda:
+            allocated = torch.cuda.memory_allocated(session.device) / 2**20
+            gpu_mb = (gpu_start, allocated, torch.cuda.max_memory_allocated(session.device) / 2**20)
+        status = app.runner.status()
+    finally:
+        stop.set()
+        worker.join(timeout=5)
+        underruns = app.playback.stats().get("underruns", 0)
+        app.stop()
+    span = minutes * 60
+    first = [ms for t, ms in tick_samples if t <= max(10.0, span * 0.2)]
+    last = [ms for t, ms in tick_samples if t >= span - max(10.0, span * 0.2)]
+    return SoakReport(
+        minutes=minutes,
+        ticks=app.runner.stats.ticks,
+        knob_sets=counts["knobs"],
+        prompt_swaps=counts["prompts"],
+        rss_start_mb=rss_start,
+        rss_end_mb=rss_end,
+        underruns=int(underruns or 0) - int(underruns_at_start or 0),
+        start_underruns=int(underruns_at_start or 0),
+        tick_ms_first=statistics.median(first) if first else float("nan"),
+        tick_ms_last=statistics.median(last) if last else float("nan"),
+        errors=app.runner.stats.errors,
+        gpu_mb=gpu_mb,
+        status=status,
+    )

@@ -1,0 +1,545 @@
+"""Playback: plays a LoopBuffer on an audio device through a sounddevice callback, and keeps the clock.
+
+Four modes:
+- "process" (default): a spawned process attaches to the shared buffer and runs the output stream there, so the
+  engine's Python threads (GIL load) cannot starve the callback. The engine's entry script needs the usual
+  `if __name__ == "__main__":` guard, and `flowjam` must be importable by name in the child (spawn re-imports).
+- "thread": the callback runs in this process (simpler; fine when the process is otherwise idle).
+- "null": no audio device; a clock thread 'plays' one block every blocksize / sample_rate seconds into nowhere.
+- "null-process": the same clock in a spawned process, as "process" runs a device: the engine's compiles and
+  captures (which hold the GIL) cannot make it late, so its underruns are the ones a sound card would have had.
+
+The callback never allocates audio memory, never locks and never waits: it copies the block at the playhead,
+applies the gain, optionally copies the block into a preallocated recording ring, and advances the counter.
+sounddevice is imported inside functions only: importing it initialises PortAudio, which must happen after a JACK
+server is up (and never in processes that make no sound).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import numpy as np
+
+from ..engine.outputs import check_output_path
+from .loop_buffer import (
+    APPLIED_GAIN,
+    APPLIED_TRANSPORT,
+    CALLBACKS,
+    FADE_STARTED,
+    GAIN,
+    LATENCY_S,
+    PLAYED,
+    RECORDED,
+    RUNNING,
+    STOP,
+    TRANSPORT,
+    TRANSPORT_FADE_FRAMES,
+    UNDERRUNS,
+    LoopBuffer,
+)
+from .recording import RING_SECONDS, RecordingDrain
+
+MODES = ("process", "thread", "null", "null-process")
+SPAWNED = ("process", "null-process")  # the modes whose output runs in its own process
+NULL_DEVICE_NAME = "null (no audio device)"
+LIST_HINT = "run with --list-devices to see the outputs, or --no-audio to run without sound"
+log = logging.getLogger("flowjam.playback")
+_START_TIMEOUT_S = 30.0
+
+
+class PlaybackError(RuntimeError):
+    """The audio output could not be opened or started."""
+
+
+def list_devices() -> str:
+    """A table of PortAudio's devices that can play (index, name, host API, output channels, default rate)."""
+    import sounddevice as sd
+
+    apis = sd.query_hostapis()
+    default_output = sd.default.device[1]
+    rows = [f"{'':2}{'index':>5}  {'name':32}  {'host API':28}  {'out ch':>6}  {'rate':>6}"]
+    for index, device in enumerate(sd.query_devices()):
+        if device["max_output_channels"] > 0:
+            mark = "*" if index == default_output else ""
+            rows.append(
+                f"{mark:2}{index:>5}  {device['name'][:32]:32}  {apis[device['hostapi']]['name'][:28]:28}  "
+                f"{device['max_output_channels']:>6}  {device['default_samplerate']:>6.0f}"
+            )
+    if len(rows) == 1:
+        names = ", ".join(api["name"] for api in apis) or "none"
+        return (
+            f"no audio outputs (PortAudio host APIs: {names}). Start a JACK server before flowjam "
+            "(e.g. `jackd -d dummy -r 48000`) or run with --no-audio."
+        )
+    return "\n".join(rows + ["* = default output"])
+
+
+def find_device(spec: str | int | None) -> int | None:
+    """An output device index from an index or a case-insensitive substring of its name (or of its host API's
+    name, e.g. "jack"); JACK devices win when several match. None -> None (PortAudio's default output), or the
+    first output when PortAudio has no default. Raises ValueError naming the available outputs."""
+    import sounddevice as sd
+
+    devices, apis = sd.query_devices(), sd.query_hostapis()
+    outputs = [index for index, device in enumerate(devices) if device["max_output_channels"] > 0]
+
+    def api_name(index: int) -> str:
+        return apis[devices[index]["hostapi"]]["name"]
+
+    def failure(reason: str) -> ValueError:
+        available = "; ".join(f"{i}: {devices[i]['name']} ({api_name(i)})" for i in outputs) or "none"
+        return ValueError(f"{reason}. Available outputs: {available}. {LIST_HINT}")
+
+    if not outputs:
+        raise failure("no audio output device found (is a JACK server running?)")
+    if spec is None or (isinstance(spec, str) and not spec.strip()):
+        return None if sd.default.device[1] in outputs else _prefer_jack(outputs, devices, apis)
+    if isinstance(spec, int) or spec.strip().isdigit():
+        index = int(spec)
+        if index not in outputs:
+            raise failure(f"device {index} is not an audio output")
+        return index
+    needle = spec.strip().lower()
+    matches = [i for i in outputs if needle in devices[i]["name"].lower()]
+    matches = matches or [i for i in outputs if needle in api_name(i).lower()]
+    if not matches:
+        raise failure(f"no audio output matches {spec!r}")
+    return _prefer_jack(matches, devices, apis)
+
+
+def _prefer_jack(candidates: list[int], devices, apis) -> int:
+    """The first JACK device among candidates (its host API's default output first), else the first one."""
+    jack = [i for i in candidates if apis[devices[i]["hostapi"]]["name"].startswith("JACK")]
+    pool = jack or candidates
+    defaults = [i for i in pool if apis[devices[i]["hostapi"]]["default_output_device"] == i]
+    return (defaults or pool)[0]
+
+
+class BlockRenderer:
+    """The body of the audio callback, shared by every mode. All arrays are allocated here, none per block."""
+
+    def __init__(self, buffer: LoopBuffer, blocksize: int, record: np.ndarray | None):
+        self.buffer, self.counters, self.reals, self.record = buffer, buffer.counters, buffer.reals, record
+        self.heard = False  # a block with sound has played: from then on an all-zero block is a gap
+        self.unit_ramp = ((np.arange(blocksize, dtype=np.float32) + 1) / blocksize)[:, None]
+        self.gain_curve = np.empty_like(self.unit_ramp)
+        self.fade_steps = (np.arange(blocksize, dtype=np.float32) + 1)[:, None] / TRANSPORT_FADE_FRAMES
+        self.fade_curve = np.empty_like(self.fade_steps)
+
+    def callback(self, outdata: np.ndarray, frames: int, time_info, status) -> None:
+        if status.output_underflow:
+            self.counters[UNDERRUNS] += 1
+        self.render(outdata, frames)
+
+    def count_gap(self, out: np.ndarray) -> None:
+        """An exact-zero block while playing at a non-zero volume is a hole in the loop (the engine fell behind
+        the playhead): counted as an underrun, like a late device callback."""
+        if out.any():
+            self.heard = True
+        elif (
+            self.heard
+            and self.reals[TRANSPORT] == 1.0
+            and self.reals[APPLIED_TRANSPORT] == 1.0
+            and self.reals[GAIN] > 0
+        ):
+            self.counters[UNDERRUNS] += 1
+
+    def apply_transport(self, out: np.ndarray, frames: int, played: int) -> None:
+        """Fade toward the transport state at 1/TRANSPORT_FADE_FRAMES per frame; stopped means exact zeros."""
+        reals = self.reals
+        target, applied = float(reals[TRANSPORT]), float(reals[APPLIED_TRANSPORT])
+        if target != applied and frames == self.fade_steps.shape[0]:
+            if applied in (0.0, 1.0):
+                self.counters[FADE_STARTED] = played
+            curve = self.fade_curve
+            np.multiply(self.fade_steps, 1.0 if target > applied else -1.0, out=curve)
+            curve += applied
+            np.clip(curve, 0.0, 1.0, out=curve)
+            out *= curve
+            reals[APPLIED_TRANSPORT] = float(curve[-1, 0])
+            return
+        if target != applied:  # an odd-sized block: no ramp to fit, jump
+            self.counters[FADE_STARTED] = played
+            reals[APPLIED_TRANSPORT] = applied = target
+        if applied == 0.0:
+            out.fill(0.0)
+        elif applied != 1.0:
+            out *= applied
+
+    def render(self, out: np.ndarray, frames: int) -> None:
+        counters, reals = self.counters, self.reals
+        played = int(counters[PLAYED])
+        self.buffer.read_into(out, played)
+        target, applied = float(reals[GAIN]), float(reals[APPLIED_GAIN])
+        if target != applied and frames == self.unit_ramp.shape[0]:  # ramp over the block: no zipper clicks
+            np.multiply(self.unit_ramp, target - applied, out=self.gain_curve)
+            self.gain_curve += applied
+            out *= self.gain_curve
+        elif target != 1.0:
+            out *= target
+        reals[APPLIED_GAIN] = target
+        self.apply_transport(out, frames, played)
+        self.count_gap(out)
+        if self.record is not None:
+            size, written = self.record.shape[0], int(counters[RECORDED])
+            start = written % size
+            first = min(frames, size - start)
+            self.record[start : start + first] = out[:first]
+            self.record[: frames - first] = out[first:]
+            counters[RECORDED] = written + frames
+        counters[PLAYED] = played + frames
+        counters[CALLBACKS] += 1
+
+
+def _open_stream(renderer: BlockRenderer, device, blocksize: int):
+    """Open and start an OutputStream at the buffer's rate (JACK does not resample) -> (stream, device name)."""
+    import sounddevice as sd
+
+    buffer = renderer.buffer
+    try:
+        index = find_device(device)
+        stream = sd.OutputStream(
+            samplerate=buffer.sample_rate,
+            blocksize=blocksize,
+            device=index,
+            channels=buffer.channels,
+            dtype="float32",
+            latency="low",
+            callback=renderer.callback,
+        )
+    except (ValueError, sd.PortAudioError) as error:
+        raise PlaybackError(
+            f"cannot open audio output {device!r}: {error}" + ("" if LIST_HINT in str(error) else f". {LIST_HINT}")
+        ) from error
+    try:
+        stream.start()
+    except sd.PortAudioError as error:
+        stream.close(ignore_errors=True)
+        raise PlaybackError(f"cannot start audio output {device!r}: {error}. {LIST_HINT}") from error
+    info = sd.query_devices(stream.device)
+    name = f"{info['name']} ({sd.query_hostapis(info['hostapi'])['name']})"
+    buffer.reals[LATENCY_S] = float(stream.latency)
+    buffer.counters[RUNNING] = 1
+    return stream, name
+
+
+def run_null_clock(renderer: BlockRenderer, blocksize: int, stopped: Callable[[float], bool]) -> None:
+    """'Play' a block per period of real time until `stopped(seconds)` (a wait) says so; a wake-up later than one
+    block counts an underrun and, like a real device, the lost time is not made up."""
+    buffer = renderer.buffer
+    out = np.zeros((blocksize, buffer.channels), np.float32)
+    period_s = blocksize / buffer.sample_rate
+    deadline = time.monotonic()
+    while True:
+        renderer.render(out, blocksize)
+        deadline += period_s
+        if time.monotonic() - deadline > period_s:
+            buffer.counters[UNDERRUNS] += 1
+            deadline = time.monotonic()
+        if stopped(max(0.0, deadline - time.monotonic())):
+            return
+
+
+def _null_process_main(buffer: LoopBuffer, renderer: BlockRenderer, blocksize: int, conn) -> None:
+    """The null clock as the output process runs it: until STOP or the parent's death."""
+    parent = multiprocessing.parent_process()
+    buffer.counters[RUNNING] = 1
+    conn.send(("started", NULL_DEVICE_NAME))
+
+    def stopped(wait_s: float) -> bool:
+        time.sleep(wait_s)
+        return bool(buffer.counters[STOP]) or not parent.is_alive()
+
+    run_null_clock(renderer, blocksize, stopped)
+
+
+def _output_process_main(
+    buffer_name: str, device, blocksize: int, record_name: str | None, record_frames: int, conn, null: bool = False
+) -> None:
+    """Entry of the output process: play until Playback sets STOP, the parent dies, or the stream dies (`null`: the
+    null clock instead of a device). Ctrl-C reaches the whole process group: the parent decides when this process
+    stops, so it ignores SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    buffer = LoopBuffer.attach(buffer_name)
+    record_shm = shared_memory.SharedMemory(name=record_name) if record_name else None
+    record = np.ndarray((record_frames, buffer.channels), np.float32, record_shm.buf) if record_shm else None
+    stream, stream_died = None, False
+    try:
+        if null:
+            _null_process_main(buffer, BlockRenderer(buffer, blocksize, record), blocksize, conn)
+            return
+        try:
+            stream, device_name = _open_stream(BlockRenderer(buffer, blocksize, record), device, blocksize)
+        except PlaybackError as error:
+            conn.send(("error", str(error)))
+            return
+        conn.send(("started", device_name))
+        parent = multiprocessing.parent_process()
+        while not buffer.counters[STOP] and stream.active and parent.is_alive():
+            time.sleep(0.02)
+        stream_died = not buffer.counters[STOP] and not stream.active
+        if stream_died:
+            conn.send(("error", "the audio stream stopped on its own (device gone or JACK server stopped)"))
+    finally:  # the shared memory mappings go with the process
+        buffer.counters[RUNNING] = 0
+        conn.close()
+        if stream_died:  # without its server, PortAudio hangs in close and aborts in Pa_Terminate: skip both
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        if stream is not None:
+            stream.close(ignore_errors=True)
+
+
+class Playback:
+    """Plays `buffer` on `device` (index, name substring, or None for the default) until stop().
+
+    record_path: exactly the frames that were played, streamed to a 16-bit WAV at the buffer's rate while they play
+    (see recording.py: valid after a kill up to the last quarter second, renamed into place by stop())."""
+
+    def __init__(
+        self,
+        buffer: LoopBuffer,
+        device: str | int | None = None,
+        blocksize: int = 1024,
+        mode: str = "process",
+        record_path: str | None = None,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if blocksize <= 0:
+            raise ValueError(f"blocksize must be positive, got {blocksize}")
+        self.buffer, self.device, self.blocksize, self.mode, self.record_path = (
+            buffer,
+            device,
+            blocksize,
+            mode,
+            record_path,
+        )
+        self.record_frames = max(blocksize, int(RING_SECONDS * buffer.sample_rate)) if record_path else 0
+        if record_path:
+            check_output_path(Path(record_path), "--record")
+        self.recording: RecordingDrain | None = None
+        self.device_name: str | None = None
+        self.error: str | None = None
+        self._record_shm: shared_memory.SharedMemory | None = None
+        self._record: np.ndarray | None = None
+        self._process = self._conn = self._stream = self._clock = None
+        self._clock_stop = threading.Event()
+        self._started = self._stopped = False
+
+    # --- start / stop ------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._started:
+            raise RuntimeError("this Playback was already started; make a new one")
+        self._started = True
+        if self.mode in SPAWNED and not _importable_by_name():
+            log.warning(
+                "this package was loaded from a file path (as ComfyUI does): the audio callback runs in a thread"
+            )
+            self.mode = "thread" if self.mode == "process" else "null"
+        counters = self.buffer.counters
+        counters[[STOP, RECORDED, UNDERRUNS, CALLBACKS, RUNNING]] = 0
+        self.buffer.reals[LATENCY_S] = 0.0
+        self.buffer.reals[APPLIED_GAIN] = self.buffer.reals[GAIN]  # no fade-in from a stale volume
+        self.buffer.reals[APPLIED_TRANSPORT] = self.buffer.reals[TRANSPORT]
+        try:
+            if self.record_path:
+                self._allocate_recording()
+            if self.mode in SPAWNED:
+                self._start_process()
+            elif self.mode == "thread":
+                self._stream, self.device_name = _open_stream(
+                    BlockRenderer(self.buffer, self.blocksize, self._record), self.device, self.blocksize
+                )
+            else:
+                self.device_name = NULL_DEVICE_NAME
+                self._clock = threading.Thread(target=self._clock_main, name="flowjam-null-clock", daemon=True)
+                counters[RUNNING] = 1
+                self._clock.start()
+            if self._record is not None:  # the file is opened once the output runs: a failed start leaves none
+                self.recording = RecordingDrain(
+                    Path(self.record_path), self._record, self.buffer.counters, RECORDED, self.buffer.sample_rate
+                )
+                self.recording.start()
+        except BaseException:
+            self._stopped = True
+            self._release_recording()
+            raise
+
+    def _allocate_recording(self) -> None:
+        shape = (self.record_frames, self.buffer.channels)
+        if self.mode in SPAWNED:  # pages are only committed as they are written, but they must fit /dev/shm
+            needed = 4 * shape[0] * shape[1]
+            try:
+                free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+            except OSError:  # no /dev/shm (not Linux): nothing to check
+                free = needed
+            if free < needed:
+                raise PlaybackError(
+                    f"recording {shape[0] / self.buffer.sample_rate:.0f} s needs {needed >> 20} MiB of shared "
+                    f"memory but /dev/shm has {free >> 20} MiB free; free some shared memory"
+                )
+            self._record_shm = shared_memory.SharedMemory(create=True, size=4 * shape[0] * shape[1])
+            self._record = np.ndarray(shape, np.float32, self._record_shm.buf)
+        else:
+            self._record = np.zeros(shape, np.float32)
+
+    def _start_process(self) -> None:
+        _make_package_importable()
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe(duplex=False)
+        record_name = self._record_shm.name if self._record_shm else None
+        self._process = context.Process(
+            target=_output_process_main,
+            name="flowjam-audio-output",
+            daemon=True,
+            args=(self.buffer.name, self.device, self.blocksize, record_name, self.record_frames, child_conn),
+            kwargs={"null": self.mode == "null-process"},
+        )
+        self._process.start()
+        child_conn.close()
+        if not self._conn.poll(_START_TIMEOUT_S):
+            self._end_process()
+            raise PlaybackError(f"the audio output process did not start within {_START_TIMEOUT_S:.0f} s")
+        try:
+            kind, text = self._conn.recv()
+        except EOFError:
+            self._end_process()
+            raise PlaybackError(
+                f"the audio output process died while starting (exit code {self._process.exitcode}). {LIST_HINT}"
+            ) from None
+        if kind == "error":
+            self._end_process()
+            raise PlaybackError(text)
+        self.device_name = text
+
+    def stop(self) -> None:
+        """Stop playing (idempotent), then write the recording if one was asked for."""
+        if not self._started or self._stopped:
+            return
+        self._stopped = True
+        self.buffer.counters[STOP] = 1
+        if self._process is not None:
+            self._end_process()
+        elif self._stream is not None:
+            if self._stream.active:  # a stream that died with its JACK server would hang in close: leave it be
+                self._stream.close(ignore_errors=True)
+        else:
+            self._clock_stop.set()
+            self._clock.join()
+        self.buffer.counters[RUNNING] = 0
+        try:
+            if self.recording is not None:
+                self.recording.finish()
+        finally:
+            self._release_recording()
+
+    def _end_process(self) -> None:
+        self._process.join(timeout=5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout=5)
+        self._poll_messages()
+        self._conn.close()
+
+    def _release_recording(self) -> None:
+        """Free the ring; a take that never finished (a failed start) keeps its `.partial` file."""
+        if self.recording is not None:
+            self.recording.close_unfinished()
+        self._record = None
+        if self._record_shm is not None:
+            self._record_shm.close()
+            self._record_shm.unlink()
+            self._record_shm = None
+
+    def _clock_main(self) -> None:
+        """Null mode: the null clock on a thread of this process."""
+        run_null_clock(BlockRenderer(self.buffer, self.blocksize, self._record), self.blocksize, self._clock_stop.wait)
+
+    # --- state -------------------------------------------------------------------------------------------------
+
+    def _poll_messages(self) -> None:
+        try:
+            while self._conn is not None and not self._conn.closed and self._conn.poll():
+                kind, text = self._conn.recv()
+                if kind == "error":
+                    self.error = text
+        except (EOFError, OSError):
+            pass
+        process = self._process
+        if process is not None and not process.is_alive() and not self.buffer.counters[STOP] and self.error is None:
+            self.error = f"the audio output process ended unexpectedly (exit code {process.exitcode})"
+
+    @property
+    def running(self) -> bool:
+        if not self._started or self._stopped:
+            return False
+        if self._process is not None:
+            self._poll_messages()
+            alive = self._process.is_alive()
+            if not alive:
+                self.buffer.counters[RUNNING] = 0
+            return alive and bool(self.buffer.counters[RUNNING])
+        if self._stream is not None:
+            active = self._stream.active
+            if not active and self.error is None:
+                self.error = "the audio stream stopped on its own (device gone or JACK server stopped)"
+            return active
+        return self._clock.is_alive()
+
+    @property
+    def playhead_frames(self) -> int:
+        return self.buffer.playhead_frames
+
+    @property
+    def underruns(self) -> int:
+        return self.buffer.underruns
+
+    def stats(self) -> dict:
+        running = self.running
+        rate = self.buffer.sample_rate
+        return {
+            "mode": self.mode,
+            "device": self.device_name,
+            "running": running,
+            "playhead_frames": self.playhead_frames,
+            "playhead_s": self.playhead_frames / rate,
+            "underruns": self.underruns,
+            "callbacks": self.buffer.callbacks,
+            "latency_s": float(self.buffer.reals[LATENCY_S]),
+            "recorded_s": int(self.buffer.counters[RECORDED]) / rate if self.record_path else 0.0,
+            "error": self.error,
+        }
+
+    def __enter__(self) -> Playback:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _importable_by_name() -> bool:
+    """Whether a spawned process can import this module by its name (not so when a host named it by file path)."""
+    return all(part.isidentifier() for part in __name__.split("."))
+
+
+def _make_package_importable() -> None:
+    """The spawned output process imports this module by its package name, with the parent's sys.path. Hosts that
+    load the package from a file path (ComfyUI's custom_nodes) do not put its folder's parent on sys.path: add it."""
+    package = __name__.split(".")[0]
+    root = str(Path(sys.modules[package].__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.append(root)

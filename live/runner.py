@@ -1,0 +1,547 @@
+"""The runner thread: owns the stream, turns knob values into shared curves and requests, and ticks; each finished
+latent goes to the writer (`writer.py`), which decodes it just ahead of the playhead on a thread (and CUDA stream) of
+its own while the next tick runs.
+
+Knob changes are applied at the top of every tick, so a shared knob is in the very next tick. On a GPU each tick
+is waited for before the next one is prepared: the host never queues ticks ahead of the device, where a knob
+change would wait behind them. Prompt changes, source swaps and depth changes come in as messages and are applied
+between ticks; audio keeps playing from the buffer meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..engine.conditioning import Conditioning
+from ..engine.params import KNOBS_BY_NAME, LATENT_RATE_HZ, LORA_KNOB_PREFIX, KnobKind
+from ..engine.session import Session, Source
+from ..engine.stream import Finished
+from .knobs import KnobRegistry
+from .latency import RunnerStats
+from .loop_buffer import LoopBuffer
+from .shared_ticker import SharedTicker
+from .writer import EMA_WEIGHT, AheadWriter
+
+log = logging.getLogger("flowjam.runner")
+
+PROMPT_SLOTS = ("a", "b", "negative")  # prompt A, prompt B, and the negative prompt that CFG guides away from
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    backend: str | None = None  # None: the session's own backend
+    window_s: float = 0.4  # audio kept per write
+    stop_timeout_s: float = 10.0  # how long stop() waits for a tick in progress (a heavy one may take longer)
+    min_lead_s: float = 0.03  # the writer's margin alone; the measured write time and its jitter come on top
+    max_lead_s: float = 2.0
+
+
+# ---- messages: what other threads ask of the runner; applied between ticks, in order ---------------------------
+
+
+@dataclass(frozen=True)
+class PromptConditioning:
+    """An already encoded condition for a prompt slot (None for the negative: back to the null condition)."""
+
+    slot: str
+    conditioning: Conditioning | None
+
+
+@dataclass(frozen=True)
+class CurveOverride:
+    """A per-frame shared curve for every in-flight slot; None falls back to the knob's value."""
+
+    name: str
+    curve: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class SourceSwap:
+    source: Source | None
+
+
+@dataclass(frozen=True)
+class StructureSwap:
+    context: torch.Tensor | None  # [1, frames, 128] context latents, or None for plain text2music
+
+
+@dataclass(frozen=True)
+class TargetCapture:
+    """Make the loop as it sounds now the x0 target (`x0_target_strength` pulls toward it)."""
+
+
+@dataclass(frozen=True)
+class TargetClear:
+    """Back to the default target: the source's latents, or none for a text-only loop."""
+
+
+Message = PromptConditioning | CurveOverride | SourceSwap | StructureSwap | TargetCapture | TargetClear
+
+
+# ---- prompt encoding, off the runner thread ---------------------------------------------------------------------
+
+
+class PromptEncoder:
+    """Encodes prompt texts on a thread of its own, so a burst of prompts never stops the ticks; of several texts
+    waiting for one slot only the newest is encoded. Each result reaches the runner as a PromptConditioning."""
+
+    def __init__(
+        self,
+        encode: Callable[[str], Conditioning],
+        deliver: Callable[[Message], None],
+        on_error: Callable[[Exception], None],
+    ):
+        self._encode, self._deliver, self._on_error = encode, deliver, on_error
+        self._pending: dict[str, str] = {}
+        self._busy = False
+        self._ready = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, slot: str, text: str) -> None:
+        with self._ready:
+            self._pending[slot] = text
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="flowjam-prompt-encoder", daemon=True)
+                self._thread.start()
+            self._ready.notify()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing being encoded (every submitted text has been delivered)."""
+        with self._ready:
+            return not self._pending and not self._busy
+
+    def stop(self) -> None:
+        with self._ready:
+            self._stopping = True
+            self._ready.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending and not self._stopping:
+                    self._ready.wait()
+                if self._stopping:
+                    return
+                slot, text = self._pending.popitem()
+                self._busy = True
+            try:
+                empty_negative = slot == "negative" and not text.strip()
+                self._deliver(PromptConditioning(slot, None if empty_negative else self._encode(text)))
+            except Exception as error:  # a bad prompt must not stop later ones
+                self._on_error(error)
+            finally:
+                with self._ready:
+                    self._busy = False
+
+
+class LiveRunner:
+    def __init__(
+        self,
+        session: Session,
+        registry: KnobRegistry,
+        buffer: LoopBuffer,
+        prompt: str | Conditioning,
+        prompt_b: str | Conditioning | None = None,
+        source: Source | None = None,
+        config: RunnerConfig = RunnerConfig(),
+        negative: str | Conditioning | None = None,
+        ticker: SharedTicker | None = None,
+        name: str = "default",
+    ):
+        """`negative`: what CFG guides away from (None or "": the null condition, as the official pipeline).
+        `ticker`: play on a lane called `name` of a ring shared with other sessions (ticked by the ticker's thread),
+        refused with ValueError if the ring could no longer keep every session in real time; else on a stream of
+        its own."""
+        self.session, self.registry, self.buffer, self.config = session, registry, buffer, config
+        self.frames = buffer.frames // session.models.vae.hop_samples
+        if self.frames < 1:
+            raise ValueError("the loop buffer is shorter than one latent frame")
+        self._ticker = ticker
+        depth = int(registry.get("depth"))
+        if ticker is None:
+            self.stream = session.stream(depth=depth, backend=config.backend, paced=True)
+        else:
+            cfg_mode = registry.specs["cfg_mode"].choice(registry.get("cfg_mode"))
+            self.stream = ticker.add_lane(name, depth, int(registry.get("steps")), cfg_mode)
+        buffer.gain = registry.get("volume")
+        self._messages: queue.Queue[Message] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq_applied = 0
+        self._request_changed = False  # a per-request knob or a prompt changed since the last submitted request
+        self._prompts: dict[str, Conditioning | None] = {
+            "a": self._encode(prompt),
+            "b": self._encode(prompt_b if prompt_b is not None else prompt),
+            "negative": self._encode(negative) if negative else None,
+        }
+        self._blends: OrderedDict[float, Conditioning] = OrderedDict()
+        self._null_conditions: dict[int, Conditioning] = {}  # condition length -> its null condition
+        self._silence_context = session.context_latents(self.frames, None)
+        self._blended_context: tuple[torch.Tensor, float, torch.Tensor] | None = None  # hints, structure, context
+        self._captured_target: torch.Tensor | None = None
+        self._set_source(source)
+        self._latest: torch.Tensor | None = None
+        self._latest_seq = 0
+        self._encoder = PromptEncoder(session.encode_text, self._messages.put, self.count_error)
+        self._errors_lock = threading.Lock()
+        self.stats = RunnerStats(window_s=config.window_s)
+        self._writer = AheadWriter(
+            session,
+            buffer,
+            self.stats,
+            self.count_error,
+            (config.min_lead_s, config.max_lead_s),
+            config.window_s,
+            loop_filled=source is not None,  # LiveApp fills the loop with the source; else the first latent does
+        )
+        self._tick_done = torch.cuda.Event() if session.device.type == "cuda" and ticker is None else None
+        self._tick_started: float | None = None
+        if ticker is not None:
+            ticker.register(self)
+
+    def _encode(self, prompt: str | Conditioning) -> Conditioning:
+        return prompt if isinstance(prompt, Conditioning) else self.session.encode_text(prompt)
+
+    # ---- messages (any thread) -------------------------------------------------------------------------------
+
+    def set_prompt(self, which: str, text: str) -> None:
+        """Prompt text for slot "a", "b" or "negative" (an empty negative goes back to the null condition); encoded
+        off the runner thread, applied at the top of the tick after it is ready."""
+        self._encoder.submit(_prompt_slot(which), text)
+
+    @property
+    def encoding(self) -> bool:
+        """Prompt texts are waiting to be encoded or being encoded."""
+        return not self._encoder.idle
+
+    def set_conditioning(self, which: str, conditioning: Conditioning | None) -> None:
+        """Use an already encoded condition as prompt A, B or the negative (from a ComfyUI graph, say)."""
+        if conditioning is None and which != "negative":
+            raise ValueError(f"prompt {which!r} needs a condition; only the negative can be None (the null condition)")
+        self._messages.put(PromptConditioning(_prompt_slot(which), conditioning))
+
+    def set_curve(self, name: str, curve: torch.Tensor | None) -> None:
+        """A per-frame shared curve (or None to fall back to the knob's scalar) for every in-flight slot."""
+        self._messages.put(CurveOverride(name, curve))
+
+    def set_structure(self, context: torch.Tensor | None) -> None:
+        """Text-only structure: context latents [1, frames, 128] (e.g. `session.codes_context` of LM codes) that the
+        `structure` knob fades in, with no source audio; None goes back to plain text2music."""
+        if context is not None and tuple(context.shape) != (1, self.frames, self._silence_context.shape[-1]):
+            raise ValueError(
+                f"structure context must be [1, {self.frames}, {self._silence_context.shape[-1]}], got {tuple(context.shape)}"
+            )
+        self._messages.put(StructureSwap(context))
+
+    def swap_source(self, source: Source | None) -> None:
+        """Replace the source (None: text-only). Its length must match the loop buffer."""
+        if source is not None and source.frames != self.frames:
+            raise ValueError(
+                f"source has {source.frames} frames but the loop has {self.frames}; trim or pad it to the loop length"
+            )
+        self._messages.put(SourceSwap(source))
+
+    def capture_target(self) -> None:
+        """The loop as it sounds now becomes what `x0_target_strength` pulls toward."""
+        self._messages.put(TargetCapture())
+
+    def clear_target(self) -> None:
+        """Back to the default x0 target: the source's latents, or none for a text-only loop."""
+        self._messages.put(TargetClear())
+
+    def start(self) -> None:
+        self._writer.start()
+        if self._ticker is not None:
+            self._ticker.attach(self)
+            return
+        self._thread = threading.Thread(target=self._run, name="flowjam-runner", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the loop to end after the tick (and the write) in progress and wait up to `config.stop_timeout_s`;
+        on a shared ring, leave it (the lane ends, the other sessions play on)."""
+        self._stop.set()
+        self._encoder.stop()
+        deadline = time.monotonic() + self.config.stop_timeout_s
+        if self._ticker is not None:
+            self._ticker.detach(self, self.config.stop_timeout_s)
+        if self._thread is not None:
+            self._thread.join(self.config.stop_timeout_s)
+        self._writer.stop(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def current_source(self) -> Source | None:
+        return self._source
+
+    @property
+    def latest(self) -> torch.Tensor | None:
+        """The newest finished latent [1, T, 64] (what the loop is being rewritten with), None before the first."""
+        return self._latest
+
+    @property
+    def latest_seq(self) -> int:
+        """The knob registry's sequence number when the newest latent's request was made: the latent carries every
+        knob change up to it."""
+        return self._latest_seq
+
+    @property
+    def target(self) -> torch.Tensor | None:
+        """The x0 target requests carry: a captured loop, else the source's latents, else None."""
+        if self._captured_target is not None:
+            return self._captured_target
+        return None if self._source is None else self._source.latents
+
+    @property
+    def alive(self) -> bool:
+        if self._ticker is not None:
+            return self._writer.running and not self._stop.is_set() and self._ticker.alive
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- the loop (runner thread) ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as error:  # a bad message or knob must never stop the music
+                self.count_error(error)
+                time.sleep(0.01)
+
+    def count_error(self, error: Exception) -> None:
+        """Count and log a failure; the stream keeps playing."""
+        with self._errors_lock:
+            self.stats.errors += 1
+            if str(error) != self.stats.last_error:
+                log.error("runner: %s; the stream keeps playing", error, exc_info=not isinstance(error, ValueError))
+            self.stats.last_error = str(error)
+
+    def step(self) -> None:
+        """One tick and, for a runner stepped by hand (not started), its write ahead of the playhead; on a shared
+        ring, one tick of the ring (every session on it)."""
+        if self._ticker is not None:
+            self._ticker.step()
+            return
+        self.tick()
+        self.write_pending()
+
+    def write_pending(self) -> None:
+        """For a runner stepped by hand: write the newest latent ahead of the playhead now."""
+        if not self._writer.running:
+            self._writer.write_pending()
+
+    def tick(self) -> None:
+        """Messages, knobs, submit, one tick (waited for on a GPU); a finished latent goes to the writer."""
+        if self._ticker is not None:
+            raise RuntimeError("a runner on a shared ring is ticked by the ring: call step() or ring.step()")
+        started = self.begin_tick()
+        finished = self.stream.tick()
+        if self._tick_done is not None:
+            self._tick_done.record()
+            self._tick_done.synchronize()
+        self.end_tick(started, time.perf_counter(), finished)
+
+    def begin_tick(self) -> float:
+        """A tick's first half: messages, knobs and this tick's request; -> when the tick started."""
+        self._drain_messages()
+        self._apply_knobs()
+        started = time.perf_counter()
+        if self._tick_started is not None:
+            self.stats.loop_s += EMA_WEIGHT * (started - self._tick_started - self.stats.loop_s)
+        self._tick_started = started
+        self.stats.latency.tick_started(started)
+        self.stream.submit(self._request(), supersedes=self._request_changed)
+        self._request_changed = False
+        return started
+
+    def end_tick(self, started: float, tick_done: float, finished: list[Finished]) -> None:
+        """A tick's second half: its figures, and the newest finished latent to the writer."""
+        latency = self.stats.latency
+        self.stats.ticks += 1
+        self.stats.tick_ms = (tick_done - started) * 1000.0
+        fresh_from: int | None = None
+        if finished:
+            self._latest = finished[-1].latent
+            fresh_from = self._latest_seq = finished[-1].request.tag
+            self.stats.latents += len(finished)
+            self.stats.latent_times.extend([tick_done] * len(finished))
+        latency.tick_done(tick_done, fresh_from)
+        if fresh_from is not None:
+            self._writer.offer(self._latest, fresh_from, self.stats.ticks)
+
+    def _drain_messages(self) -> None:
+        """Apply every waiting message in order."""
+        while True:
+            try:
+                message = self._messages.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._apply_message(message)
+            except Exception as error:  # one bad message must not drop the ones after it
+                self.count_error(error)
+
+    def _apply_message(self, message: Message) -> None:
+        if isinstance(message, PromptConditioning):
+            self._set_prompt(message.slot, message.conditioning)
+        elif isinstance(message, CurveOverride):
+            if message.curve is None:
+                self._apply_shared(message.name, self.registry.get(message.name))
+            else:
+                self.stream.set_shared_curve(message.name, message.curve)
+        elif isinstance(message, SourceSwap):
+            self._set_source(message.source)
+            self._latest = None  # the next generation starts from the new source, not the old loop
+            self._writer.forget()
+        elif isinstance(message, StructureSwap):
+            self._source = None
+            self._hints_context = (
+                None if message.context is None else message.context.to(self.session.device, self.session.dtype)
+            )
+        elif isinstance(message, TargetCapture):
+            if self._latest is None:
+                raise ValueError(
+                    "target capture ignored: the first generation has not finished yet; capture again in a moment"
+                )
+            self._captured_target = self._latest
+        elif isinstance(message, TargetClear):
+            self._captured_target = None
+
+    def _set_prompt(self, slot: str, conditioning: Conditioning | None) -> None:
+        self._prompts[slot] = conditioning
+        self._request_changed = True
+        if slot != "negative":
+            self._blends.clear()
+
+    def _apply_knobs(self) -> None:
+        for change in self.registry.changes_since(self._seq_applied):
+            spec = self.registry.specs[change.name]
+            if change.name.startswith(LORA_KNOB_PREFIX):
+                self._apply_lora(change.name[len(LORA_KNOB_PREFIX) :], change.value)
+            elif spec.kind is KnobKind.SHARED:
+                self._apply_shared(change.name, change.value)
+            elif change.name == "depth":
+                self.stream.set_depth(int(change.value))
+            elif change.name == "volume":
+                self.buffer.gain = change.value
+            self._request_changed |= spec.kind is KnobKind.REQUEST
+            if spec.kind is not KnobKind.GLOBAL:
+                self.stats.latency.track(change, spec.kind, self.stats.ticks + 1)
+            self._seq_applied = max(self._seq_applied, change.seq)
+
+    def _apply_lora(self, name: str, strength: float) -> None:
+        """A LoRA strength knob (on a shared ring, this session's own strength); one whose LoRA was unloaded
+        meanwhile is reported, and the stream plays on."""
+        try:
+            if self._ticker is None:
+                self.session.set_lora_strength(name, strength)
+            else:
+                self.stream.set_lora_strength(name, strength)
+        except ValueError as error:
+            self.count_error(error)
+
+    def _apply_shared(self, name: str, value: float) -> None:
+        """A shared knob at its default lets every slot run its own request's value (the default too), so the
+        stream takes exactly the path it takes when the knob was never touched."""
+        self.stream.set_shared_curve(name, None if value == KNOBS_BY_NAME[name].default else value)
+
+    def _set_source(self, source: Source | None) -> None:
+        """Switch source; its context latents are built here once, not on every tick."""
+        self._source = source
+        self._hints_context = None if source is None else self.session.context_latents(self.frames, source)
+
+    def _condition(self) -> Conditioning:
+        blend = round(self.registry.get("prompt_blend"), 2)
+        cached = self._blends.get(blend)
+        if cached is None:
+            cached = self.session.blend_conditionings(self._prompts["a"], self._prompts["b"], blend)
+            self._blends[blend] = cached
+            if len(self._blends) > 16:
+                self._blends.popitem(last=False)
+        return cached
+
+    def _negative(self, condition: Conditioning) -> Conditioning:
+        """The negative prompt, or the null condition at the condition's length (built once per length)."""
+        if self._prompts["negative"] is not None:
+            return self._prompts["negative"]
+        null = self._null_conditions.get(condition.length)
+        if null is None:
+            null = self._null_conditions[condition.length] = self.session.null_conditioning(condition)
+        return null
+
+    def _request(self):
+        knobs = self.registry
+        seconds = self.frames / LATENT_RATE_HZ
+        condition = self._condition()
+        cfg_mode = knobs.specs["cfg_mode"].choice(knobs.get("cfg_mode"))
+        options: dict[str, Any] = dict(
+            seed=int(knobs.get("seed")),
+            steps=int(knobs.get("steps")),
+            shift=knobs.get("shift"),
+            tag=knobs.seq,
+            cfg_mode=cfg_mode,
+            negative=None if cfg_mode == "off" else self._negative(condition),
+            x0_target=self.target,
+        )
+        options["context_latents"] = self._context()
+        start = self._latest if self._latest is not None else (None if self._source is None else self._source.latents)
+        if start is None:
+            return self.session.make_request(condition, seconds, **options)
+        return self.session.make_request(
+            condition, seconds, denoise=knobs.get("denoise"), source_latents=start, **options
+        )
+
+    def _context(self) -> torch.Tensor:
+        """The requests' context latents: silence, or structure hints blended in by the `structure` knob. The same
+        tensor while neither changes, so the stream checks it for NaN once, not with a GPU sync on every tick."""
+        if self._hints_context is None:
+            return self._silence_context
+        hints, structure = self._hints_context, self.registry.get("structure")
+        kept = self._blended_context
+        if kept is None or kept[0] is not hints or kept[1] != structure:
+            kept = self._blended_context = (hints, structure, torch.lerp(self._silence_context, hints, structure))
+        return kept[2]
+
+    def status(self) -> dict[str, Any]:
+        stats = self.stats
+        return {
+            "ticks": stats.ticks,
+            "latents": stats.latents,
+            "tick_ms": round(stats.tick_ms, 2),
+            "loop_ms": round(stats.loop_s * 1000.0, 2),
+            "decode_ms": round(stats.decode_ms, 2),
+            "interval_ms": round(stats.interval_s * 1000.0, 2),
+            "write_ms": round(stats.write_s * 1000.0, 2),
+            "late_writes": stats.late_writes,
+            "lead_s": round(stats.lead_s, 3),
+            "window_s": round(stats.window_s, 3),
+            "playhead_s": round(self.buffer.position / self.buffer.sample_rate, 3),
+            "errors": stats.errors,
+            "last_error": stats.last_error,
+            "depth": self.stream.depth,
+            "tick_graphs": self.stream.stats()["graphs"],
+            "window_graphs": self._writer.graph_counters,
+            "cfg_mode": self.registry.specs["cfg_mode"].choice(self.registry.get("cfg_mode")),
+            "negative": "null condition" if self._prompts["negative"] is None else self._prompts["negative"].caption,
+            "target": "captured"
+            if self._captured_target is not None
+            else ("source" if self._source is not None else None),
+        }
+
+
+def _prompt_slot(which: str) -> str:
+    if which not in PROMPT_SLOTS:
+        raise ValueError(f"prompt slot must be one of {', '.join(PROMPT_SLOTS)}, got {which!r}")
+    return which

@@ -1,0 +1,206 @@
+"""One ring for several live sessions: a tick thread drives every attached runner over one StreamPipeline, so all
+their slots advance in one batched forward a tick; each runner keeps its own knobs, prompts, loop buffer, writer
+and lane of the ring (its slots, depth, pacing and shared curves).
+
+A tick here is what `LiveRunner.tick` is for a runner alone, spread over the runners: every runner applies its
+messages and knobs and submits (`begin_tick`), the ring ticks once (waited for on a GPU), and every runner gets the
+latents its lane finished (`end_tick`). A runner that fails in its part counts the error and the others play on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from ..engine.session import Session
+from ..engine.stream import RealtimeNeed, StreamLane, StreamPipeline
+
+log = logging.getLogger("flowjam.ticker")
+
+PHASE_EMA = 0.1  # weight of the newest cycle in CyclePhases
+
+
+@dataclass
+class CyclePhases:
+    """Where a ring's cycle goes (exponential moving averages, ms): every runner's first half (messages, knobs, its
+    request), the tick (waited for on a GPU), every runner's second half (latents handed out), and the rest of the
+    cycle (threads waiting to change sessions, the wait for a first session)."""
+
+    runners_ms: float = 0.0
+    tick_ms: float = 0.0
+    handout_ms: float = 0.0
+    cycle_ms: float = 0.0
+    cycles: int = 0  # cycles averaged
+
+    def add(self, runners_ms: float, tick_ms: float, handout_ms: float, cycle_ms: float) -> None:
+        """One whole cycle: its parts and its length, start to the next cycle's start (so never less than the parts)."""
+        weight = 1.0 if self.cycles == 0 else PHASE_EMA  # the first cycle seeds the averages
+        self.runners_ms += weight * (runners_ms - self.runners_ms)
+        self.tick_ms += weight * (tick_ms - self.tick_ms)
+        self.handout_ms += weight * (handout_ms - self.handout_ms)
+        self.cycle_ms += weight * (cycle_ms - self.cycle_ms)
+        self.cycles += 1
+
+
+class SharedTicker:
+    def __init__(self, session: Session, backend: str | None = None, latent_interval_ms: float = 250.0):
+        """`latent_interval_ms`: what admission control promises every session, a fresh latent at least that
+        often (see `RealtimeNeed`)."""
+        self.session = session
+        self.latent_interval_ms = latent_interval_ms
+        self.pipeline = StreamPipeline(
+            session.models.acestep.decoder, depth=1, backend=backend or session.backend, paced=True
+        )
+        self.pipeline.cycle_costs = True  # admission learns what a whole cycle of this ring costs, not the tick alone
+        self._cycle_started: float | None = None
+        self._cycle_parts: tuple[float, float, float] | None = None  # the last cycle's runners, tick and hand-out (ms)
+        self._runners: dict[str, object] = {}  # lane name -> LiveRunner, in the order they came
+        self._playing: set[str] = set()  # the lanes the tick thread ticks (started runners)
+        self._lock = threading.Condition()  # runners and lanes change between ticks, never during one
+        self._stopping = False
+        self._waiting = 0  # threads waiting to change runners or lanes: the tick thread lets them in between ticks
+        self._thread: threading.Thread | None = None
+        self._tick_done = torch.cuda.Event() if session.device.type == "cuda" else None
+        self.ticks = 0
+        self.tick_ms = 0.0
+        self.phases = CyclePhases()
+
+    # ---- sessions ------------------------------------------------------------------------------------------------
+
+    def add_lane(self, name: str, depth: int, steps: int, cfg_mode: str) -> StreamLane:
+        """A lane for a new session, refused (ValueError with the numbers) if the ring could no longer keep every
+        session in real time with it."""
+        need = RealtimeNeed(steps, 2 if cfg_mode == "full" else 1, self.latent_interval_ms)
+        with self._between_ticks():
+            return self.pipeline.add_lane(name, depth, paced=True, need=need)
+
+    def check_depth(self, name: str, depth: int) -> None:
+        """Raise AdmissionRefused if session `name` at `depth` would make the ring miss a session's need."""
+        with self._between_ticks():
+            self.pipeline.lane(name).check_depth(depth)
+
+    def register(self, runner) -> None:
+        """Make `runner` (a LiveRunner on one of this ring's lanes) one of the ring's: `step` ticks it from now on,
+        the tick thread once it is attached."""
+        with self._between_ticks():
+            self._runners[runner.stream.name] = runner
+
+    def attach(self, runner) -> None:
+        """Start ticking `runner` with the others on the ring's thread (started with the first runner)."""
+        with self._between_ticks():
+            self._runners[runner.stream.name] = runner
+            self._playing.add(runner.stream.name)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="flowjam.ticker", daemon=True)
+                self._thread.start()
+            self._lock.notify()
+
+    def detach(self, runner, timeout_s: float = 10.0) -> None:
+        """Stop ticking `runner` and end its lane, after the tick in progress."""
+        with self._between_ticks(timeout_s):
+            name = runner.stream.name
+            self._runners.pop(name, None)
+            self._playing.discard(name)
+            if name in self.pipeline.lane_names:
+                self.pipeline.remove_lane(name)
+
+    @contextmanager
+    def _between_ticks(self, timeout_s: float | None = None) -> Iterator[None]:
+        """Hold the ring between two ticks (the tick thread steps aside for waiting threads)."""
+        self._waiting += 1
+        try:
+            if not self._lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+                raise TimeoutError(f"the ring's tick did not end within {timeout_s} s")
+        finally:
+            self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    @property
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._runners)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # ---- ticking -------------------------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One tick of every attached runner and, for runners whose writer is not running, their writes."""
+        with self._lock:
+            runners = list(self._runners.values())
+            self._tick(runners)
+        for runner in runners:
+            runner.write_pending()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._playing and not self._stopping:
+                    self._cycle_started = None  # a wait for sessions is no part of a cycle's cost
+                    self._lock.wait()
+                if self._stopping:
+                    return
+                self._tick([runner for name, runner in self._runners.items() if name in self._playing])
+            if self._waiting:
+                time.sleep(0.0005)
+
+    def _tick(self, runners: list) -> None:
+        cycle_started = time.perf_counter()
+        cycle_ms = None if self._cycle_started is None else (cycle_started - self._cycle_started) * 1000.0
+        if cycle_ms is not None:
+            self.pipeline.record_cycle(cycle_ms)
+            if self._cycle_parts is not None:
+                self.phases.add(*self._cycle_parts, cycle_ms)
+        self._cycle_started = cycle_started
+        self._cycle_parts = None
+        started: dict[str, float] = {}
+        for runner in runners:
+            try:
+                started[runner.stream.name] = runner.begin_tick()
+            except Exception as error:  # one session's bad message or knob must not stop the others
+                runner.count_error(error)
+        began = time.perf_counter()
+        try:
+            finished = self.pipeline.tick()
+            if self._tick_done is not None:
+                self._tick_done.record()
+                self._tick_done.synchronize()
+        except Exception as error:
+            for runner in runners:
+                runner.count_error(error)
+            time.sleep(0.01)
+            return
+        done = time.perf_counter()
+        self.ticks += 1
+        self.tick_ms = (done - began) * 1000.0
+        by_lane: dict[str, list] = defaultdict(list)
+        for result in finished:
+            by_lane[result.lane].append(result)
+        for runner in runners:
+            name = runner.stream.name
+            if name in started:
+                try:
+                    runner.end_tick(started[name], done, by_lane.get(name, []))
+                except Exception as error:
+                    runner.count_error(error)
+        ms = 1000.0
+        self._cycle_parts = ((began - cycle_started) * ms, self.tick_ms, (time.perf_counter() - done) * ms)

@@ -1,0 +1,330 @@
+"""A host of live sessions for remote players: every session a LiveRunner on one SharedTicker (one model, one device,
+one batched forward a tick), its own knob registry, prompts and loop buffer; a clock thread plays every loop in real
+time and hands each block, encoded, to the session's subscribers.
+
+A subscriber that reads too slowly loses its oldest chunks (counted), never the ring's time: the clock and the
+ring never wait for a client."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..engine.params import LATENT_RATE_HZ, song_frames
+from ..engine.session import Session
+from ..engine.stream import MAX_LANES, AdmissionRefused
+from ..live.app import add_lora_knobs
+from ..live.knobs import KnobRegistry
+from ..live.loop_buffer import LoopBuffer
+from ..live.playback import BlockRenderer
+from ..live.runner import PROMPT_SLOTS, LiveRunner, RunnerConfig
+from ..live.shared_ticker import SharedTicker
+from .errors import SessionRefused, UnknownSession
+from .protocol import encode_chunk
+
+log = logging.getLogger("flowjam.serve")
+
+BLOCK_FRAMES = 2400  # 50 ms at 48 kHz: the clock's period and the size of an audio chunk
+SUBSCRIBER_CHUNKS = 40  # 2 s of audio waiting for a slow client before its oldest chunks go
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    prompt: str
+    prompt_b: str | None = None
+    negative: str | None = None
+    seconds: float = 30.0  # loop length
+    knobs: dict[str, float | str] = field(default_factory=dict)  # initial values, validated as set_knobs does
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """How a process or a replica builds its host: the model from local files (or a seeded preset) on one device."""
+
+    preset: str = "tiny"
+    checkpoint: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    backend: str | None = None
+    precision: str = "bf16"
+    latent_interval_ms: float = 250.0
+    loras: tuple[tuple[str, float], ...] = ()  # (file, strength a new session starts at), attached live
+
+    def build(self) -> RingHost:
+        """The host; ValueError or FileNotFoundError naming the LoRA file that does not load."""
+        session = Session.load(
+            self.checkpoint,
+            preset=self.preset,
+            device=self.device,
+            dtype=getattr(torch, self.dtype),
+            precision=self.precision,
+        )
+        if self.backend is not None:
+            session.backend = self.backend
+        for path, strength in self.loras:  # live: every session of the ring plays each at its own strength
+            try:
+                session.load_lora(path, strength, mode="live")
+            except (ValueError, FileNotFoundError) as error:
+                raise type(error)(f"LoRA {path}: {error}") from None
+        return RingHost(session, latent_interval_ms=self.latent_interval_ms)
+
+
+class AudioSubscription:
+    """A bounded queue of encoded chunks for one client; full, the oldest chunk goes and is counted."""
+
+    def __init__(self, max_chunks: int):
+        if max_chunks < 1:
+            raise ValueError(f"a subscription holds at least one chunk, got max_chunks={max_chunks}")
+        self._chunks: deque[bytes] = deque()
+        self._max = max_chunks
+        self._ready = threading.Condition()
+        self.dropped = 0
+        self.ended: str | None = None
+
+    def put(self, audio: np.ndarray, sample: int, position: int) -> None:
+        with self._ready:
+            if len(self._chunks) >= self._max:
+                self._chunks.popleft()
+                self.dropped += 1
+            self._chunks.append(encode_chunk(audio, sample, position, self.dropped))
+            self._ready.notify()
+
+    def get(self, timeout_s: float) -> bytes | None:
+        """The oldest waiting chunk, or None after `timeout_s` with none; once the session has ended and every
+        chunk is read, UnknownSession with the reason."""
+        with self._ready:
+            if not self._chunks and self.ended is None:
+                self._ready.wait(timeout_s)
+            if self._chunks:
+                return self._chunks.popleft()
+            if self.ended is not None:
+                raise UnknownSession(self.ended)
+            return None
+
+    def finish(self, reason: str) -> None:
+        with self._ready:
+            self.ended = reason
+            self._ready.notify_all()
+
+    def close(self) -> None:
+        self.finish("the subscription was closed")
+
+
+@dataclass(eq=False)
+class HostedSession:
+    name: str
+    registry: KnobRegistry
+    buffer: LoopBuffer
+    runner: LiveRunner
+    renderer: BlockRenderer
+    subscriptions: list[AudioSubscription] = field(default_factory=list)
+
+
+class RingHost:
+    def __init__(self, session: Session, latent_interval_ms: float = 250.0, block_frames: int = BLOCK_FRAMES):
+        self.session = session
+        self.ticker = SharedTicker(session, latent_interval_ms=latent_interval_ms)
+        self.block_frames = block_frames
+        self._sessions: dict[str, HostedSession] = {}
+        self._starting: set[str] = set()  # names being created (outside the lock)
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self.late_blocks = 0  # clock wake-ups more than a block late (the lost time is not made up, as on a device)
+        self._clock = threading.Thread(target=self._play, name="flowjam-host-clock", daemon=True)
+        self._clock.start()
+
+    # ---- sessions ------------------------------------------------------------------------------------------------
+
+    def create(self, name: str, spec: SessionSpec) -> dict[str, Any]:
+        """Start a session on the ring; SessionRefused when the ring is full or could not keep every session in
+        real time with it, ValueError for a bad spec."""
+        if not isinstance(spec.prompt, str) or not spec.prompt.strip():
+            raise ValueError("a session needs a prompt: a non-empty text such as 'lofi hip hop, mellow piano'")
+        frames = song_frames(spec.seconds, "seconds")
+        registry = KnobRegistry()
+        add_lora_knobs(registry, self.session)  # a lora/<name> knob per LoRA of the host, this session's own
+        for knob, value in spec.knobs.items():
+            registry.set(knob, value, origin="create")
+        hop = self.session.models.vae.hop_samples
+        with self._lock:
+            if self._closing.is_set():
+                raise SessionRefused("this host is shutting down: create the session on another replica")
+            if name in self._sessions or name in self._starting:
+                raise ValueError(f"a session named {name!r} is playing already: end it first or pick another name")
+            if len(self._sessions) + len(self._starting) >= MAX_LANES:
+                raise SessionRefused(
+                    f"this host plays {MAX_LANES} sessions already: end one, or create it on another replica"
+                )
+            playing = {hosted.buffer.frames // hop for hosted in self._sessions.values()}
+            if playing and frames not in playing:
+                seconds = playing.pop() / LATENT_RATE_HZ
+                raise ValueError(
+                    f"this host plays {seconds:g} s loops (one ring, one loop length): create the session with "
+                    f"seconds={seconds:g}, or on another replica"
+                )
+            self._starting.add(name)
+        try:  # built outside the lock: the clock keeps playing the other sessions meanwhile
+            buffer = LoopBuffer(frames * hop, 2, self.session.sample_rate)
+            try:
+                runner = LiveRunner(
+                    self.session,
+                    registry,
+                    buffer,
+                    spec.prompt,
+                    spec.prompt_b,
+                    config=RunnerConfig(),
+                    negative=spec.negative,
+                    ticker=self.ticker,
+                    name=name,
+                )
+            except AdmissionRefused as error:
+                buffer.unlink()
+                raise SessionRefused(str(error)) from None
+            except BaseException:
+                buffer.unlink()
+                raise
+            hosted = HostedSession(name, registry, buffer, runner, BlockRenderer(buffer, self.block_frames, None))
+            with self._lock:
+                self._sessions[name] = hosted
+        finally:
+            with self._lock:
+                self._starting.discard(name)
+        runner.start()
+        log.info("session %s started (%d playing)", name, len(self._sessions))
+        return self.status(name)
+
+    def end(self, name: str) -> None:
+        with self._lock:
+            hosted = self._sessions.pop(name, None)
+        if hosted is None:
+            raise UnknownSession(self._unknown(name))
+        for subscription in hosted.subscriptions:
+            subscription.finish(f"session {name!r} was ended")
+        hosted.runner.stop()
+        hosted.buffer.unlink()
+        log.info("session %s ended", name)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._sessions)
+
+    def runner(self, name: str) -> LiveRunner:
+        """The session's runner (its knob registry, figures and latest latent), for benchmarks and tests."""
+        return self._get(name).runner
+
+    def close(self) -> None:
+        """End every session and stop the clock and the ring."""
+        self._closing.set()
+        for name in self.names():
+            try:
+                self.end(name)
+            except UnknownSession:
+                pass
+        self._clock.join(5.0)
+        self.ticker.stop()
+
+    # ---- control ---------------------------------------------------------------------------------------------
+
+    def set_knobs(self, name: str, knobs: dict[str, float | str]) -> dict[str, float]:
+        """Set several knobs at once: all are checked first (a bad one sets none), then applied; -> their values."""
+        hosted = self._get(name)
+        if not isinstance(knobs, dict) or not knobs:
+            raise ValueError('knobs must be a non-empty object of knob names to values, e.g. {"denoise": 0.6}')
+        trial = KnobRegistry(hosted.registry.specs.values())
+        for knob, value in knobs.items():
+            trial.set(knob, value, origin="check")
+        if "depth" in knobs:  # deeper is more rows a tick: admission control has its say (ValueError, 400)
+            self.ticker.check_depth(name, int(trial.get("depth")))
+        for knob, value in knobs.items():
+            hosted.registry.set(knob, value, origin="remote")
+        return {knob: _knob_value(hosted.registry, knob) for knob in knobs}
+
+    def set_prompt(self, name: str, slot: str, text: str) -> None:
+        hosted = self._get(name)
+        if slot not in PROMPT_SLOTS:
+            raise ValueError(f"prompt slot must be one of {', '.join(PROMPT_SLOTS)}, got {slot!r}")
+        if not isinstance(text, str) or (slot != "negative" and not text.strip()):
+            raise ValueError(f"prompt {slot!r} needs a non-empty text (only the negative may be empty)")
+        hosted.runner.set_prompt(slot, text)
+
+    def status(self, name: str) -> dict[str, Any]:
+        hosted = self._get(name)
+        status = hosted.runner.status()
+        status.update(
+            session=name,
+            sample=hosted.buffer.playhead_frames,
+            loop_s=round(hosted.buffer.frames / hosted.buffer.sample_rate, 3),
+            knobs={knob: _knob_value(hosted.registry, knob) for knob in hosted.registry.specs},
+            knob_seq=hosted.registry.seq,
+            written_seq=hosted.runner.stats.written_seq,
+            dropped=sum(s.dropped for s in hosted.subscriptions),
+            sessions=len(self._sessions),
+            ring_tick_ms=round(self.ticker.tick_ms, 2),
+        )
+        return status
+
+    def subscribe(self, name: str, max_chunks: int = SUBSCRIBER_CHUNKS) -> AudioSubscription:
+        """The session's audio from the next block on, as encoded chunks (see protocol.py)."""
+        hosted = self._get(name)
+        subscription = AudioSubscription(max_chunks)
+        with self._lock:
+            hosted.subscriptions.append(subscription)
+        return subscription
+
+    def unsubscribe(self, name: str, subscription: AudioSubscription) -> None:
+        subscription.close()
+        with self._lock:
+            hosted = self._sessions.get(name)
+            if hosted is not None and subscription in hosted.subscriptions:
+                hosted.subscriptions.remove(subscription)
+
+    # ---- the clock -------------------------------------------------------------------------------------------
+
+    def _play(self) -> None:
+        """Every block period, play a block of every session and hand it to its subscribers."""
+        out = np.zeros((self.block_frames, 2), np.float32)
+        period_s = self.block_frames / self.session.sample_rate
+        deadline = time.monotonic()
+        while not self._closing.is_set():
+            with self._lock:
+                playing = list(self._sessions.values())
+            for hosted in playing:
+                try:
+                    self._play_block(hosted, out)
+                except Exception as error:  # a session ended under the clock: skip it this block
+                    log.debug("clock: %s", error)
+            deadline += period_s
+            if time.monotonic() - deadline > period_s:
+                self.late_blocks += 1
+                deadline = time.monotonic()
+            self._closing.wait(max(0.0, deadline - time.monotonic()))
+
+    def _play_block(self, hosted: HostedSession, out: np.ndarray) -> None:
+        sample = hosted.buffer.playhead_frames
+        hosted.renderer.render(out, self.block_frames)
+        for subscription in tuple(hosted.subscriptions):
+            subscription.put(out, sample, sample % hosted.buffer.frames)
+
+    def _get(self, name: str) -> HostedSession:
+        with self._lock:
+            hosted = self._sessions.get(name)
+        if hosted is None:
+            raise UnknownSession(self._unknown(name))
+        return hosted
+
+    def _unknown(self, name: str) -> str:
+        playing = ", ".join(self.names()) or "none"
+        return f"no session {name!r} on this host (playing: {playing}); create it with POST /sessions"
+
+
+def _knob_value(registry: KnobRegistry, name: str) -> float | str:
+    spec = registry.specs[name]
+    value = registry.get(name)
+    return spec.choice(value) if spec.choices else value
