@@ -17,7 +17,7 @@ import torch
 
 from .audio.files import write_wav
 from .audio.stitch import append_with_overlap
-from .params import seconds_to_frames
+from .params import DEFAULT_STEPS, seconds_to_frames
 from .sampling import curves
 from .session import Session, peak_normalize
 
@@ -53,7 +53,7 @@ def run_demo(
     prompt_a: str = "ambient pads, slow evolving synth",
     prompt_b: str = "driving techno, punchy drums",
     depth: int = 4,
-    steps: int = 8,
+    steps: int = DEFAULT_STEPS,
     seed: int = 42,
     on_tick: Callable[[TickLine], None] | None = None,
 ):

@@ -13,7 +13,7 @@ LATENT_RATE_HZ = 25  # latent frames per second (48 kHz / 1920-sample hop)
 PRESET_NAMES = ("tiny", "turbo-2b", "xl")  # DiT + encoders + VAE shapes (engine/models/presets.py)
 LM_PRESET_NAMES = ("tiny", "lm-0.6b", "lm-1.7b", "lm-4b")  # 5 Hz LM shapes (engine/models/lm.py)
 
-BACKENDS = ("eager", "compile", "graph", "compile-graph")  # how a stream runs its ticks (engine/backends)
+BACKENDS = ("eager", "compile", "graph", "compile-graph")  # how a stream runs its ticks (engine/stream/backends.py)
 PRECISIONS = ("bf16", "fp8")  # the DiT's per-tick linear layers: the model's dtype, or FP8 (engine/models/fp8.py)
 CFG_MODES = ("off", "full", "initialize", "self")  # off: turbo's own (CFG-distilled); full: uncond row every step
 GUIDANCE_METHODS = ("apg", "cfg")
@@ -21,6 +21,12 @@ SOLVERS = ("ode", "sde")
 DCW_MODES = ("low", "high", "double", "pix")
 WAVE_KINDS = ("sine", "square", "triangle", "pulse", "saw")
 CURVE_OPS = ("add", "subtract", "multiply", "min", "max")
+DTYPES = ("float32", "bfloat16")  # the model dtypes the command line offers
+
+DEFAULT_STEPS = 8  # denoising steps per generation: the turbo model's
+DEFAULT_SHIFT = 3.0  # timestep schedule shift
+DEFAULT_PRECISION = PRECISIONS[0]
+REALTIME_LATENT_INTERVAL_MS = 250.0  # a live session needs a fresh latent at least this often to play in real time
 
 
 def seconds_to_frames(seconds: float) -> int:
@@ -125,8 +131,17 @@ KNOB_SPECS: tuple[KnobSpec, ...] = (
         "denoise", 0.0, 1.0, 0.7, R, description="how far from the current loop each generation starts (1 = from noise)"
     ),
     KnobSpec("seed", 0.0, float(2**31 - 1), 42.0, R, integer=True, description="noise seed of the next generation"),
-    KnobSpec("steps", 1.0, 50.0, 8.0, R, unit="steps", integer=True, description="denoising steps per generation"),
-    KnobSpec("shift", 1.0, 10.0, 3.0, R, description="timestep schedule shift"),
+    KnobSpec(
+        "steps",
+        1.0,
+        50.0,
+        float(DEFAULT_STEPS),
+        R,
+        unit="steps",
+        integer=True,
+        description="denoising steps per generation",
+    ),
+    KnobSpec("shift", 1.0, 10.0, DEFAULT_SHIFT, R, description="timestep schedule shift"),
     KnobSpec("prompt_blend", 0.0, 1.0, 0.0, R, description="blend between prompt A (0) and prompt B (1)"),
     KnobSpec(
         "structure",

@@ -12,7 +12,7 @@ from .audio.files import check_wav, read_wav, write_wav
 from .lm.sampling import SamplingParams
 from .lm.song import lm_duration
 from .outputs import check_output_path
-from .params import MAX_SONG_SECONDS, seconds_to_frames, song_frames
+from .params import DEFAULT_SHIFT, DEFAULT_STEPS, MAX_SONG_SECONDS, seconds_to_frames, song_frames
 from .sampling.schedule import validate_schedule_args
 from .session import Session, peak_normalize
 
@@ -25,8 +25,8 @@ class RenderRequest:
     lyrics: str = ""
     cover: Path | None = None
     seed: int = 0
-    steps: int = 8
-    shift: float = 3.0
+    steps: int = DEFAULT_STEPS
+    shift: float = DEFAULT_SHIFT
     denoise: float = 1.0
     bpm: int | None = None
     key: str | None = None

@@ -23,7 +23,7 @@ from .lora import merge as merge_lora
 from .lora import unmerge as unmerge_lora
 from .lora.folded import FOLDABLE_DTYPES
 from .models.fp8 import check_fp8_device, to_fp8
-from .params import LORA_MODES, PRECISIONS, seconds_to_frames
+from .params import DEFAULT_SHIFT, DEFAULT_STEPS, LORA_MODES, PRECISIONS, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
 
 CAPTION_MAX_TOKENS = 256
@@ -273,8 +273,8 @@ class Session:
         seconds: float | None = None,
         source: Source | None = None,
         seed: int = 0,
-        steps: int = 8,
-        shift: float = 3.0,
+        steps: int = DEFAULT_STEPS,
+        shift: float = DEFAULT_SHIFT,
         denoise: float = 1.0,
         **options: Any,
     ) -> SlotRequest:
@@ -307,8 +307,8 @@ class Session:
         conditioning: Conditioning,
         seconds: float | None = None,
         seed: int = 0,
-        steps: int = 8,
-        shift: float = 3.0,
+        steps: int = DEFAULT_STEPS,
+        shift: float = DEFAULT_SHIFT,
         denoise: float = 1.0,
         source: Source | None = None,
         on_step: Callable[[int, int], None] | None = None,

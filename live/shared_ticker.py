@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..engine.params import REALTIME_LATENT_INTERVAL_MS
 from ..engine.session import Session
 from ..engine.stream import RealtimeNeed, StreamLane, StreamPipeline
 
@@ -50,7 +51,9 @@ class CyclePhases:
 
 
 class SharedTicker:
-    def __init__(self, session: Session, backend: str | None = None, latent_interval_ms: float = 250.0):
+    def __init__(
+        self, session: Session, backend: str | None = None, latent_interval_ms: float = REALTIME_LATENT_INTERVAL_MS
+    ):
         """`latent_interval_ms`: what admission control promises every session, a fresh latent at least that
         often (see `RealtimeNeed`)."""
         self.session = session

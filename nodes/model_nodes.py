@@ -8,6 +8,7 @@ from weakref import WeakValueDictionary
 from ..engine.params import (
     BACKENDS,
     CURVE_OPS,
+    DEFAULT_STEPS,
     LATENT_RATE_HZ,
     MAX_SONG_SECONDS,
     MIN_SONG_SECONDS,
@@ -438,7 +439,7 @@ NODES = (
             Param("conditioning", CONDITIONING, "What to play (Text conditioning)"),
             SECONDS,
             Param("seed", "INT", "Noise seed: same seed, same music", 42, 0, 2**31 - 1, 1),
-            Param("steps", "INT", "Denoising steps (turbo: 8)", 8, 1, 50, 1),
+            Param("steps", "INT", f"Denoising steps (turbo: {DEFAULT_STEPS})", DEFAULT_STEPS, 1, 50, 1),
             Param("shift", "FLOAT", "Timestep shift (turbo: 3)", 3.0, 1.0, 10.0, 0.1),
             Param("denoise", "FLOAT", "1 = from noise; below 1 keeps that much of the source", 1.0, 0.0, 1.0, 0.01),
             Param(

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.params import LATENT_RATE_HZ, song_frames
+from ..engine.params import LATENT_RATE_HZ, REALTIME_LATENT_INTERVAL_MS, song_frames
 from ..engine.session import Session
 from ..engine.stream import MAX_LANES, AdmissionRefused
 from ..live.app import add_lora_knobs
@@ -54,7 +54,7 @@ class HostOptions:
     dtype: str = "float32"
     backend: str | None = None
     precision: str = "bf16"
-    latent_interval_ms: float = 250.0
+    latent_interval_ms: float = REALTIME_LATENT_INTERVAL_MS
     loras: tuple[tuple[str, float], ...] = ()  # (file, strength a new session starts at), attached live
 
     def build(self) -> RingHost:
@@ -128,7 +128,12 @@ class HostedSession:
 
 
 class RingHost:
-    def __init__(self, session: Session, latent_interval_ms: float = 250.0, block_frames: int = BLOCK_FRAMES):
+    def __init__(
+        self,
+        session: Session,
+        latent_interval_ms: float = REALTIME_LATENT_INTERVAL_MS,
+        block_frames: int = BLOCK_FRAMES,
+    ):
         self.session = session
         self.ticker = SharedTicker(session, latent_interval_ms=latent_interval_ms)
         self.block_frames = block_frames

@@ -6,6 +6,8 @@ from functools import lru_cache
 
 import torch
 
+from ..params import DEFAULT_SHIFT
+
 DENOISE_MIN = 1e-6
 MAX_STEPS = 200
 
@@ -25,7 +27,7 @@ def validate_schedule_args(steps: int, shift: float, denoise: float) -> None:
 
 
 @lru_cache(maxsize=256)
-def timestep_schedule(steps: int, shift: float = 3.0, denoise: float = 1.0) -> tuple[float, ...]:
+def timestep_schedule(steps: int, shift: float = DEFAULT_SHIFT, denoise: float = 1.0) -> tuple[float, ...]:
     """The steps + 1 times a generation visits, ending at 0.
 
     denoise < 1 keeps the tail of a longer grid (linspace(steps/floor(steps/denoise), 0, steps+1), as ComfyUI
