@@ -40,7 +40,6 @@ import logging
 import math
 import os
 import socket
-import sys
 import threading
 import time
 from collections import Counter, deque
@@ -52,6 +51,7 @@ from pythonosc.osc_message import OscMessage
 from pythonosc.osc_message_builder import OscMessageBuilder
 
 from .knobs import KnobChange, KnobError, KnobRegistry
+from .udp import Address, is_loopback, lookup, resolve, resolve_hosts, set_receive_buffer, show
 
 log = logging.getLogger("flowjam.osc")
 
@@ -64,9 +64,6 @@ RECEIVE_POLL_S = 0.05  # how often the receive loop looks at the stop flag
 TRANSPORT_COMMANDS = ("play", "stop", "reset")
 TARGET_COMMANDS = ("capture", "clear")
 PROMPT_PATHS = {"prompt": "a", "prompt/a": "a", "prompt/b": "b", "prompt/negative": "negative"}
-_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform.startswith("linux") else None)
-
-Address = tuple[str, int]
 
 
 class ThirdPartyRateLimit(logging.Filter):
@@ -173,11 +170,11 @@ class OscBridge:
         with self._lifecycle:
             if self._socket is not None:
                 raise RuntimeError("OSC bridge already started; stop() it first")
-            candidates = _lookup(self.config.host, self.config.port)
+            candidates = lookup(self.config.host, self.config.port)
             family, _, _, _, bind_address = min(candidates, key=lambda info: info[0] != socket.AF_INET)
             sock = socket.socket(family, socket.SOCK_DGRAM)
             try:
-                self._receive_buffer_bytes = _set_receive_buffer(sock, self.config.receive_buffer_bytes)
+                self._receive_buffer_bytes = set_receive_buffer(sock, self.config.receive_buffer_bytes)
                 try:
                     sock.bind(bind_address)
                 except OSError as error:  # still an OSError (with its errno), now naming the address and the fix
@@ -191,17 +188,17 @@ class OscBridge:
                         ),
                     }.get(error.errno, (error.strerror, other_port))
                     raise OSError(
-                        error.errno, f"cannot listen for OSC on {_show(bind_address[:2])}: {reason}; {fix}"
+                        error.errno, f"cannot listen for OSC on {show(bind_address[:2])}: {reason}; {fix}"
                     ) from error
-                self._allowed = _resolve_hosts(self.config.allow_hosts)
-                self._feedback_address = _resolve(self.config.feedback, family) if self.config.feedback else None
+                self._allowed = resolve_hosts(self.config.allow_hosts)
+                self._feedback_address = resolve(self.config.feedback, family) if self.config.feedback else None
             except BaseException:
                 sock.close()
                 raise
             sock.settimeout(RECEIVE_POLL_S)
             self._socket = sock
             self._address = sock.getsockname()[:2]
-            if not _is_loopback(self._address[0]):
+            if not is_loopback(self._address[0]):
                 log.warning(
                     "OSC bridge listens on %s:%d, reachable from other machines%s",
                     *self._address,
@@ -298,7 +295,7 @@ class OscBridge:
             packet = _parse(datagram)
         except Exception as error:
             self._reject(
-                "malformed", f"OSC datagram from {_show(sender)} is not valid OSC ({len(datagram)} bytes): {error}"
+                "malformed", f"OSC datagram from {show(sender)} is not valid OSC ({len(datagram)} bytes): {error}"
             )
             return
         self._last_sender = sender
@@ -318,7 +315,7 @@ class OscBridge:
             elif ahead_s > MAX_AHEAD_S:
                 self._reject(
                     "timetag_too_far",
-                    f"OSC bundle from {_show(sender)} is timetagged {ahead_s:.0f} s "
+                    f"OSC bundle from {show(sender)} is timetagged {ahead_s:.0f} s "
                     f"ahead (limit {MAX_AHEAD_S:.0f} s): is the sender's clock set?",
                 )
             else:
@@ -344,7 +341,7 @@ class OscBridge:
 
     def _dispatch(self, address: str, args: list, sender: Address, received_at: float) -> None:
         with self._stats_lock:
-            self._last_message = " ".join([address, *map(repr, args), "from", _show(sender)])
+            self._last_message = " ".join([address, *map(repr, args), "from", show(sender)])
         path = address[len(self._prefix) :] if address.startswith(self._prefix) else None
         kind, _, name = (path or "").partition("/")
         if kind in ("knob", "norm") and name:
@@ -526,7 +523,7 @@ class OscBridge:
         try:
             self._socket.sendto(datagram, target)
         except OSError as error:
-            self._reject("send_failed", f"OSC send to {_show(target)} failed: {error}")
+            self._reject("send_failed", f"OSC send to {show(target)} failed: {error}")
 
     # bookkeeping
 
@@ -561,47 +558,3 @@ def _message(address: str, value: float | str) -> bytes:
     is_text = isinstance(value, str)
     builder.add_arg(value, OscMessageBuilder.ARG_TYPE_STRING if is_text else OscMessageBuilder.ARG_TYPE_FLOAT)
     return builder.build().dgram
-
-
-def _set_receive_buffer(sock: socket.socket, size_bytes: int) -> int:
-    """Ask for the buffer; root may exceed net.core.rmem_max. Returns what the kernel granted."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size_bytes)
-    granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # Linux reports double the asked size
-    if granted < size_bytes and _SO_RCVBUFFORCE is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, size_bytes)
-            granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        except OSError:
-            pass
-    if granted < size_bytes:
-        log.warning(
-            "OSC receive buffer is %d bytes, not the %d asked for: bursts may lose messages (raise net.core.rmem_max)",
-            granted,
-            size_bytes,
-        )
-    return granted
-
-
-def _resolve(address: tuple[str, int], family: int) -> Address:
-    return _lookup(*address, family=family)[0][4][:2]
-
-
-def _resolve_hosts(hosts: tuple[str, ...] | None) -> frozenset[str] | None:
-    if hosts is None:
-        return None
-    return frozenset(info[4][0] for host in hosts for info in _lookup(host, None))
-
-
-def _lookup(host: str, port: int | None, family: int = 0) -> list:
-    try:
-        return socket.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM)
-    except socket.gaierror as error:
-        raise ValueError(f"OSC host {host!r} does not resolve ({error}); use an address such as 127.0.0.1") from None
-
-
-def _is_loopback(host: str) -> bool:
-    return host.startswith("127.") or host == "::1"
-
-
-def _show(address: Address) -> str:
-    return f"{address[0]}:{address[1]}"

@@ -4,7 +4,7 @@ one write to that tensor: compiled layers do not recompile and captured tick gra
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -12,15 +12,18 @@ from torch import nn
 
 from .deltas import DeltaStack, kron_apply
 
-if TYPE_CHECKING:
-    from .attached import LoraSet
+class Strengths(Protocol):
+    """Where a LoraLinear reads its strengths (the decoder's LoraSet): shared ones, and per-row ones while set."""
+
+    strengths: torch.Tensor  # [MAX_LORAS]
+    row_strengths: torch.Tensor | None  # [rows, MAX_LORAS] around a batched forward of several sessions, else None
 
 
 class LoraLinear(DeltaStack):
     """base(x) + sum over attached LoRAs of strength * scale * delta(x). Low-rank deltas are stacked along the
     rank: x @ down.T (all LoRAs in one GEMM), times each column's scale x its LoRA's strength, @ up.T."""
 
-    def __init__(self, base: nn.Module, owner: LoraSet):
+    def __init__(self, base: nn.Module, owner: Strengths):
         super().__init__(base.in_features, base.out_features, owner.strengths.device)
         self.base = base
         self.owner = owner  # holds the strengths: not a buffer, so moving the module never splits the shared tensor
