@@ -27,6 +27,14 @@ DEFAULT_STEPS = 8  # denoising steps per generation: the turbo model's
 DEFAULT_SHIFT = 3.0  # timestep schedule shift
 DEFAULT_PRECISION = PRECISIONS[0]
 REALTIME_LATENT_INTERVAL_MS = 250.0  # a live session needs a fresh latent at least this often to play in real time
+MAX_PROMPT_CHARS = 4096  # a caption (prompt A, B or negative) from the command line, OSC or a served session
+
+
+def check_prompt_length(text: str, what: str = "prompt") -> str:
+    """`text` if it fits MAX_PROMPT_CHARS; else ValueError naming the limit."""
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ValueError(f"{what} has {len(text)} characters; a prompt takes at most {MAX_PROMPT_CHARS}")
+    return text
 
 
 def seconds_to_frames(seconds: float) -> int:

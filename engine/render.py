@@ -12,7 +12,7 @@ from .audio.files import check_wav, read_wav, write_wav
 from .lm.sampling import SamplingParams
 from .lm.song import lm_duration
 from .outputs import check_output_path
-from .params import DEFAULT_SHIFT, DEFAULT_STEPS, MAX_SONG_SECONDS, seconds_to_frames, song_frames
+from .params import DEFAULT_SHIFT, DEFAULT_STEPS, MAX_SONG_SECONDS, check_prompt_length, seconds_to_frames, song_frames
 from .sampling.schedule import validate_schedule_args
 from .session import Session, peak_normalize
 
@@ -55,9 +55,10 @@ class RenderRequest:
 
 
 def check_prompt(prompt: str, option: str = "--prompt") -> None:
-    """An empty caption gives the model nothing to follow: refused with an example."""
+    """An empty caption gives the model nothing to follow, a very long one is a mistake: refused with the fix."""
     if not prompt.strip():
         raise ValueError(f"the prompt is empty: describe the music, e.g. {option} 'ambient pads, slow'")
+    check_prompt_length(prompt, option)
 
 
 def render(session: Session, request: RenderRequest, on_step: Callable[[int, int], None] | None = None) -> Path:

@@ -23,7 +23,7 @@ from .lora import merge as merge_lora
 from .lora import unmerge as unmerge_lora
 from .lora.folded import FOLDABLE_DTYPES
 from .models.fp8 import check_fp8_device, to_fp8
-from .params import DEFAULT_SHIFT, DEFAULT_STEPS, LORA_MODES, PRECISIONS, seconds_to_frames
+from .params import DEFAULT_PRECISION, DEFAULT_SHIFT, DEFAULT_STEPS, LORA_MODES, PRECISIONS, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
 
 CAPTION_MAX_TOKENS = 256
@@ -60,7 +60,7 @@ class Session:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
-        precision: str = "bf16",
+        precision: str = DEFAULT_PRECISION,
     ) -> Session:
         """Weights from a local checkpoint path, or the seeded preset (default: tiny, no files needed).
 

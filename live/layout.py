@@ -1,4 +1,5 @@
-"""Controller layouts generated from the knob registry, so they always name real knobs and real ranges."""
+"""Controller layouts and the README's knob table, generated from the knob registry, so they always name real knobs and
+real ranges."""
 
 from __future__ import annotations
 
@@ -132,3 +133,29 @@ def open_stage_control_session(session: str = "default", knobs: tuple[KnobSpec, 
 def write_open_stage_control(path: Path = OPEN_STAGE_CONTROL_FILE, session: str = "default") -> Path:
     path.write_text(json.dumps(open_stage_control_session(session), indent=2) + "\n", encoding="utf-8")
     return path
+
+
+KNOB_FELT = {
+    KnobKind.SHARED: "next tick, by every generation in flight",
+    KnobKind.REQUEST: "next generation",
+    KnobKind.GLOBAL: "at once",
+}
+
+
+def _number(value: float, integer: bool) -> str:
+    return str(int(value)) if integer else f"{value:g}"
+
+
+def knob_table_markdown(knobs: tuple[KnobSpec, ...] = KNOB_SPECS) -> str:
+    """The README's knob table (Markdown), one row per knob of the registry, in the registry's order."""
+    rows = ["| knob | range | default | felt | what it does |", "|---|---|---|---|---|"]
+    for knob in knobs:
+        if knob.choices:
+            value_range, default = ", ".join(knob.choices), knob.choice(knob.default)
+        else:
+            value_range = f"{_number(knob.minimum, knob.integer)} to {_number(knob.maximum, knob.integer)}"
+            value_range += f" {knob.unit}" if knob.unit else ""
+            default = _number(knob.default, knob.integer)
+        description = knob.description.replace("|", "\\|")
+        rows.append(f"| `{knob.name}` | {value_range} | {default} | {KNOB_FELT[knob.kind]} | {description} |")
+    return "\n".join(rows) + "\n"

@@ -50,6 +50,7 @@ from pythonosc.osc_bundle import OscBundle
 from pythonosc.osc_message import OscMessage
 from pythonosc.osc_message_builder import OscMessageBuilder
 
+from ..engine.params import MAX_PROMPT_CHARS
 from .knobs import KnobChange, KnobError, KnobRegistry
 from .udp import Address, is_loopback, lookup, resolve, resolve_hosts, set_receive_buffer, show
 
@@ -348,7 +349,12 @@ class OscBridge:
             self._on_knob(kind, name, args, sender, received_at)
         elif path in PROMPT_PATHS:
             if self._one_string(address, args):
-                self._call("prompt", self._on_prompt, PROMPT_PATHS[path], args[0])
+                if len(args[0]) > MAX_PROMPT_CHARS:
+                    self._reject(
+                        "prompt_too_long", f"OSC {address}: a prompt takes at most {MAX_PROMPT_CHARS} characters"
+                    )
+                else:
+                    self._call("prompt", self._on_prompt, PROMPT_PATHS[path], args[0])
         elif kind == "target" and name in TARGET_COMMANDS:
             self._call("target", self._on_target, name)
         elif path == "transport":

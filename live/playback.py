@@ -11,8 +11,17 @@ Four modes:
 
 The callback never allocates audio memory, never locks and never waits: it copies the block at the playhead,
 applies the gain, optionally copies the block into a preallocated recording ring, and advances the counter.
+
 sounddevice is imported inside functions only: importing it initialises PortAudio, which must happen after a JACK
 server is up (and never in processes that make no sound).
+
+Real time: the output process runs at SCHED_FIFO 1 where the OS allows it (above every normal process, so a CPU hog
+cannot preempt its main thread while that holds the GIL the callback needs; below every audio thread, so its set-up
+never delays one), then raises the callback's thread to REALTIME_PRIORITY unless the host API made it real-time
+already (an RT JACK server does, at its own client priority). It locks its memory (mlockall) and freezes the garbage
+collector's generations before the stream starts. The null clock thread asks for REALTIME_PRIORITY for itself. Where
+the OS refuses, the parent logs it once, and the output process asks PortAudio for its "high" latency instead of
+"low" (a larger margin where the host API honours it; JACK's margin is its period).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from .loop_buffer import (
     UNDERRUNS,
     LoopBuffer,
 )
+from .realtime import acquire_realtime, log_refusal, promote_callback_thread, settle
 from .recording import RING_SECONDS, RecordingDrain
 
 MODES = ("process", "thread", "null", "null-process")
@@ -131,12 +141,15 @@ class BlockRenderer:
     def __init__(self, buffer: LoopBuffer, blocksize: int, record: np.ndarray | None):
         self.buffer, self.counters, self.reals, self.record = buffer, buffer.counters, buffer.reals, record
         self.heard = False  # a block with sound has played: from then on an all-zero block is a gap
+        self.native_id = 0  # the thread the callback runs on, once it ran
         self.unit_ramp = ((np.arange(blocksize, dtype=np.float32) + 1) / blocksize)[:, None]
         self.gain_curve = np.empty_like(self.unit_ramp)
         self.fade_steps = (np.arange(blocksize, dtype=np.float32) + 1)[:, None] / TRANSPORT_FADE_FRAMES
         self.fade_curve = np.empty_like(self.fade_steps)
 
     def callback(self, outdata: np.ndarray, frames: int, time_info, status) -> None:
+        if not self.native_id:  # once: the output process raises this thread's priority from outside
+            self.native_id = threading.get_native_id()
         if status.output_underflow:
             self.counters[UNDERRUNS] += 1
         self.render(outdata, frames)
@@ -201,8 +214,15 @@ class BlockRenderer:
         counters[CALLBACKS] += 1
 
 
-def _open_stream(renderer: BlockRenderer, device, blocksize: int):
-    """Open and start an OutputStream at the buffer's rate (JACK does not resample) -> (stream, device name)."""
+def _open_stream(
+    renderer: BlockRenderer,
+    device,
+    blocksize: int,
+    latency: str = "low",
+    before_start: Callable[[], None] | None = None,
+):
+    """Open and start an OutputStream at the buffer's rate (JACK does not resample) -> (stream, device name).
+    `before_start` runs once the stream (and PortAudio's threads) exist, before its first callback."""
     import sounddevice as sd
 
     buffer = renderer.buffer
@@ -214,7 +234,7 @@ def _open_stream(renderer: BlockRenderer, device, blocksize: int):
             device=index,
             channels=buffer.channels,
             dtype="float32",
-            latency="low",
+            latency=latency,
             callback=renderer.callback,
         )
     except (ValueError, sd.PortAudioError) as error:
@@ -222,6 +242,8 @@ def _open_stream(renderer: BlockRenderer, device, blocksize: int):
             f"cannot open audio output {device!r}: {error}" + ("" if LIST_HINT in str(error) else f". {LIST_HINT}")
         ) from error
     try:
+        if before_start is not None:
+            before_start()
         stream.start()
     except sd.PortAudioError as error:
         stream.close(ignore_errors=True)
@@ -270,19 +292,34 @@ def _output_process_main(
     null clock instead of a device). Ctrl-C reaches the whole process group: the parent decides when this process
     stops, so it ignores SIGINT."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # FIFO 1 for this thread and the ones PortAudio starts (they inherit it): above every normal process, so a CPU hog
+    # never preempts this thread while it holds the GIL the callback needs, and below every audio thread, so setting
+    # up (PortAudio probing devices, locking memory) never delays one, of this stream or of other JACK clients.
+    realtime, note = acquire_realtime(1)
     buffer = LoopBuffer.attach(buffer_name)
     record_shm = shared_memory.SharedMemory(name=record_name) if record_name else None
     record = np.ndarray((record_frames, buffer.channels), np.float32, record_shm.buf) if record_shm else None
     stream, stream_died = None, False
     try:
-        if null:
-            _null_process_main(buffer, BlockRenderer(buffer, blocksize, record), blocksize, conn)
+        renderer = BlockRenderer(buffer, blocksize, record)
+        if null:  # this thread is the clock
+            locked = settle()
+            if realtime:
+                note = "clock " + acquire_realtime()[1]
+            conn.send(("realtime", f"{note}; {locked}"))
+            _null_process_main(buffer, renderer, blocksize, conn)
             return
-        try:
-            stream, device_name = _open_stream(BlockRenderer(buffer, blocksize, record), device, blocksize)
+        settled = []
+        try:  # without RT, ask for PortAudio's larger margin (JACK's is its period whatever is asked)
+            stream, device_name = _open_stream(
+                renderer, device, blocksize, "low" if realtime else "high", lambda: settled.append(settle())
+            )
         except PlaybackError as error:
             conn.send(("error", str(error)))
             return
+        if realtime:
+            note = f"{promote_callback_thread(lambda: renderer.native_id)}; process SCHED_FIFO 1"
+        conn.send(("realtime", f"{note}; {settled[0]}"))
         conn.send(("started", device_name))
         parent = multiprocessing.parent_process()
         while not buffer.counters[STOP] and stream.active and parent.is_alive():
@@ -332,6 +369,7 @@ class Playback:
         self.recording: RecordingDrain | None = None
         self.device_name: str | None = None
         self.error: str | None = None
+        self.realtime: str | None = None  # how the output (process, or null clock thread) is scheduled
         self._record_shm: shared_memory.SharedMemory | None = None
         self._record: np.ndarray | None = None
         self._process = self._conn = self._stream = self._clock = None
@@ -410,16 +448,22 @@ class Playback:
         )
         self._process.start()
         child_conn.close()
-        if not self._conn.poll(_START_TIMEOUT_S):
-            self._end_process()
-            raise PlaybackError(f"the audio output process did not start within {_START_TIMEOUT_S:.0f} s")
-        try:
-            kind, text = self._conn.recv()
-        except EOFError:
-            self._end_process()
-            raise PlaybackError(
-                f"the audio output process died while starting (exit code {self._process.exitcode}). {LIST_HINT}"
-            ) from None
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        kind = "realtime"
+        while kind == "realtime":  # the process says how it is scheduled, then whether its output started
+            if not self._conn.poll(max(0.0, deadline - time.monotonic())):
+                self._end_process()
+                raise PlaybackError(f"the audio output process did not start within {_START_TIMEOUT_S:.0f} s")
+            try:
+                kind, text = self._conn.recv()
+            except EOFError:
+                self._end_process()
+                raise PlaybackError(
+                    f"the audio output process died while starting (exit code {self._process.exitcode}). {LIST_HINT}"
+                ) from None
+            if kind == "realtime":
+                self.realtime = text
+                log_refusal(text)
         if kind == "error":
             self._end_process()
             raise PlaybackError(text)
@@ -465,7 +509,11 @@ class Playback:
             self._record_shm = None
 
     def _clock_main(self) -> None:
-        """Null mode: the null clock on a thread of this process."""
+        """Null mode: the null clock on a thread of this process, SCHED_FIFO where allowed (this thread only: it
+        wakes on time under CPU load, though it still waits for the GIL like any thread here)."""
+        realtime, note = acquire_realtime()
+        self.realtime = note
+        log_refusal(note)
         run_null_clock(BlockRenderer(self.buffer, self.blocksize, self._record), self.blocksize, self._clock_stop.wait)
 
     # --- state -------------------------------------------------------------------------------------------------
@@ -519,6 +567,7 @@ class Playback:
             "underruns": self.underruns,
             "callbacks": self.buffer.callbacks,
             "latency_s": float(self.buffer.reals[LATENCY_S]),
+            "realtime": self.realtime,
             "recorded_s": int(self.buffer.counters[RECORDED]) / rate if self.record_path else 0.0,
             "error": self.error,
         }

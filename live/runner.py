@@ -10,10 +10,12 @@ between ticks; audio keeps playing from the buffer meanwhile.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from ..engine.stream import Finished
 from .knobs import KnobRegistry
 from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
+from .realtime import raise_thread_priority
 from .shared_ticker import SharedTicker
 from .writer import EMA_WEIGHT, AheadWriter
 
@@ -269,18 +272,19 @@ class LiveRunner:
             return
         self._thread = threading.Thread(target=self._run, name="flowjam-runner", daemon=True)
         self._thread.start()
+        _started.add(self)
 
     def stop(self) -> None:
         """Ask the loop to end after the tick (and the write) in progress and wait up to `config.stop_timeout_s`;
         on a shared ring, leave it (the lane ends, the other sessions play on)."""
         self._stop.set()
         self._encoder.stop()
-        deadline = time.monotonic() + self.config.stop_timeout_s
         if self._ticker is not None:
             self._ticker.detach(self, self.config.stop_timeout_s)
         if self._thread is not None:
             self._thread.join(self.config.stop_timeout_s)
-        self._writer.stop(max(0.0, deadline - time.monotonic()))
+        self._writer.stop(self.config.stop_timeout_s)  # its own wait: a write in progress ends before we return
+        _started.discard(self)
 
     @property
     def current_source(self) -> Source | None:
@@ -313,6 +317,7 @@ class LiveRunner:
     # ---- the loop (runner thread) ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        raise_thread_priority()
         while not self._stop.is_set():
             try:
                 self.tick()
@@ -545,3 +550,14 @@ def _prompt_slot(which: str) -> str:
     if which not in PROMPT_SLOTS:
         raise ValueError(f"prompt slot must be one of {', '.join(PROMPT_SLOTS)}, got {which!r}")
     return which
+
+
+_started: weakref.WeakSet[LiveRunner] = weakref.WeakSet()  # runners started and not stopped
+
+
+@atexit.register
+def _stop_started_runners() -> None:
+    """A daemon thread still inside a torch call when the interpreter finalizes aborts the process ("terminate called
+    without an active exception"): a runner nobody stopped is stopped, its writer too, before that."""
+    for runner in list(_started):
+        runner.stop()

@@ -22,6 +22,7 @@ import torch
 from ..engine.params import REALTIME_LATENT_INTERVAL_MS
 from ..engine.session import Session
 from ..engine.stream import RealtimeNeed, StreamLane, StreamPipeline
+from .realtime import raise_thread_priority
 
 log = logging.getLogger("flowjam.ticker")
 
@@ -155,6 +156,7 @@ class SharedTicker:
             runner.write_pending()
 
     def _run(self) -> None:
+        raise_thread_priority()
         while True:
             with self._lock:
                 while not self._playing and not self._stopping:

@@ -21,6 +21,7 @@ from ..engine.params import LATENT_RATE_HZ
 from ..engine.session import DECODE_MARGIN_FRAMES, Session
 from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
+from .realtime import raise_thread_priority
 
 FADE_FRAMES = 480  # 10 ms equal-gain edges on every patch
 LEAD_MARGIN_S = 0.03  # beyond the measured write time: the playback's own block and a late wake-up
@@ -115,6 +116,7 @@ class AheadWriter:
         return max(MIN_GAP_S, due - time.perf_counter())
 
     def _run(self) -> None:
+        raise_thread_priority()
         if self._cuda_stream is None:  # on a CPU the decode takes one core, so the ticks keep the others
             torch.set_num_threads(1)
         with torch.cuda.stream(self._cuda_stream) if self._cuda_stream is not None else nullcontext():

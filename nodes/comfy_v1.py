@@ -1,6 +1,8 @@
 """Classic ComfyUI node classes (INPUT_TYPES / RETURN_TYPES / FUNCTION) built from the declarations.
 
-Used when the running ComfyUI has no V3 schema API, and by the tests (these classes import without ComfyUI)."""
+Used when the running ComfyUI has no V3 schema API, and by the tests (these classes import without ComfyUI). Inside
+a ComfyUI server, importing this module also adds the live panel's routes (the V3 path adds them in its entry
+point)."""
 
 from __future__ import annotations
 
@@ -71,3 +73,20 @@ def legacy_validator(spec: NodeSpec) -> classmethod:
 
 NODE_CLASS_MAPPINGS = {spec.node_id: node_class(spec) for spec in NODE_SPECS}
 NODE_DISPLAY_NAME_MAPPINGS = {spec.node_id: spec.display_name for spec in NODE_SPECS}
+
+
+def register_web_routes() -> bool:
+    """The live panel's routes (nodes/web_routes.py) on ComfyUI's server when one runs this pack; -> whether they
+    were added now (False without ComfyUI, or when the V3 entry point or an earlier call added them)."""
+    try:
+        from server import PromptServer
+    except ImportError:
+        return False
+    if getattr(PromptServer, "instance", None) is None:
+        return False
+    from . import web_routes
+
+    return web_routes.register()
+
+
+register_web_routes()

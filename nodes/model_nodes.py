@@ -9,6 +9,7 @@ from ..engine.params import (
     BACKENDS,
     CURVE_OPS,
     DEFAULT_STEPS,
+    DTYPES,
     LATENT_RATE_HZ,
     MAX_SONG_SECONDS,
     MIN_SONG_SECONDS,
@@ -295,8 +296,8 @@ NODES = (
                 "dtype",
                 "COMBO",
                 "Weights and activations precision (bf16 on GPUs)",
-                "float32",
-                options=("float32", "bfloat16"),
+                DTYPES[0],
+                options=DTYPES,
             ),
             Param(
                 "backend",

@@ -33,14 +33,18 @@ class ServerError(RuntimeError):
 
 
 class Client:
-    def __init__(self, server: str, timeout_s: float = 60.0):
+    def __init__(self, server: str, timeout_s: float = 60.0, token: str | None = None, key: str | None = None):
         """`server`: the base URL, e.g. http://127.0.0.1:8000. `timeout_s` bounds every call (creating a session
-        on a GPU may take a while)."""
+        on a GPU may take a while). `token`: the token of a session created elsewhere (sessions this client creates
+        keep their own); `key`: the server key, to create and list sessions where the server has one."""
         parts = urllib.parse.urlsplit(server)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"server must be an http(s) URL such as http://127.0.0.1:8000, got {server!r}")
         self.server = server.rstrip("/")
         self.timeout_s = timeout_s
+        self.token = token
+        self.key = key
+        self.tokens: dict[str, str] = {}  # session -> its token, for the sessions this client created
 
     def health(self) -> bool:
         return bool(self._call("GET", "/health").get("ok"))
@@ -54,43 +58,56 @@ class Client:
         knobs: dict[str, float | str] | None = None,
         name: str | None = None,
     ) -> dict[str, Any]:
-        """Start a session -> {"session": name, "replica": id, "status": {...}}."""
+        """Start a session -> {"session": name, "replica": id, "status": {...}, "token": its token}; the client
+        keeps the token for its later calls on the session."""
         given = {"prompt_b": prompt_b, "negative": negative, "seconds": seconds, "knobs": knobs, "name": name}
         body = {"prompt": prompt, **{key: value for key, value in given.items() if value is not None}}
-        return self._call("POST", "/sessions", body)
+        created = self._call("POST", "/sessions", body, self.key)
+        self.tokens[created["session"]] = created["token"]
+        return created
 
     def end(self, session: str) -> None:
-        self._call("DELETE", _path(session))
+        self._call("DELETE", _path(session), credential=self._token(session))
+        self.tokens.pop(session, None)
 
     def status(self, session: str) -> dict[str, Any]:
-        return self._call("GET", _path(session))
+        return self._call("GET", _path(session), credential=self._token(session))
 
     def sessions(self) -> list[dict[str, str]]:
-        return self._call("GET", "/sessions")["sessions"]
+        """Every session on the server, for the server key's holder; an empty list without the key."""
+        return self._call("GET", "/sessions", credential=self.key)["sessions"]
 
     def set_knobs(self, session: str, knobs: dict[str, float | str]) -> dict[str, float | str]:
         """Set several knobs at once (a bad one sets none) -> the values they now hold."""
-        return self._call("POST", _path(session, "knobs"), knobs)["applied"]
+        return self._call("POST", _path(session, "knobs"), knobs, self._token(session))["applied"]
 
     def set_prompt(self, session: str, slot: str, text: str) -> None:
-        self._call("POST", _path(session, "prompt"), {"slot": slot, "text": text})
+        self._call("POST", _path(session, "prompt"), {"slot": slot, "text": text}, self._token(session))
 
     def stream(self, session: str) -> Stream:
         """The session's audio and events, with a channel for knob and prompt messages back."""
         url = "ws" + self.server.removeprefix("http") + _path(session, "stream")
         try:
-            connection = connect(url, open_timeout=self.timeout_s, compression=None, max_size=None).__enter__()
+            connection = connect(
+                url,
+                open_timeout=self.timeout_s,
+                compression=None,
+                max_size=None,
+                additional_headers=_authorization(self._token(session)),
+            ).__enter__()
             return Stream(connection)
         except InvalidStatus as error:
             raise ServerError(error.response.status_code, f"the server refused the stream {url}") from None
         except OSError as error:
             raise self._unreachable(error) from None
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _token(self, session: str) -> str | None:
+        return self.tokens.get(session, self.token)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None, credential: str | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.server + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json", **_authorization(credential)}
+        request = urllib.request.Request(self.server + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 return json.loads(response.read())
@@ -168,6 +185,10 @@ class Stream:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _authorization(credential: str | None) -> dict[str, str]:
+    return {} if credential is None else {"Authorization": f"Bearer {credential}"}
 
 
 def _path(session: str, *rest: str) -> str:

@@ -33,6 +33,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import MultiplexMixin, PendingRequest, RequestRouter, RunningReplica
 
 from ..engine.stream import MAX_LANES
+from .access import AccessPolicy
 from .errors import SessionLost, SessionRefused, UnknownSession
 from .gateway import LocalRouter, make_app
 from .host import HostOptions
@@ -368,20 +369,24 @@ def _cause(error: BaseException) -> BaseException:
 class Gateway:
     """The HTTP/WebSocket API (gateway.make_app) over the replicas."""
 
-    def __init__(self, replicas: DeploymentHandle):
+    def __init__(self, replicas: DeploymentHandle, policy: AccessPolicy):
         self.router = RayRouter(replicas)
+        self.policy = policy
 
     def __serve_build_asgi_app__(self):
-        return make_app(self.router)
+        return make_app(self.router, self.policy)
 
 
-def build_app(options: HostOptions, replicas: int, gpus_per_replica: float) -> serve.Application:
+def build_app(
+    options: HostOptions, replicas: int, gpus_per_replica: float, policy: AccessPolicy | None = None
+) -> serve.Application:
+    """The Ray Serve application; `policy`: the gateway's access rules (default: loopback, no key)."""
     if replicas < 1:
         raise ValueError(f"--replicas must be at least 1, got {replicas}")
     if options.device.startswith("cuda") and gpus_per_replica <= 0:
         raise ValueError("a cuda replica needs a GPU: pass --gpus-per-replica 1 (or a fraction to share one)")
     ring = RingReplica.options(num_replicas=replicas, ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": 1})
-    return Gateway.bind(ring.bind(options))
+    return Gateway.bind(ring.bind(options), policy or AccessPolicy())
 
 
 def start_on_ray(
@@ -392,10 +397,11 @@ def start_on_ray(
     host: str,
     port: int,
     num_cpus: int | None = None,
+    policy: AccessPolicy | None = None,
 ) -> str:
     """Start (or join, `address="auto"`) a Ray cluster, run the app on it and return its URL once it answers.
     `num_cpus`: the CPUs a local cluster offers (each replica takes one; default: every core)."""
-    app = build_app(options, replicas, gpus_per_replica)
+    app = build_app(options, replicas, gpus_per_replica, policy)
     if not ray.is_initialized():
         if address is None:
             ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
@@ -419,10 +425,16 @@ def stop_on_ray(joined: bool = False) -> None:
 
 
 def run_on_ray(
-    options: HostOptions, replicas: int, gpus_per_replica: float, address: str | None, host: str, port: int
+    options: HostOptions,
+    replicas: int,
+    gpus_per_replica: float,
+    address: str | None,
+    host: str,
+    port: int,
+    policy: AccessPolicy | None = None,
 ) -> None:
     """`flowjam serve` on Ray: run until Ctrl-C, then shut down."""
-    url = start_on_ray(options, replicas, gpus_per_replica, address, host, port)
+    url = start_on_ray(options, replicas, gpus_per_replica, address, host, port, policy=policy)
     print(f"flowjam serves {replicas} replica(s) of {options.preset} on Ray at {url} (Ctrl-C stops)", flush=True)
     try:
         while True:

@@ -1,8 +1,9 @@
-"""The HTTP/WebSocket face of the server: `make_app(router)` serves sessions through any `SessionRouter`, and
-`LocalRouter` is the router over one RingHost in this process (`flowjam serve --local`).
+"""The HTTP/WebSocket face of the server: `make_app(router, policy)` serves sessions through any `SessionRouter`
+behind the access rules of `access.py` (a token per session, the server key, Host/Origin checks, size limits: see
+`guard.py`), and `LocalRouter` is the router over one RingHost in this process (`flowjam serve --local`).
 
-Every error is a JSON body `{"error": message}`: SessionRefused -> 503, UnknownSession -> 404, SessionLost -> 410,
-any other ValueError (a bad knob, a bad spec) -> 400. On the audio WebSocket a bad control message is answered with
+Every error is a JSON body `{"error": message}`: no credential -> 401, a wrong one or a foreign Host/Origin -> 403,
+SessionRefused -> 503, UnknownSession -> 404, SessionLost -> 410, any other ValueError (a bad knob, a bad spec) -> 400. On the audio WebSocket a bad control message is answered with
 an `{"event": "error"}` and the audio keeps flowing: sending audio and reading control messages are two tasks."""
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
+from ..engine.params import check_prompt_length
+from .access import AccessDenied, AccessPolicy, SessionTokens, bearer
 from .errors import SessionLost, SessionRefused, UnknownSession
+from .guard import Guard
 from .protocol import ACK_WINDOW_FRAMES, chunk_sample, with_more_dropped
 
 if TYPE_CHECKING:
@@ -35,7 +40,7 @@ CREATE_FIELDS = {"prompt": (str,), "prompt_b": (str, type(None)), "negative": (s
 CREATE_FIELDS |= {"seconds": (int, float), "knobs": (dict,), "name": (str,)}
 POLL_S = 0.25  # the longest wait for a chunk: a stream that closes frees its poller thread within this
 POLLERS = 64
-CLOSE_NORMAL, CLOSE_INTERNAL, CLOSE_UNKNOWN_SESSION = 1000, 1011, 4404
+CLOSE_NORMAL, CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_UNKNOWN_SESSION = 1000, 1008, 1011, 4404
 SEND_BUFFER_BYTES = 128 * 1024  # Linux doubles it: ~1.3 s of audio (192 kB/s) waits there for a client that stalls
 
 
@@ -74,6 +79,8 @@ def check_create(body: dict[str, Any]) -> dict[str, Any]:
         if field in body and (not isinstance(body[field], types) or isinstance(body[field], bool)):
             wanted = " or ".join("null" if kind is type(None) else kind.__name__ for kind in types)
             raise ValueError(f"{field!r} must be {wanted}, got {type(body[field]).__name__} {body[field]!r}")
+    for field in ("prompt", "prompt_b", "negative"):
+        _check_prompt_length(field, body.get(field))
     name = body.get("name") or f"s-{secrets.token_hex(4)}"
     if not SESSION_NAME.fullmatch(name):
         raise ValueError(
@@ -82,14 +89,32 @@ def check_create(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "name": name}
 
 
-def make_app(router: SessionRouter) -> FastAPI:
+def make_app(router: SessionRouter, policy: AccessPolicy | None = None) -> FastAPI:
+    """The API over `router` under `policy` (default: loopback only, no server key, no browser origin)."""
+    policy = policy or AccessPolicy()
+    tokens = SessionTokens()
     app = FastAPI(title="flowjam", description="live ACE-Step 1.5 sessions: control over HTTP, audio over WebSocket")
+    if policy.origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=sorted(policy.origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    app.add_middleware(Guard, policy=policy)
 
     async def refused(request: Request, error: Exception) -> JSONResponse:
         return JSONResponse({"error": str(error)}, status_code=error_status(error))
 
+    async def denied(request: Request, error: Exception) -> JSONResponse:
+        return JSONResponse({"error": str(error)}, status_code=error.status)
+
     for kind in (SessionRefused, UnknownSession, SessionLost, ValueError):
         app.add_exception_handler(kind, refused)
+    app.add_exception_handler(AccessDenied, denied)
+
+    def opens(session: str, request: Request | WebSocket) -> None:
+        tokens.check(session, bearer(request.headers.get("authorization")))
 
     @app.get("/health")
     async def health() -> dict[str, bool]:
@@ -97,33 +122,56 @@ def make_app(router: SessionRouter) -> FastAPI:
 
     @app.post("/sessions", status_code=201)
     async def create(request: Request) -> dict[str, Any]:
-        return await router.create(check_create(await _json_object(request, "a session")))
+        """A new session; the answer holds its token, which every later call on it must send."""
+        policy.check_key(bearer(request.headers.get("authorization")))
+        spec = check_create(await _json_object(request, "a session"))
+        created = await router.create(spec)
+        return {**created, "token": tokens.issue(spec["name"])}
 
     @app.get("/sessions")
-    async def sessions() -> dict[str, list[dict[str, str]]]:
+    async def sessions(request: Request) -> dict[str, list[dict[str, str]]]:
+        """Every session, to the server key's holder only; nothing to anyone else."""
+        presented = bearer(request.headers.get("authorization"))
+        if not policy.lists_sessions or presented is None:
+            return {"sessions": []}
+        policy.check_key(presented)
         return {"sessions": await router.sessions()}
 
     @app.get("/sessions/{session}")
-    async def status(session: str) -> dict[str, Any]:
+    async def status(session: str, request: Request) -> dict[str, Any]:
+        opens(session, request)
         return await router.status(session)
 
     @app.delete("/sessions/{session}")
-    async def end(session: str) -> dict[str, str]:
-        await router.end(session)
+    async def end(session: str, request: Request) -> dict[str, str]:
+        opens(session, request)
+        try:
+            await router.end(session)
+        except (UnknownSession, SessionLost):
+            tokens.forget(session)
+            raise
+        tokens.forget(session)
         return {"ended": session}
 
     @app.post("/sessions/{session}/knobs")
     async def knobs(session: str, request: Request) -> dict[str, Any]:
+        opens(session, request)
         return {"applied": await router.set_knobs(session, await _json_object(request, "knobs"))}
 
     @app.post("/sessions/{session}/prompt")
     async def prompt(session: str, request: Request) -> dict[str, bool]:
+        opens(session, request)
         slot, text = _prompt_fields(await _json_object(request, "a prompt"))
         await router.set_prompt(session, slot, text)
         return {"ok": True}
 
     @app.websocket("/sessions/{session}/stream")
     async def stream(websocket: WebSocket, session: str) -> None:
+        try:
+            opens(session, websocket)
+        except AccessDenied as error:  # closed before it is accepted: the handshake is answered 403
+            await websocket.close(CLOSE_POLICY, str(error)[:120])
+            return
         await websocket.accept()
         try:
             await router.status(session)
@@ -134,7 +182,7 @@ def make_app(router: SessionRouter) -> FastAPI:
             return
         link = _Link(websocket)
         audio = asyncio.create_task(_send_audio(router, session, link))
-        control = asyncio.create_task(_read_control(router, session, link))
+        control = asyncio.create_task(_read_control(router, session, link, policy.max_message_bytes))
         try:
             await asyncio.wait((audio, control), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -209,12 +257,18 @@ async def _send_audio(router: SessionRouter, session: str, link: _Link) -> None:
     await link.close(CLOSE_NORMAL)
 
 
-async def _read_control(router: SessionRouter, session: str, link: _Link) -> None:
+async def _read_control(router: SessionRouter, session: str, link: _Link, max_bytes: int) -> None:
     """Apply the client's control messages until it disconnects; a bad one gets an error event, nothing stops."""
     while True:
         message = await link.websocket.receive()
         if message["type"] == "websocket.disconnect":
             return
+        size = len(message.get("text") or "") + len(message.get("bytes") or b"")
+        if size > max_bytes:
+            await link.send_event(
+                {"event": "error", "error": f"a control message of {size} bytes; at most {max_bytes}"}
+            )
+            continue
         acked = _ack(message.get("text"))
         if acked is not None:
             link.acked = acked if link.acked is None else max(link.acked, acked)
@@ -273,7 +327,13 @@ def _prompt_fields(body: dict[str, Any]) -> tuple[str, str]:
     slot, text = body.get("slot", "a"), body.get("text")
     if extra or not isinstance(slot, str) or not isinstance(text, str):
         raise ValueError(f'a prompt is {{"slot": "a" | "b" | "negative", "text": "..."}}, got {json.dumps(body)[:200]}')
+    _check_prompt_length("text", text)
     return slot, text
+
+
+def _check_prompt_length(field: str, text: Any) -> None:
+    if isinstance(text, str):
+        check_prompt_length(text, repr(field))
 
 
 class LocalRouter:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.params import LATENT_RATE_HZ, REALTIME_LATENT_INTERVAL_MS, song_frames
+from ..engine.params import DEFAULT_PRECISION, LATENT_RATE_HZ, REALTIME_LATENT_INTERVAL_MS, song_frames
 from ..engine.session import Session
 from ..engine.stream import MAX_LANES, AdmissionRefused
 from ..live.app import add_lora_knobs
@@ -53,7 +53,7 @@ class HostOptions:
     device: str = "cpu"
     dtype: str = "float32"
     backend: str | None = None
-    precision: str = "bf16"
+    precision: str = DEFAULT_PRECISION
     latent_interval_ms: float = REALTIME_LATENT_INTERVAL_MS
     loras: tuple[tuple[str, float], ...] = ()  # (file, strength a new session starts at), attached live
 
@@ -209,7 +209,7 @@ class RingHost:
         with self._lock:
             hosted = self._sessions.pop(name, None)
         if hosted is None:
-            raise UnknownSession(self._unknown(name))
+            raise UnknownSession(unknown_session(name))
         for subscription in hosted.subscriptions:
             subscription.finish(f"session {name!r} was ended")
         hosted.runner.stop()
@@ -321,12 +321,13 @@ class RingHost:
         with self._lock:
             hosted = self._sessions.get(name)
         if hosted is None:
-            raise UnknownSession(self._unknown(name))
+            raise UnknownSession(unknown_session(name))
         return hosted
 
-    def _unknown(self, name: str) -> str:
-        playing = ", ".join(self.names()) or "none"
-        return f"no session {name!r} on this host (playing: {playing}); create it with POST /sessions"
+
+def unknown_session(name: str) -> str:
+    """The refusal for a session this host does not hold; it names no other session (those belong to others)."""
+    return f"no session {name!r} on this host; create one with POST /sessions"
 
 
 def _knob_value(registry: KnobRegistry, name: str) -> float | str:

@@ -1,6 +1,6 @@
-"""Shared fixtures: a JACK dummy server (real audio and MIDI routing on a machine without a sound card), and the
-tiny session with two prompts, the null condition and a source that the stream tests share (a module may define its
-own under the same names)."""
+"""Shared fixtures: a JACK dummy server (real audio and MIDI routing on a machine without a sound card); the tiny
+session with two prompts, the null condition and a source that the stream tests share; the tiny model as ComfyUI's
+Load model node gives it, and the Qwen3 tokenizer. Helper functions live in helpers.py."""
 
 import math
 import os
@@ -13,7 +13,10 @@ import pytest
 import torch
 from flowjam.engine.bench.ticks import random_lora
 from flowjam.engine.lora import LowRank, lora_set
+from flowjam.engine.models.text_tokenizer import Qwen3Tokenizer
 from flowjam.engine.session import Session
+from flowjam.live import performances
+from helpers import node
 from safetensors.torch import save_file
 
 JACK_RATE = 48_000
@@ -27,7 +30,11 @@ def _jack_server_running(env) -> bool:
 
 @pytest.fixture(scope="session")
 def jack_server():
-    """Start `jackd -d dummy -r 48000 -p 1024` under a private server name (JACK_DEFAULT_SERVER); yields that name.
+    """Start `jackd -R -d dummy -r 48000 -p 1024` under a private server name (JACK_DEFAULT_SERVER); yields that name.
+
+    -R is jackd's default, as users run it: the server and every client's process thread (PortAudio's, the test
+    recorders') run SCHED_FIFO, so a busy machine cannot make one late (a late client is an xrun for the whole graph,
+    which PortAudio reports to flowjam as an output underflow). Where RT is not allowed jackd says so and runs anyway.
 
     PortAudio only lists the JACK host API if jackd already runs when it initialises, so sounddevice is
     re-initialised here; at the end PortAudio is terminated BEFORE jackd stops (else it aborts at exit)."""
@@ -39,7 +46,7 @@ def jack_server():
     os.environ["JACK_NO_AUDIO_RESERVATION"] = "1"
     env = dict(os.environ)
     process = subprocess.Popen(
-        ["jackd", "--no-realtime", "-n", name, "-d", "dummy", "-r", str(JACK_RATE), "-p", str(JACK_PERIOD)],
+        ["jackd", "-R", "-n", name, "-d", "dummy", "-r", str(JACK_RATE), "-p", str(JACK_PERIOD)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -135,3 +142,25 @@ def glow_lora_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("loras") / "glow.safetensors"
     save_file(tensors, str(path))
     return path
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The tiny preset as ComfyUI's Load model node gives it (fp32, eager, CPU): the MODEL input of the other nodes.
+    The node keeps the session it loaded, so every module gets the same one."""
+    (session,) = node("FlowjamLoadModel").run(
+        preset="tiny", checkpoint="none", device="cpu", dtype="float32", backend="eager"
+    )
+    return session
+
+
+@pytest.fixture
+def stop_streams():
+    """Every live stream the nodes started is stopped after the test (modules use it through `usefixtures`)."""
+    yield
+    performances.stop_all()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Qwen3Tokenizer:
+    return Qwen3Tokenizer.from_package()

@@ -20,6 +20,7 @@ import torch
 from flowjam.engine.outputs import atomic_output, check_output_path
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.osc import OscBridge, OscConfig
+from helpers import free_udp_port
 from test_audio_io import BAD_WAVS, raw_wav
 from test_checkpoints import bad_safetensors
 
@@ -134,12 +135,6 @@ def base_arguments(case: Case, extra: list[str], out: Path) -> list[str]:
         return ["bench", *extra]
     audio = [] if "--audio-device" in extra else ["--no-audio"]
     return ["live", *audio, "--osc-port", "0", "--seconds", "1", *extra]
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,9 @@ import wave  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from flowjam.engine.params import KNOB_SPECS  # noqa: E402
 from flowjam.nodes import NODE_SPECS  # noqa: E402
+from helpers import free_tcp_port, free_udp_port, wait_for  # noqa: E402
 from workflow_runner import load_workflow, to_api_format  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,16 +64,11 @@ PLAYWRIGHT = Path(os.environ.get("FLOWJAM_PLAYWRIGHT", "/tmp/pw"))
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = Path("/tmp/flowjam_live_panel.png")
 PROMPT_TIMEOUT_S = 120
+POLL_S = 0.2  # how often a test asks the server how a stream is doing
 
 
 def _comfy_python(root: Path) -> Path:
     return Path(os.environ.get("FLOWJAM_COMFYUI_PYTHON") or root / ".venv" / "bin" / "python")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _write_wav(path: Path, channels: int, rate: int, seconds: float) -> None:
@@ -210,15 +207,6 @@ class Comfy:
                 return int(line.split()[1]) * 1024
         raise AssertionError(f"no VmRSS for the server process {self.pid}")
 
-    def wait_for(self, condition, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = condition()
-            if value:
-                return value
-            time.sleep(0.2)
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
 
 def execution_error(entry: dict) -> dict | None:
     """The execution_error message of a history entry (node_id, exception_message, ...), or None."""
@@ -236,7 +224,7 @@ def api_prompt(name: str, osc_port: int | None = None) -> dict:
             node["inputs"]["audio_device"] = "none"
         if node["class_type"] == "FlowjamOscBridge" and osc_port is not None:
             node["inputs"]["port"] = osc_port
-            node["inputs"]["feedback"] = f"127.0.0.1:{_free_port()}"
+            node["inputs"]["feedback"] = f"127.0.0.1:{free_udp_port()}"
     return prompt
 
 
@@ -256,7 +244,7 @@ def capture_prompt(stream: str, seconds: float, prefix: str) -> dict:
 
 def wait_ticks(comfy: Comfy, ticks: int, stream: str = "jam") -> None:
     start = comfy.session(stream)["ticks"]
-    comfy.wait_for(lambda: comfy.session(stream)["ticks"] >= start + ticks, 15, f"{ticks} ticks of {stream!r}")
+    wait_for(lambda: comfy.session(stream)["ticks"] >= start + ticks, 15, f"{ticks} ticks of {stream!r}", POLL_S)
 
 
 def stop_prompt(stream: str) -> dict:
@@ -303,7 +291,7 @@ def comfy(tmp_path_factory):
         link.symlink_to(REPO, target_is_directory=True)
         made_link = True
 
-    port = _free_port()
+    port = free_tcp_port()
     log = work / "comfyui.log"
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
     command = [
@@ -380,10 +368,11 @@ def jam(comfy):
     prompt = api_prompt("flowjam_text_live_jam.json")
     if "jam" not in comfy.sessions():
         comfy.run_ok(prompt)
-    comfy.wait_for(
+    wait_for(
         lambda: comfy.session("jam")["playhead_s"] >= 3.0 or comfy.session("jam")["ticks"] > 200,
         30,
         "the jam stream to play 3 s",
+        POLL_S,
     )
     return prompt
 
@@ -428,7 +417,7 @@ def test_object_info_lists_every_flowjam_node_as_declared(comfy):
 
 @pytest.mark.parametrize("name", WORKFLOW_NAMES)
 def test_shipped_workflow_runs(comfy, name):
-    prompt = api_prompt(name, osc_port=_free_port())
+    prompt = api_prompt(name, osc_port=free_udp_port())
     started = time.monotonic()
     entry = comfy.run_ok(prompt)
     print(f"\n{name}: {time.monotonic() - started:.1f} s", file=sys.stderr)
@@ -560,7 +549,7 @@ def test_requeue_updates_the_running_stream_in_place(comfy, jam):
 
     # let the changed generations reach the speakers, then capture again (same prompt: the live nodes re-run)
     played = after["ticks"]
-    comfy.wait_for(lambda: comfy.session("jam")["ticks"] >= played + 120, 30, "120 more ticks")
+    wait_for(lambda: comfy.session("jam")["ticks"] >= played + 120, 30, "120 more ticks", POLL_S)
     second = comfy.run_ok(changed)
     later = comfy.session("jam")
     assert later["ticks"] > after["ticks"] and later["errors"] == 0 and comfy.sessions().count("jam") == 1
@@ -747,7 +736,7 @@ def test_bad_inputs_are_refused_and_name_the_input_while_the_stream_plays(comfy,
     assert error and error["node_type"] == "FlowjamStream" and "another model" in error["exception_message"], error
 
     ticks = comfy.session("jam")["ticks"]
-    comfy.wait_for(lambda: comfy.session("jam")["ticks"] > ticks + 10, 10, "the jam stream to keep ticking")
+    wait_for(lambda: comfy.session("jam")["ticks"] > ticks + 10, 10, "the jam stream to keep ticking", POLL_S)
     after = comfy.session("jam")
     assert after["ticks"] > before["ticks"] and after["playing"] and after["errors"] == before["errors"]
     assert after["knobs"]["prompt_blend"] == before["knobs"]["prompt_blend"]
@@ -790,6 +779,7 @@ const [url, workflowPath, out] = process.argv.slice(2);
       return {
         meters: panel.firstChild.textContent,
         sliders: Object.fromEntries([...panel.querySelectorAll('input[type=range]')].map((i) => [i.dataset.knob, [Number(i.value), Number(i.min), Number(i.max)]])),
+        knobs: [...panel.querySelectorAll('[data-knob]')].map((control) => control.dataset.knob),
         panel: { width: box.width, height: box.height, scrollHeight: panel.scrollHeight, clientHeight: panel.clientHeight },
         node: { size: [...node.size], min: [...node.computeSize()] },
         overlaps: window.app.graph._nodes.filter((other) => other !== node
@@ -860,7 +850,8 @@ def test_live_panel_shows_the_running_stream_in_the_browser(comfy, jam, tmp_path
     before = result["before"]
     assert before["meters"].startswith("tick ") and "playhead" in before["meters"] and "lead" in before["meters"]
     sliders = before["sliders"]
-    assert set(sliders) == {"velocity_scale", "denoise", "prompt_blend", "ode_noise", "guidance", "volume"}
+    assert set(before["knobs"]) == {spec.name for spec in KNOB_SPECS}, "the panel has a row for every registry knob"
+    assert {"velocity_scale", "denoise", "prompt_blend", "ode_noise", "guidance", "volume"} <= set(sliders)
     assert sliders["velocity_scale"] == [pytest.approx(1.25), 0, 2]  # the stream's knob value and range
     assert sliders["denoise"][0] == pytest.approx(0.7) and sliders["volume"][0] == pytest.approx(0.8)
     panel, node = before["panel"], before["node"]
@@ -1155,7 +1146,7 @@ def test_the_panel_without_a_stream_is_disabled_backs_off_and_logs_nothing(comfy
 def test_a_graph_with_an_osc_bridge_and_a_stream_stop_runs_clean(comfy):
     """Stream -> OSC bridge, and a Shared curve on another branch; a Stream stop chained after both runs last: the
     graph runs with no error and no traceback, the bridge's port is free again, and the same graph runs twice."""
-    port = _free_port()
+    port = free_udp_port()
     prompt = api_prompt("flowjam_prompt_blend_osc.json", osc_port=port)
     stream = node_id(prompt, "FlowjamStream")
     prompt[stream]["inputs"]["session_id"] = "osc_stop"
@@ -1236,13 +1227,13 @@ def test_free_gives_the_models_memory_back_and_a_running_stream_plays_on(comfy):
             return freed if freed >= expected / 2 else 0  # the running stream's own churn takes back tens of MB
 
         what = f"the server's memory to go down by half the models' {expected / mb:.0f} MB of weights"
-        freed = comfy.wait_for(given_back, 20, what)
+        freed = wait_for(given_back, 20, what, POLL_S)
         print(
             f"\n/free: {MODEL_COPIES} tiny models ({expected / mb:.0f} MB of weights) took {(loaded - before) / mb:.0f} MB;"
             f" {freed / mb:.0f} MB given back after {time.monotonic() - started:.1f} s",
             file=sys.stderr,
         )
-        comfy.wait_for(lambda: comfy.session("kept")["ticks"] > ticks + 10, 10, "the stream to keep ticking")
+        wait_for(lambda: comfy.session("kept")["ticks"] > ticks + 10, 10, "the stream to keep ticking", POLL_S)
         playing = comfy.session("kept")
         assert playing["playing"] and playing["errors"] == 0, playing
         comfy.run_ok(prompt)  # the freed models load again on demand

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import pytest
 import torch
 from flowjam.engine.conditioning import Conditioning
 from flowjam.engine.models.acestep import AceStepModel
@@ -11,17 +12,19 @@ from flowjam.engine.models.presets import TINY, TURBO_2B, XL
 from spec_keys import official_keys
 
 
-def test_full_configs_have_exactly_the_official_keys_and_shapes():
-    for config, count, params in ((TURBO_2B, 677, 2_393_872_518), (XL, 829, 4_987_310_726)):
-        with torch.device("meta"):
-            model = AceStepModel(config)
-        ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        expected = official_keys(config)
-        assert len(expected) == count
-        assert ours.keys() == expected.keys(), sorted(ours.keys() ^ expected.keys())[:10]
-        wrong = {k: (ours[k], expected[k]) for k in ours if ours[k] != expected[k]}
-        assert not wrong, wrong
-        assert sum(p.numel() for p in model.parameters()) == params
+@pytest.mark.parametrize(
+    "config, count, params", [(TURBO_2B, 677, 2_393_872_518), (XL, 829, 4_987_310_726)], ids=["turbo-2b", "xl"]
+)
+def test_full_configs_have_exactly_the_official_keys_and_shapes(config, count, params):
+    with torch.device("meta"):
+        model = AceStepModel(config)
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expected = official_keys(config)
+    assert len(expected) == count
+    assert ours.keys() == expected.keys(), sorted(ours.keys() ^ expected.keys())[:10]
+    wrong = {k: (ours[k], expected[k]) for k in ours if ours[k] != expected[k]}
+    assert not wrong, wrong
+    assert sum(p.numel() for p in model.parameters()) == params
 
 
 def test_full_size_state_dict_loads_strictly_without_memory():
@@ -39,15 +42,15 @@ def tiny_inputs(batch: int, frames: int, seed: int = 0):
     return x, context, cond
 
 
-def test_forward_shapes_for_odd_and_even_lengths():
+@pytest.mark.parametrize("frames", [1, 2, 37, 40, 251])
+def test_forward_shapes_for_odd_and_even_lengths(frames):
     torch.manual_seed(0)
     dit = DiTDecoder(TINY).eval()
-    for frames in (1, 2, 37, 40, 251):
-        x, context, cond = tiny_inputs(2, frames)
-        with torch.no_grad():
-            v = dit(x, torch.tensor([1.0, 0.3]), context, encoder_hidden_states=cond)
-        assert v.shape == (2, frames, 64)
-        assert torch.isfinite(v).all()
+    x, context, cond = tiny_inputs(2, frames)
+    with torch.no_grad():
+        v = dit(x, torch.tensor([1.0, 0.3]), context, encoder_hidden_states=cond)
+    assert v.shape == (2, frames, 64)
+    assert torch.isfinite(v).all()
 
 
 def test_sliding_mask_is_plus_minus_128_tokens():

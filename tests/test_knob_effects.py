@@ -12,7 +12,6 @@ restored latent is taken once the ring has turned over: the (depth + 1)-th gener
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +24,7 @@ from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import PLAYED, LoopBuffer
 from flowjam.live.playback import BlockRenderer
 from flowjam.live.runner import LiveRunner
+from helpers import wait_for
 from pythonosc.udp_client import SimpleUDPClient
 
 SONG_SECONDS = 1.0
@@ -65,12 +65,8 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def session():
-    return Session.load(preset="tiny")
-
-
-@pytest.fixture(scope="module")
-def source(session):
+def noise_source(session):
+    """A cover source for the `structure` knob: SONG_SECONDS of seeded stereo noise."""
     noise = torch.Generator().manual_seed(3)
     audio = 0.3 * torch.randn(2, int(SONG_SECONDS * session.sample_rate), generator=noise)
     return session.prepare_source(audio, session.sample_rate)
@@ -134,11 +130,11 @@ class Rig:
 
 
 @pytest.fixture
-def rig(request, session, source):
+def rig(request, session, noise_source):
     rigs = []
 
     def make(case: KnobCase) -> Rig:
-        rigs.append(Rig(session, case, source))
+        rigs.append(Rig(session, case, noise_source))
         return rigs[-1]
 
     yield make
@@ -227,14 +223,6 @@ def test_volume_scales_what_is_played_and_restores_it_bit_for_bit(rig):
     assert np.array_equal(played, loop * 0.8), "volume set back must play exactly what an untouched run plays"
 
 
-def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def test_osc_cfg_mode_guidance_negative_prompt_and_target_capture_change_the_sound(session):
     """The knobs that did nothing before: played over OSC (python-osc as the controller), felt in the latents."""
     registry = KnobRegistry()
@@ -252,8 +240,8 @@ def test_osc_cfg_mode_guidance_negative_prompt_and_target_capture_change_the_sou
         return latent_after(run, seq, nth=5)
 
     def applied(count: int) -> None:
-        wait_until(lambda: app.osc.stats()["applied"] >= count, f"{count} OSC messages applied")
-        wait_until(lambda: not run.encoding, "prompt encoding")
+        wait_for(lambda: app.osc.stats()["applied"] >= count, 10, f"{count} OSC messages applied")
+        wait_for(lambda: not run.encoding, 10, "prompt encoding")
 
     try:
         plain = after(0)

@@ -2,10 +2,12 @@
 
 import json
 import logging
+import mmap
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -13,64 +15,123 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flowjam.engine.audio.files import read_wav
-from flowjam.engine.session import Session
 from flowjam.live.app import LiveApp, LiveConfig
 from flowjam.live.bench import measure_latency
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.layout import OPEN_STAGE_CONTROL_FILE, open_stage_control_session
+from helpers import free_udp_port, wait_for
 from pythonosc.udp_client import SimpleUDPClient
 
 SONG_SECONDS = 4.0
 
+_RECORDER_PROCESS = r"""
+import mmap, sys
+import jack
+import numpy as np
 
-@pytest.fixture(scope="module")
-def session():
-    return Session.load(preset="tiny")
-
-
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+with open(sys.argv[1], "r+b") as file:
+    shared = mmap.mmap(file.fileno(), 0)
+frames = int(sys.argv[2])
+state = np.ndarray((4,), np.int64, shared)  # frames written, phase, (unused), xruns
+audio = np.ndarray((frames, 2), np.float32, shared, 32)
+client = jack.Client("flowjam-test-recorder", no_start_server=True)
+inputs = [client.inports.register(f"in_{channel}") for channel in range(2)]
 
 
-class JackRecorder:
-    """A second JACK client that records whatever flowjam's output ports play."""
+def process(count):
+    written = int(state[0])
+    take = min(count, frames - written)
+    for channel, port in enumerate(inputs):
+        audio[written : written + take, channel] = port.get_array()[:take]
+    state[0] = written + take
 
-    def __init__(self, seconds: float):
-        import jack
 
-        self.client = jack.Client("flowjam-test-recorder")
-        self.ports = [self.client.inports.register(f"in_{i}") for i in range(2)]
-        self.data = np.zeros((int(seconds * self.client.samplerate), 2), np.float32)
-        self.written = 0
-        self.client.set_process_callback(self._process)
+def xrun(delayed_usecs):
+    state[3] += 1
 
-    def _process(self, frames: int) -> None:
-        end = min(self.written + frames, len(self.data))
-        for channel, port in enumerate(self.ports):
-            self.data[self.written : end, channel] = port.get_array()[: end - self.written]
-        self.written = end
 
-    def __enter__(self):
-        self.client.activate()
-        sources = [p for p in self.client.get_ports(is_output=True, is_audio=True) if not p.name.startswith("system:")]
-        for source, sink in zip(sources, self.ports):
-            self.client.connect(source, sink)
-        return self
+client.set_process_callback(process)
+client.set_xrun_callback(xrun)
+client.activate()
+state[1] = 1  # active: the test may ask for the connections
+for command in sys.stdin:  # blocked in read() without the GIL, which the process callback needs; EOF: stop
+    ports = client.get_ports(is_output=True, is_audio=True)
+    sources = sorted(port.name for port in ports if not port.name.startswith("system:"))
+    if len(sources) != 2:
+        print(f"expected PortAudio's two output ports, JACK has {sources}", file=sys.stderr)
+        state[1] = -1
+    else:
+        for source, sink in zip(sources, inputs):
+            client.connect(source, sink)
+        state[1] = 3
+client.deactivate()
+client.close()
+"""
 
-    def __exit__(self, *exc):
-        self.client.deactivate()
-        self.client.close()
+
+class JackRecorderProcess:
+    """helpers.JackRecorder (connect_portaudio, written, stop) with its JACK client in a process of its own. Here the
+    engine's threads share this process's GIL, and a recorder whose Python callback waits for the GIL finishes a
+    JACK cycle late: an xrun for the whole graph, which PortAudio reports to flowjam's output as an underflow."""
+
+    def __init__(self, seconds: float, sample_rate: int = 48_000):
+        self.frames = int(seconds * sample_rate)
+        folder = "/dev/shm" if Path("/dev/shm").is_dir() else None  # tmpfs: the callback writes memory, not a disk
+        handle, name = tempfile.mkstemp(prefix="flowjam-recorder-", dir=folder)
+        self.path = Path(name)
+        size = 32 + 8 * self.frames
+        with open(handle, "r+b") as file:
+            file.truncate(size)
+            self._shared = mmap.mmap(file.fileno(), size)
+        self.state = np.ndarray((4,), np.int64, self._shared)
+        self.audio = np.ndarray((self.frames, 2), np.float32, self._shared, 32)
+        self.audio[:] = 0  # commit the pages before the callback writes them
+        self._err, self._finished = "", False
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _RECORDER_PROCESS, str(self.path), str(self.frames)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_for(lambda: self.state[1] != 0 or self.process.poll() is not None, 30, "the recorder process")
+            assert self.state[1] == 1, f"the recorder process failed: {self._finish()}"
+        except BaseException:
+            self._finish()
+            raise
+
+    @property
+    def written(self) -> int:
+        return int(self.state[0])
+
+    @property
+    def xruns(self) -> int:
+        return int(self.state[3])
+
+    def connect_portaudio(self) -> None:
+        self.state[1] = 2
+        self.process.stdin.write("connect\n")
+        self.process.stdin.flush()
+        wait_for(lambda: self.state[1] != 2 or self.process.poll() is not None, 10, "the recorder's connections")
+        assert self.state[1] == 3, f"the recorder could not connect: {self._finish()}"
+
+    def _finish(self) -> str:
+        """Stop the process (once: closing its stdin ends it) and free the shared file -> what it wrote to stderr."""
+        if not self._finished:
+            self._finished = True
+            try:
+                self._err = self.process.communicate(timeout=10)[1]
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self._err = self.process.communicate()[1]
+            self.path.unlink(missing_ok=True)
+        return self._err
+
+    def stop(self) -> np.ndarray:
+        """Close the client; the audio recorded, [frames, 2]."""
+        self._finish()
+        return self.audio[: self.written].copy()
 
 
 def test_stream_is_heard_through_jack_and_recorded_exactly(session, jack_server, tmp_path):
@@ -88,14 +149,18 @@ def test_stream_is_heard_through_jack_and_recorded_exactly(session, jack_server,
     )
     app.start()
     try:
-        wait_for(lambda: app.runner.stats.latents >= 2, what="first latents")
-        with JackRecorder(seconds=2 * SONG_SECONDS + 2) as recorder:
+        wait_for(lambda: app.runner.stats.latents >= 2, 30, "first latents")
+        recorder = JackRecorderProcess(seconds=2 * SONG_SECONDS + 2)
+        try:
+            recorder.connect_portaudio()
             time.sleep(2.0)
             app.runner.stop()  # freeze the loop: from now on playback repeats what the runner last wrote
             frozen = app.buffer.snapshot()
             mark = recorder.written
             time.sleep(SONG_SECONDS + 1.5)
-            captured = recorder.data[mark : recorder.written].T
+        finally:
+            recorded = recorder.stop()
+        captured = recorded[mark:].T
         stats = app.playback.stats()
     finally:
         app.stop()
@@ -118,7 +183,7 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
     if shutil.which("oscsend") is None or shutil.which("oscdump") is None:
         print("SKIPPED: liblo-tools (oscsend/oscdump) not installed; .ci/run installs it", file=sys.stderr)
         pytest.skip("liblo-tools not installed")
-    feedback_port = free_port()
+    feedback_port = free_udp_port()
     dump = subprocess.Popen(["oscdump", "-L", str(feedback_port)], stdout=subprocess.PIPE, text=True, bufsize=1)
     app = LiveApp(
         session,
@@ -135,15 +200,16 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
     reader = threading.Thread(target=lambda: lines.extend(iter(dump.stdout.readline, "")), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: app.runner.stats.latents >= 1, what="first latent")
+        wait_for(lambda: app.runner.stats.latents >= 1, 30, "first latent")
         port = app.osc.address[1]
         subprocess.run(
             ["oscsend", "localhost", str(port), "/flowjam/default/knob/velocity_scale", "f", "0.25"], check=True
         )
-        wait_for(lambda: app.registry.get("velocity_scale") == 0.25, what="oscsend to reach the registry")
+        wait_for(lambda: app.registry.get("velocity_scale") == 0.25, 30, "oscsend to reach the registry")
         wait_for(
             lambda: any(r.change.name == "velocity_scale" for r in app.runner.stats.latencies),
-            what="the change to reach the ear",
+            30,
+            "the change to reach the ear",
         )
         record = next(r for r in app.runner.stats.latencies if r.change.name == "velocity_scale")
         assert record.change.origin == "osc"
@@ -151,12 +217,13 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
         assert float(app.runner.stream.pipeline.shared_curves()["velocity_scale"].flatten()[0]) == 0.25
         client = SimpleUDPClient("127.0.0.1", port)
         client.send_message("/flowjam/default/norm/denoise", 0.5)
-        wait_for(lambda: abs(app.registry.get("denoise") - 0.5) < 1e-9, what="the normalised alias")
+        wait_for(lambda: abs(app.registry.get("denoise") - 0.5) < 1e-9, 30, "the normalised alias")
         client.send_message("/flowjam/default/prompt", "bright plucks")
-        wait_for(lambda: "bright plucks" in (app.status().get("last_osc") or ""), what="the prompt message")
+        wait_for(lambda: "bright plucks" in (app.status().get("last_osc") or ""), 30, "the prompt message")
         wait_for(
             lambda: any("/flowjam/default/knob/velocity_scale" in line and "0.25" in line for line in lines),
-            what="oscdump feedback",
+            30,
+            "oscdump feedback",
         )
     finally:
         app.stop()
@@ -171,7 +238,7 @@ def test_bad_osc_input_and_a_flood_never_stop_the_music(session):
     assert shared_memory_file.exists()
     app.start()
     try:
-        wait_for(lambda: app.runner.stats.latents >= 1, what="first latent")
+        wait_for(lambda: app.runner.stats.latents >= 1, 30, "first latent")
         client = SimpleUDPClient("127.0.0.1", app.osc.address[1])
         client.send_message("/flowjam/default/knob/velocity_scale", "loud")
         client.send_message("/flowjam/default/knob/no_such_knob", 1.0)
@@ -183,8 +250,8 @@ def test_bad_osc_input_and_a_flood_never_stop_the_music(session):
         for i in range(10_000):
             client.send_message("/flowjam/default/knob/velocity_scale", 0.5 + (i % 100) / 100)
         client.send_message("/flowjam/default/knob/velocity_scale", 1.375)
-        wait_for(lambda: app.registry.get("velocity_scale") == 1.375, what="the last flood value")
-        wait_for(lambda: app.runner.stats.latents > latents_before + 3, what="the stream to keep producing")
+        wait_for(lambda: app.registry.get("velocity_scale") == 1.375, 30, "the last flood value")
+        wait_for(lambda: app.runner.stats.latents > latents_before + 3, 30, "the stream to keep producing")
         assert app.registry.get("denoise") == 1.0
         rejected = app.osc.stats()["rejected"]
         assert app.status()["osc"]["rejected"] == rejected, "status carries the OSC reject counters"
@@ -209,7 +276,7 @@ def test_latency_benchmark_orders_shared_before_per_request(session):
 
 
 def test_live_cli_exact_form_records_what_was_played(tmp_path):
-    feedback_port, osc_port = free_port(), free_port()
+    feedback_port, osc_port = free_udp_port(), free_udp_port()
     record = tmp_path / "rec.wav"
     command = [
         sys.executable,
@@ -236,7 +303,7 @@ def test_live_cli_exact_form_records_what_was_played(tmp_path):
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         client = SimpleUDPClient("127.0.0.1", osc_port)
         got = b""
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # the CLI starting (torch, the model) on a loaded machine
         while b"velocity_scale" not in got and time.monotonic() < deadline:
             client.send_message("/flowjam/default/knob/velocity_scale", 1.5)
             try:
@@ -253,7 +320,7 @@ def test_live_cli_exact_form_records_what_was_played(tmp_path):
 
 def test_open_stage_control_layout_is_current_and_names_real_knobs():
     shipped = json.loads(OPEN_STAGE_CONTROL_FILE.read_text())
-    assert shipped == open_stage_control_session(), "regenerate with engine.live.layout.write_open_stage_control()"
+    assert shipped == open_stage_control_session(), "regenerate with flowjam.live.layout.write_open_stage_control()"
     registry = KnobRegistry()
     faders = [w for w in shipped["content"]["widgets"] if w["type"] == "fader"]
     switches = [w for w in shipped["content"]["widgets"] if w["type"] == "switch"]
@@ -271,7 +338,7 @@ def test_open_stage_control_layout_is_current_and_names_real_knobs():
 def test_transport_stop_fades_to_silence_within_20_ms_and_play_resumes(session, tmp_path):
     """OSC /transport stop: the recording is silent (below -90 dBFS) from 20 ms after the fade starts, the engine keeps
     ticking; play fades back in at the playhead; both are echoed to the controller and shown in status."""
-    feedback_port = free_port()
+    feedback_port = free_udp_port()
     record = tmp_path / "transport.wav"
     app = LiveApp(
         session,
@@ -292,21 +359,21 @@ def test_transport_stop_fades_to_silence_within_20_ms_and_play_resumes(session, 
         try:
             client = SimpleUDPClient("127.0.0.1", app.osc.address[1])
             wait_for(
-                lambda: app.runner.stats.latents >= 2 and app.playback.playhead_frames > 24_000, what="audio playing"
+                lambda: app.runner.stats.latents >= 2 and app.playback.playhead_frames > 24_000, 30, "audio playing"
             )
             before_stop = app.playback.playhead_frames
             client.send_message("/flowjam/default/transport", "stop")
-            wait_for(lambda: app.buffer.fade_started_frames >= before_stop, what="the stop fade")
+            wait_for(lambda: app.buffer.fade_started_frames >= before_stop, 30, "the stop fade")
             stop_fade = app.buffer.fade_started_frames
-            wait_for(lambda: app.status()["transport"] == "stopped", what="status to say stopped")
+            wait_for(lambda: app.status()["transport"] == "stopped", 30, "status to say stopped")
             ticks = app.runner.stats.ticks
             time.sleep(0.5)
             assert app.runner.stats.ticks > ticks, "the engine must stay warm (keep ticking) while stopped"
             before_play = app.playback.playhead_frames
             client.send_message("/flowjam/default/transport", "play")
-            wait_for(lambda: app.buffer.fade_started_frames >= before_play, what="the play fade")
+            wait_for(lambda: app.buffer.fade_started_frames >= before_play, 30, "the play fade")
             play_fade = app.buffer.fade_started_frames
-            wait_for(lambda: app.playback.playhead_frames > play_fade + 24_000, what="audio after play")
+            wait_for(lambda: app.playback.playhead_frames > play_fade + 24_000, 30, "audio after play")
             echoes = b""
             deadline = time.monotonic() + 5
             while not (b"stop" in echoes and b"play" in echoes) and time.monotonic() < deadline:
@@ -356,16 +423,16 @@ def test_a_burst_of_200_prompts_never_stalls_the_ticks_and_the_last_one_wins(ses
 
     watcher = threading.Thread(target=watch, daemon=True)
     try:
-        wait_for(lambda: app.runner.stats.latents >= 2, what="first latents")
+        wait_for(lambda: app.runner.stats.latents >= 2, 30, "first latents")
         watcher.start()
         time.sleep(2.0)
         before = len(seen)
         client = SimpleUDPClient("127.0.0.1", app.osc.address[1])
         for i in range(200):
             client.send_message("/flowjam/default/prompt", f"burst prompt {i}")
-        wait_for(lambda: app.osc.stats()["applied"] >= 200, what="the 200 prompt messages")
-        wait_for(lambda: not app.runner.encoding, what="prompt encoding to settle")
-        wait_for(lambda: app.runner._prompts["a"].caption == "burst prompt 199", what="the last prompt to win")
+        wait_for(lambda: app.osc.stats()["applied"] >= 200, 30, "the 200 prompt messages")
+        wait_for(lambda: not app.runner.encoding, 30, "prompt encoding to settle")
+        wait_for(lambda: app.runner._prompts["a"].caption == "burst prompt 199", 30, "the last prompt to win")
         time.sleep(0.5)
         underruns = app.playback.stats()["underruns"]
     finally:
@@ -460,10 +527,10 @@ def test_stopping_a_stream_while_it_ticks_never_raises(session, caplog):
         )
         app = LiveApp(session, config, registry, initial_conditionings=(prompt, prompt))
         app.start()
-        wait_for(lambda app=app, ticks=1 + cycle % 3: app.runner.stats.ticks >= ticks, what="a tick")
+        wait_for(lambda app=app, ticks=1 + cycle % 3: app.runner.stats.ticks >= ticks, 30, "a tick")
         app.stop()
         status = app.status()  # the panel may still poll a stream that just stopped
         assert status["ticks"] >= 1
-        wait_for(lambda app=app: not app.runner.alive, what="the runner to finish its last tick")
+        wait_for(lambda app=app: not app.runner.alive, 30, "the runner to finish its last tick")
         assert app.runner.stats.errors == 0, f"cycle {cycle}: {app.runner.stats.last_error}"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]

@@ -13,7 +13,6 @@ from flowjam.engine.lm.metadata import (
 from flowjam.engine.lm.prompts import metadata_prompt
 from flowjam.engine.lm.sampling import SamplingParams
 from flowjam.engine.models.lm import LM_PRESETS, Qwen3LM
-from flowjam.engine.models.text_tokenizer import Qwen3Tokenizer
 from flowjam.engine.prompts import BPM_RANGE, DURATION_RANGE_S, KEY_SCALES, LANGUAGES, TIME_SIGNATURES
 
 CAPTION = "lofi hip hop with dusty drums and a mellow rhodes"
@@ -42,11 +41,6 @@ def lm() -> Qwen3LM:
             if "norm" not in name:
                 parameter.normal_(std=0.02)
     return model
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Qwen3Tokenizer:
-    return Qwen3Tokenizer.from_package()
 
 
 class RecordingLM:

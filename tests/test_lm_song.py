@@ -15,7 +15,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def session():
+def lm_session():
+    """The tiny preset with the tiny LM attached."""
     session = Session.load()
     session.attach_lm()
     return session
@@ -25,8 +26,8 @@ def test_codes_cover_the_duration_at_five_per_second():
     assert [codes_for_seconds(s) for s in (10, 60, 12.3, 600)] == [50, 300, 62, 3000]
 
 
-def test_generate_codes_gives_one_row_per_seed_with_the_given_metadata(session):
-    song = session.generate_codes(
+def test_generate_codes_gives_one_row_per_seed_with_the_given_metadata(lm_session):
+    song = lm_session.generate_codes(
         "ambient pads, slow", 12.0, bpm=90, key="C major", time_signature="3/4", seeds=(0, 1, 2)
     )
     assert song.codes.shape == (3, 60) and song.codes.dtype == torch.int64
@@ -38,39 +39,41 @@ def test_generate_codes_gives_one_row_per_seed_with_the_given_metadata(session):
         12,
     )
     assert not torch.equal(song.codes[0], song.codes[1])
-    again = session.generate_codes("ambient pads, slow", 12.0, bpm=90, key="C major", time_signature="3/4", seeds=(1,))
+    again = lm_session.generate_codes(
+        "ambient pads, slow", 12.0, bpm=90, key="C major", time_signature="3/4", seeds=(1,)
+    )
     # A seed's draws do not depend on its batch neighbours. Only the first codes are compared: this random LM's
     # code distribution is nearly flat, so CPU GEMMs of other batch sizes (last-bit differences) can move a CDF
     # boundary later on; test_lm_generate checks whole sequences with a peaked model.
     assert torch.equal(again.codes[0, :8], song.codes[1, :8])
 
 
-def test_open_metadata_is_written_by_phase_one(session):
-    song = session.generate_codes("dark techno", 10.0, seeds=(4,))
+def test_open_metadata_is_written_by_phase_one(lm_session):
+    song = lm_session.generate_codes("dark techno", 10.0, seeds=(4,))
     meta = song.metadata
     assert meta.bpm is not None and 30 <= meta.bpm <= 300
     assert meta.keyscale is not None and meta.timesignature in (2, 3, 4, 6) and meta.duration_s == 10
 
 
-def test_codes_become_the_context_the_dit_is_conditioned_on(session):
-    codes = session.generate_codes("lofi beat", 10.0, bpm=80, key="A minor", time_signature=4, seeds=(0,)).codes[0]
-    context = session.codes_context(codes, 250)
+def test_codes_become_the_context_the_dit_is_conditioned_on(lm_session):
+    codes = lm_session.generate_codes("lofi beat", 10.0, bpm=80, key="A minor", time_signature=4, seeds=(0,)).codes[0]
+    context = lm_session.codes_context(codes, 250)
     assert context.shape == (1, 250, 128)
-    expected_hints = session.models.acestep.codes_to_hints(codes[None], 250)
+    expected_hints = lm_session.models.acestep.codes_to_hints(codes[None], 250)
     torch.testing.assert_close(context[..., :64], expected_hints)
     assert torch.equal(context[..., 64:], torch.ones(1, 250, 64))
-    other = session.codes_context(torch.roll(codes, 7), 250)
+    other = lm_session.codes_context(torch.roll(codes, 7), 250)
     assert not torch.allclose(other, context), "different codes must give a different structure"
     with pytest.raises(ValueError, match="50 codes cover 10 s but 300 frames need 60"):
-        session.codes_context(codes, 300)
+        lm_session.codes_context(codes, 300)
 
 
-def test_the_structure_reaches_the_generated_latent(session):
-    conditioning = session.encode_text("lofi beat", bpm=80)
+def test_the_structure_reaches_the_generated_latent(lm_session):
+    conditioning = lm_session.encode_text("lofi beat", bpm=80)
     frames = 250
-    song = session.generate_codes("lofi beat", 10.0, bpm=80, key="A minor", time_signature=4, seeds=(0, 1))
+    song = lm_session.generate_codes("lofi beat", 10.0, bpm=80, key="A minor", time_signature=4, seeds=(0, 1))
     latents = [
-        session.generate(conditioning, 10.0, seed=3, context_latents=session.codes_context(codes, frames))
+        lm_session.generate(conditioning, 10.0, seed=3, context_latents=lm_session.codes_context(codes, frames))
         for codes in song.codes
     ]
     assert latents[0].shape == (1, frames, 64)
@@ -87,9 +90,9 @@ def test_the_structure_reaches_the_generated_latent(session):
         ({"caption": "x", "duration_s": 10.0, "bpm": 900}, "bpm"),
     ],
 )
-def test_bad_song_requests_are_refused(session, kwargs, message):
+def test_bad_song_requests_are_refused(lm_session, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        session.generate_codes(**kwargs)
+        lm_session.generate_codes(**kwargs)
 
 
 def test_unknown_lm_preset_and_missing_lm_are_clear_errors():
@@ -125,10 +128,10 @@ def first_live_latent(session, lm: bool, structure: float) -> torch.Tensor:
     return app.runner._latest
 
 
-def test_live_lm_structure_is_heard_and_the_structure_knob_fades_it(session):
-    plain = first_live_latent(session, lm=False, structure=1.0)
-    structured = first_live_latent(session, lm=True, structure=1.0)
-    faded_out = first_live_latent(session, lm=True, structure=0.0)
+def test_live_lm_structure_is_heard_and_the_structure_knob_fades_it(lm_session):
+    plain = first_live_latent(lm_session, lm=False, structure=1.0)
+    structured = first_live_latent(lm_session, lm=True, structure=1.0)
+    faded_out = first_live_latent(lm_session, lm=True, structure=0.0)
     assert (structured - plain).abs().mean() > 1e-3, "the LM structure did not change the stream"
     torch.testing.assert_close(faded_out, plain)
 

@@ -22,18 +22,18 @@ FRAMES = 50
 
 
 @pytest.fixture
-def session():
+def fresh_session():
     """A fresh tiny session per test: LoRAs change its decoder."""
     return Session.load(preset="tiny")
 
 
 @pytest.fixture
-def inputs(session):
+def inputs(fresh_session):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, FRAMES, 64, generator=g)
     t = torch.tensor([0.9, 0.4])
-    context = session.context_latents(FRAMES, None).expand(2, -1, -1)
-    prompt = session.encode_text("lora test: bright plucked strings")
+    context = fresh_session.context_latents(FRAMES, None).expand(2, -1, -1)
+    prompt = fresh_session.encode_text("lora test: bright plucked strings")
     return x, t, context, prompt.encoder_hidden_states
 
 
@@ -75,8 +75,10 @@ def module_paths(decoder):
 
 
 @pytest.mark.parametrize("rslora", [False, True], ids=["lora", "rslora"])
-def test_unmerged_and_merged_equal_peft_at_several_strengths_and_unmerge_is_exact(session, inputs, tmp_path, rslora):
-    decoder = session.models.acestep.decoder
+def test_unmerged_and_merged_equal_peft_at_several_strengths_and_unmerge_is_exact(
+    fresh_session, inputs, tmp_path, rslora
+):
+    decoder = fresh_session.models.acestep.decoder
     reference, config = peft_reference(decoder, rank=4, alpha=6, rslora=rslora)
     save_peft_folder(reference, config, tmp_path / "style")
     adapter = read_lora(tmp_path / "style", module_paths(decoder))
@@ -174,20 +176,20 @@ def write_formats(tensors, folder):
     return [peft_folder, folder / "comfy.safetensors", folder / "kohya.safetensors"]
 
 
-def test_every_file_format_loads_to_the_same_effect(session, inputs, tmp_path):
-    decoder = session.models.acestep.decoder
+def test_every_file_format_loads_to_the_same_effect(fresh_session, inputs, tmp_path):
+    decoder = fresh_session.models.acestep.decoder
     tensors = low_rank_tensors(decoder)
     rank = 3
     dense = {path: (up @ down) * (alpha / rank) for path, (down, up, alpha) in tensors.items()}
-    expected = expected_output(session, inputs, dense, 0.8)
+    expected = expected_output(fresh_session, inputs, dense, 0.8)
     for path in write_formats(tensors, tmp_path):
-        name = session.load_lora(path, strength=0.8, name="style")
+        name = fresh_session.load_lora(path, strength=0.8, name="style")
         torch.testing.assert_close(forward(decoder, inputs), expected, rtol=1e-4, atol=1e-5, msg=str(path))
-        session.unload_lora(name)
+        fresh_session.unload_lora(name)
 
 
-def test_lokr_file_applies_the_kronecker_delta_in_every_mode(session, inputs, tmp_path):
-    decoder = session.models.acestep.decoder
+def test_lokr_file_applies_the_kronecker_delta_in_every_mode(fresh_session, inputs, tmp_path):
+    decoder = fresh_session.models.acestep.decoder
     g = torch.Generator().manual_seed(3)
     tensors, dense = {}, {}
     for path in ("layers.0.self_attn.q_proj", "layers.1.mlp.down_proj"):
@@ -200,11 +202,11 @@ def test_lokr_file_applies_the_kronecker_delta_in_every_mode(session, inputs, tm
         tensors[f"{flat}.alpha"] = torch.tensor(1.0)
         dense[path] = torch.kron(w1, w2_a @ w2_b) * (1.0 / 2)
     save_file(tensors, str(tmp_path / "lokr.safetensors"))
-    expected = expected_output(session, inputs, dense, 1.5)
+    expected = expected_output(fresh_session, inputs, dense, 1.5)
     for mode in ("live", "folded", "merged"):
-        name = session.load_lora(tmp_path / "lokr.safetensors", strength=1.5, mode=mode)
+        name = fresh_session.load_lora(tmp_path / "lokr.safetensors", strength=1.5, mode=mode)
         torch.testing.assert_close(forward(decoder, inputs), expected, rtol=1e-4, atol=1e-5)
-        session.unload_lora(name)
+        fresh_session.unload_lora(name)
 
 
 def stream_latent(session, prompt, ticks=6, backend="eager"):
@@ -217,38 +219,38 @@ def stream_latent(session, prompt, ticks=6, backend="eager"):
 
 
 @pytest.mark.parametrize("mode", LIVE_MODES)
-def test_strength_knob_changes_the_stream_and_returns_bit_for_bit_without_recompiling(session, tmp_path, mode):
+def test_strength_knob_changes_the_stream_and_returns_bit_for_bit_without_recompiling(fresh_session, tmp_path, mode):
     """The lora/<name> knob through the live runner's path: the next tick hears it; set back, the stream is the
     same to the bit; on compiled layers a strength change compiles nothing."""
     from torch._dynamo.utils import counters
 
-    decoder = session.models.acestep.decoder
+    decoder = fresh_session.models.acestep.decoder
     reference, config = peft_reference(decoder, rank=4, alpha=8)
     save_peft_folder(reference, config, tmp_path / "style")
-    prompt = session.encode_text("strength knob")
-    name = session.load_lora(tmp_path / "style", mode=mode)
-    assert session.loras[name][1] == mode
+    prompt = fresh_session.encode_text("strength knob")
+    name = fresh_session.load_lora(tmp_path / "style", mode=mode)
+    assert fresh_session.loras[name][1] == mode
     registry = KnobRegistry()
     registry.add(lora_knob(name))
     assert registry.get(f"lora/{name}") == 1.0
-    at_one = stream_latent(session, prompt)
-    session.set_lora_strength(name, registry.set(f"lora/{name}", 0.3).value)
-    at_low = stream_latent(session, prompt)
+    at_one = stream_latent(fresh_session, prompt)
+    fresh_session.set_lora_strength(name, registry.set(f"lora/{name}", 0.3).value)
+    at_low = stream_latent(fresh_session, prompt)
     assert (at_low - at_one).abs().max() > 1e-3, "the strength knob did not change the stream"
-    session.set_lora_strength(name, registry.set(f"lora/{name}", 1.0).value)
-    assert torch.equal(stream_latent(session, prompt), at_one), "strength back at 1 is not the same stream"
-    stream_latent(session, prompt, backend="compile")
+    fresh_session.set_lora_strength(name, registry.set(f"lora/{name}", 1.0).value)
+    assert torch.equal(stream_latent(fresh_session, prompt), at_one), "strength back at 1 is not the same stream"
+    stream_latent(fresh_session, prompt, backend="compile")
     compiled = counters["frames"]["ok"]
-    session.set_lora_strength(name, 1.8)
-    stream_latent(session, prompt, backend="compile")
+    fresh_session.set_lora_strength(name, 1.8)
+    stream_latent(fresh_session, prompt, backend="compile")
     assert counters["frames"]["ok"] == compiled, "a strength change recompiled the layers"
 
 
 @pytest.mark.parametrize("mode", LIVE_MODES)
-def test_strength_on_cross_attention_kv_reaches_cached_conditions(session, tmp_path, mode):
+def test_strength_on_cross_attention_kv_reaches_cached_conditions(fresh_session, tmp_path, mode):
     """K/V of a condition are cached; a LoRA on cross_attn.k_proj/v_proj changes them: a strength change rebuilds
     them for the next tick."""
-    decoder = session.models.acestep.decoder
+    decoder = fresh_session.models.acestep.decoder
     tensors = {p: t for p, t in low_rank_tensors(decoder).items() if p.endswith(("cross_attn.k_proj", "v_proj"))}
     save_file(
         {
@@ -258,14 +260,14 @@ def test_strength_on_cross_attention_kv_reaches_cached_conditions(session, tmp_p
         },
         str(tmp_path / "kv.safetensors"),
     )
-    prompt = session.encode_text("cross kv")
-    name = session.load_lora(tmp_path / "kv.safetensors", strength=0.0, mode=mode)
-    silent = stream_latent(session, prompt)
-    session.set_lora_strength(name, 2.0)
-    loud = stream_latent(session, prompt)
+    prompt = fresh_session.encode_text("cross kv")
+    name = fresh_session.load_lora(tmp_path / "kv.safetensors", strength=0.0, mode=mode)
+    silent = stream_latent(fresh_session, prompt)
+    fresh_session.set_lora_strength(name, 2.0)
+    loud = stream_latent(fresh_session, prompt)
     assert (loud - silent).abs().max() > 1e-3
-    session.set_lora_strength(name, 0.0)
-    assert torch.equal(stream_latent(session, prompt), silent)
+    fresh_session.set_lora_strength(name, 0.0)
+    assert torch.equal(stream_latent(fresh_session, prompt), silent)
 
 
 def bad_file(tmp_path, kind):
@@ -299,26 +301,29 @@ def bad_file(tmp_path, kind):
         ("missing lora_B", "lora_B / lora_up is missing"),
     ],
 )
-def test_bad_files_are_refused_clearly_and_the_loaded_loras_stay(session, inputs, tmp_path, kind, message):
-    decoder = session.models.acestep.decoder
+def test_bad_files_are_refused_clearly_and_the_loaded_loras_stay(fresh_session, inputs, tmp_path, kind, message):
+    decoder = fresh_session.models.acestep.decoder
     reference, config = peft_reference(decoder)
     save_peft_folder(reference, config, tmp_path / "style")
-    session.load_lora(tmp_path / "style", strength=0.7)
-    session.load_lora(tmp_path / "style", strength=0.4, name="folded style", mode="folded")
+    fresh_session.load_lora(tmp_path / "style", strength=0.7)
+    fresh_session.load_lora(tmp_path / "style", strength=0.4, name="folded style", mode="folded")
     before = forward(decoder, inputs)
     with pytest.raises(ValueError, match=message):
-        session.load_lora(bad_file(tmp_path, kind), mode="folded")
+        fresh_session.load_lora(bad_file(tmp_path, kind), mode="folded")
     assert torch.equal(forward(decoder, inputs), before), "a refused file changed the model"
-    assert session.loras == {"style": (pytest.approx(0.7), "live"), "folded style": (pytest.approx(0.4), "folded")}
+    assert fresh_session.loras == {
+        "style": (pytest.approx(0.7), "live"),
+        "folded style": (pytest.approx(0.4), "folded"),
+    }
 
 
-def test_a_model_saved_with_loras_attached_has_the_base_keys_and_weights(session, tmp_path):
-    decoder = session.models.acestep.decoder
+def test_a_model_saved_with_loras_attached_has_the_base_keys_and_weights(fresh_session, tmp_path):
+    decoder = fresh_session.models.acestep.decoder
     before = {k: v.clone() for k, v in decoder.state_dict().items()}
     reference, config = peft_reference(decoder)
     save_peft_folder(reference, config, tmp_path / "style")
-    session.load_lora(tmp_path / "style")
-    session.load_lora(tmp_path / "style", name="folded", mode="folded")
+    fresh_session.load_lora(tmp_path / "style")
+    fresh_session.load_lora(tmp_path / "style", name="folded", mode="folded")
     state = decoder.state_dict()
     assert set(state) == set(before), "LoRA layers changed the checkpoint keys"
     assert all(torch.equal(state[k], v) for k, v in before.items())
@@ -326,52 +331,52 @@ def test_a_model_saved_with_loras_attached_has_the_base_keys_and_weights(session
     assert isinstance(decoder.layers[0].self_attn.q_proj, LoraLinear)
 
 
-def test_folding_over_a_merge_and_unwinding_both_returns_the_exact_weights(session, inputs, tmp_path):
+def test_folding_over_a_merge_and_unwinding_both_returns_the_exact_weights(fresh_session, inputs, tmp_path):
     """A merge while LoRAs are folded changes the weights they rest at: folded + merged give the sum of both,
     and undoing both, in either order, leaves the weights there were."""
-    decoder = session.models.acestep.decoder
+    decoder = fresh_session.models.acestep.decoder
     original = {k: v.clone() for k, v in decoder.state_dict().items()}
     tensors = low_rank_tensors(decoder)
     dense = {path: (up @ down) * (alpha / 3) for path, (down, up, alpha) in tensors.items()}
     paths = write_formats(tensors, tmp_path)
-    expected = expected_output(session, inputs, dense, 0.5 + 0.7)
+    expected = expected_output(fresh_session, inputs, dense, 0.5 + 0.7)
     for unwind in ("folded first", "merged first"):
-        session.load_lora(paths[1], strength=0.5, name="folded", mode="folded")
-        session.load_lora(paths[2], strength=0.7, name="merged", mode="merged")
+        fresh_session.load_lora(paths[1], strength=0.5, name="folded", mode="folded")
+        fresh_session.load_lora(paths[2], strength=0.7, name="merged", mode="merged")
         torch.testing.assert_close(forward(decoder, inputs), expected, rtol=1e-4, atol=1e-5)
         order = ("folded", "merged") if unwind == "folded first" else ("merged", "folded")
         for name in order:
-            session.unload_lora(name)
+            fresh_session.unload_lora(name)
         assert all(torch.equal(original[k], v) for k, v in decoder.state_dict().items()), unwind
 
 
-def test_folding_into_fp8_layers_is_refused_with_the_fix(session, tmp_path):
+def test_folding_into_fp8_layers_is_refused_with_the_fix(fresh_session, tmp_path):
     from flowjam.engine.models.fp8 import to_fp8
 
-    decoder = session.models.acestep.decoder
+    decoder = fresh_session.models.acestep.decoder
     reference, config = peft_reference(decoder)
     save_peft_folder(reference, config, tmp_path / "style")
     to_fp8(decoder)
     with pytest.raises(ValueError, match="load this LoRA live"):
-        session.load_lora(tmp_path / "style", mode="folded")
-    assert session.loras == {}
-    assert session.lora_mode("auto") == "live"
+        fresh_session.load_lora(tmp_path / "style", mode="folded")
+    assert fresh_session.loras == {}
+    assert fresh_session.lora_mode("auto") == "live"
 
 
-def test_out_of_range_strength_and_unknown_names_are_refused(session, tmp_path):
-    decoder = session.models.acestep.decoder
+def test_out_of_range_strength_and_unknown_names_are_refused(fresh_session, tmp_path):
+    decoder = fresh_session.models.acestep.decoder
     reference, config = peft_reference(decoder)
     save_peft_folder(reference, config, tmp_path / "style")
-    session.load_lora(tmp_path / "style")
+    fresh_session.load_lora(tmp_path / "style")
     for strength in (float("nan"), -0.1, 2.5):
         with pytest.raises(ValueError, match="strength must be a number in"):
-            session.set_lora_strength("style", strength)
+            fresh_session.set_lora_strength("style", strength)
     with pytest.raises(ValueError, match="no LoRA named 'other'"):
-        session.set_lora_strength("other", 1.0)
+        fresh_session.set_lora_strength("other", 1.0)
     with pytest.raises(ValueError, match="loaded already"):
-        session.load_lora(tmp_path / "style")
+        fresh_session.load_lora(tmp_path / "style")
     with pytest.raises(ValueError, match="unknown LoRA mode 'baked'"):
-        session.load_lora(tmp_path / "style", name="other", mode="baked")
+        fresh_session.load_lora(tmp_path / "style", name="other", mode="baked")
     assert len(lora_set(decoder).attached) == 1 and MAX_LORAS >= 2
-    session.unload_lora("style")
+    fresh_session.unload_lora("style")
     assert not any(isinstance(m, LoraLinear) for m in decoder.modules()), "unloading left LoRA layers behind"

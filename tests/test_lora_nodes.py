@@ -2,40 +2,23 @@
 exact audio, a re-queued strength changes a running stream in place through its lora/<name> knob, and a bad file
 is refused while the stream plays on with the LoRAs it had."""
 
-import time
-
 import pytest
 import torch
-from flowjam import NODE_CLASS_MAPPINGS
 from flowjam.live import performances
 from flowjam.nodes.spec import NodeInputError
+from helpers import generate, node, stream, text, wait_for
 from safetensors.torch import save_file
 
-
-def node(node_id: str):
-    return NODE_CLASS_MAPPINGS[node_id]()
-
-
-@pytest.fixture(scope="module")
-def model():
-    (session,) = node("FlowjamLoadModel").run(
-        preset="tiny", checkpoint="none", device="cpu", dtype="float32", backend="eager"
-    )
-    return session
+TAGS = "lora node test, warm keys"
 
 
 @pytest.fixture(scope="module")
 def prompt(model):
-    return text(model)
-
-
-def text(model):
-    defaults = dict(lyrics="", bpm=0, key="", time_signature="", duration=0.0, task="text2music", language="")
-    return node("FlowjamTextConditioning").run(model=model, tags="lora node test, warm keys", **defaults)[0]
+    return text(model, TAGS)
 
 
 @pytest.fixture(autouse=True)
-def stop_streams(model):
+def stop_streams_and_unload_loras(model):
     """Streams stop and LoRAs go after each test: Load model shares its session with every test module."""
     yield
     performances.stop_all()
@@ -61,10 +44,7 @@ def with_lora(model, path, strength=1.0, mode="live"):
 
 
 def audio(model, prompt):
-    result = node("FlowjamGenerate").run(
-        model=model, conditioning=prompt, seconds=2.0, seed=42, steps=4, shift=3.0, denoise=1.0
-    )
-    return result[1]["samples"]
+    return generate(model, prompt)[1]["samples"]
 
 
 def test_a_lora_chain_changes_generate_and_taking_it_away_restores_the_exact_latent(model, prompt, tmp_path):
@@ -87,20 +67,7 @@ def test_a_lora_chain_changes_generate_and_taking_it_away_restores_the_exact_lat
 
 
 def run_stream(model, prompt, name):
-    node("FlowjamStream").run(
-        model=model,
-        conditioning=prompt,
-        session_id=name,
-        song_seconds=2.0,
-        depth=1,
-        steps=4,
-        denoise=1.0,
-        seed=42,
-        shift=3.0,
-        prompt_blend=0.0,
-        structure=1.0,
-        audio_device="none",
-    )
+    stream(model, prompt, name, depth=1, denoise=1.0)
     return performances.get(name)
 
 
@@ -108,10 +75,7 @@ def settled_latent(app):
     """The newest latent once three generations that started after now have finished (depth 1, denoise 1: every
     generation is the same render while nothing changes)."""
     finished = app.runner.stats.latents
-    deadline = time.monotonic() + 30
-    while app.runner.stats.latents < finished + 3:
-        assert time.monotonic() < deadline, "the stream stopped making latents"
-        time.sleep(0.01)
+    wait_for(lambda: app.runner.stats.latents >= finished + 3, 30, "three more latents (has the stream stopped?)")
     return app.runner.latest.clone()
 
 
@@ -138,10 +102,7 @@ def test_a_bad_lora_file_is_refused_and_the_stream_keeps_its_loras(model, prompt
     with pytest.raises(NodeInputError, match="lora_B / lora_up is missing"):
         run_stream(with_lora(with_lora(model, style, strength=0.8), str(broken)), prompt, "lora-bad")
     assert model.loras["style"] == (pytest.approx(0.8), "live")
-    deadline = time.monotonic() + 10
-    while app.runner.stats.ticks < ticks + 3:
-        assert time.monotonic() < deadline, "the stream stopped ticking"
-        time.sleep(0.01)
+    wait_for(lambda: app.runner.stats.ticks >= ticks + 3, 10, "three more ticks (has the stream stopped?)")
     assert app.runner.alive and app.runner.stats.errors == 0
     with pytest.raises(NodeInputError, match="not a file in ComfyUI/models/loras"):
         with_lora(model, str(tmp_path / "missing.safetensors"))
@@ -156,7 +117,7 @@ def test_nodes_make_their_state_outside_comfyuis_inference_mode(tmp_path):
             preset="tiny", checkpoint="none", device="cpu", dtype="bfloat16", backend="eager"
         )
         model = with_lora(session, lora_file(session, tmp_path / "style.safetensors"))
-        audio(model, text(session))
+        audio(model, text(session, TAGS))
     decoder = session.models.acestep.decoder
     assert not any(t.is_inference() for t in (*decoder.parameters(), *decoder.buffers()))
     session.set_lora_strength("style", 0.5)  # what the runner thread does, outside inference mode

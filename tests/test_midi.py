@@ -20,6 +20,7 @@ from flowjam.live.midi import (
     MidiStats,
     list_ports,
 )
+from helpers import wait_for
 
 
 def cc(control, value, channel=0):
@@ -287,14 +288,6 @@ def test_a_failing_message_is_counted_not_raised_on_the_midi_thread():
 # Real JACK MIDI
 
 
-def wait_for(condition, what, timeout_s=3.0):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.002)
-
-
 @pytest.fixture(scope="module")
 def jack_midi(jack_server):
     """(sending port, JACK client that patches ports); the sender is a virtual output of client fj-sender."""
@@ -335,12 +328,12 @@ def test_jack_learn_then_follow(connected):
     send = connected(mapper)
     mapper.learn("velocity_scale")
     send(cc(21, 100))
-    wait_for(lambda: mapper.mappings(), "the learned mapping")
+    wait_for(lambda: mapper.mappings(), 3, "the learned mapping")
     assert mapper.mappings() == [CCMapping("velocity_scale", 0, 21)]
     assert registry.get("velocity_scale") == 1.0, "the learning move must wait for pickup"
     for value in (50, 10):
         send(cc(21, value))
-    wait_for(lambda: mapper.stats().received == 3, "3 CCs")
+    wait_for(lambda: mapper.stats().received == 3, 3, "3 CCs")
     assert registry.get("velocity_scale") == pytest.approx(2 * 10 / 127)
     assert mapper.stats().applied == 2
 
@@ -353,7 +346,7 @@ def test_jack_fourteen_bit_pairs(connected):
     for index, (msb, lsb) in enumerate(pairs):
         send(cc(1, msb))
         send(cc(33, lsb))
-        wait_for(lambda expected=2 * (index + 1): mapper.stats().received == expected, f"pair {index}")
+        wait_for(lambda expected=2 * (index + 1): mapper.stats().received == expected, 3, f"pair {index}")
         assert registry.get("denoise") == pytest.approx(((msb << 7) | lsb) / 16383, abs=1e-4), (msb, lsb)
 
 
@@ -363,15 +356,15 @@ def test_jack_soft_takeover(connected):
     send = connected(mapper)
     for value in (0, 25):  # the control sits at 0.2 and owns the knob
         send(cc(22, value))
-    wait_for(lambda: mapper.stats().applied == 2, "the control to engage")
+    wait_for(lambda: mapper.stats().applied == 2, 3, "the control to engage")
     registry.set("prompt_blend", 0.8, origin="osc")
     for value in (35, 50, 64):  # 0.28 .. 0.50
         send(cc(22, value))
-    wait_for(lambda: mapper.stats().received == 5, "5 CCs")
+    wait_for(lambda: mapper.stats().received == 5, 3, "5 CCs")
     assert registry.get("prompt_blend") == 0.8 and mapper.stats().ignored_takeover == 3
     send(cc(22, 110))  # 0.504 -> 0.866 crosses 0.8 (and lands outside the window)
     send(cc(22, 115))
-    wait_for(lambda: mapper.stats().received == 7, "7 CCs")
+    wait_for(lambda: mapper.stats().received == 7, 3, "7 CCs")
     assert registry.get("prompt_blend") == pytest.approx(115 / 127)
     assert mapper.stats() == MidiStats(received=7, applied=4, ignored_takeover=3)
 
@@ -383,7 +376,7 @@ def test_jack_200_ccs_all_arrive_in_order(connected):
     values = [(102 + index) % 128 for index in range(200)]  # starts at 0.803, within the window of 0.8
     for value in values:
         send(cc(7, value))
-    wait_for(lambda: mapper.stats().received == 200, "200 CCs")
+    wait_for(lambda: mapper.stats().received == 200, 3, "200 CCs")
     assert mapper.stats() == MidiStats(received=200, applied=200)
     assert registry.get("volume") == pytest.approx(values[-1] / 127)
 
@@ -396,7 +389,7 @@ def test_jack_open_an_existing_port_by_part_of_its_name(jack_midi):
     with MidiInput(mapper, "fj-sender", backend=JACK_BACKEND) as midi_input:
         assert midi_input.name == "fj-sender:out"
         sender.send(cc(7, 100))
-        wait_for(lambda: mapper.stats().received == 1, "a CC through the named port")
+        wait_for(lambda: mapper.stats().received == 1, 3, "a CC through the named port")
     assert midi_input.name is None
 
 
@@ -421,13 +414,13 @@ def test_jack_learning_two_knobs_while_the_first_control_still_turns(connected):
     released = time.monotonic()
     time.sleep(0.2)
     send(cc(22, 70))  # still within the release time: not learned either
-    wait_for(lambda: mapper.learning == "denoise", "denoise to be armed after the release")
+    wait_for(lambda: mapper.learning == "denoise", 3, "denoise to be armed after the release")
     armed_after_s = time.monotonic() - released
     assert 0.45 <= armed_after_s < 0.9, f"denoise armed {armed_after_s:.2f} s after CC 20 stopped (expected 0.5 s)"
     assert mapper.mappings() == [CCMapping("velocity_scale", 0, 20)]
     assert registry.get("velocity_scale") == pytest.approx(2 * (value - 1) / 127), "the held control plays its knob"
     send(cc(21, 40))
-    wait_for(lambda: len(mapper.mappings()) == 2, "the second mapping")
+    wait_for(lambda: len(mapper.mappings()) == 2, 3, "the second mapping")
     assert mapper.mappings() == [CCMapping("velocity_scale", 0, 20), CCMapping("denoise", 0, 21)]
 
 
@@ -469,7 +462,7 @@ def test_cli_learns_each_knob_from_its_own_control(jack_midi, tmp_path):
     command = [sys.executable, "-m", "flowjam", "live", "--preset", "tiny", "--no-audio", "--osc-port", "0"]
     process = subprocess.Popen([*command, *args, "--midi-learn", "volume,denoise"], stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: patchbay.get_all_connections("fj-sender:out"), "flowjam to connect to fj-sender", 60)
+        wait_for(lambda: patchbay.get_all_connections("fj-sender:out"), 60, "flowjam to connect to fj-sender")
         for value in range(60, 100, 4):  # volume's control turns; denoise is armed 0.5 s after it stops
             sender.send(cc(7, value))
             time.sleep(0.02)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,27 +19,14 @@ from flowjam.live import performances
 from flowjam.nodes import NODE_SPECS
 from flowjam.nodes.comfy_v1 import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from flowjam.nodes.spec import CATEGORY, SOCKET_TYPES, WIDGET_TYPES, NodeInputError
+from helpers import STREAM_DEFAULTS, TEXT_DEFAULTS, free_udp_port, generate, node, stream, text, wait_for, wait_ticks
 
 RATE = 48_000
 HOP = 1920  # audio samples per latent frame (25 frames per second)
 NUMERIC = ("INT", "FLOAT")
 
 
-def node(node_id: str):
-    return NODE_CLASS_MAPPINGS[node_id]()
-
-
-@pytest.fixture(scope="module")
-def model():
-    (session,) = node("FlowjamLoadModel").run(
-        preset="tiny", checkpoint="none", device="cpu", dtype="float32", backend="eager"
-    )
-    return session
-
-
-def text(model, tags: str, **values):
-    defaults = dict(lyrics="", bpm=0, key="", time_signature="", duration=0.0, task="text2music", language="")
-    return node("FlowjamTextConditioning").run(model=model, tags=tags, **{**defaults, **values})[0]
+pytestmark = pytest.mark.usefixtures("stop_streams")
 
 
 @pytest.fixture(scope="module")
@@ -51,60 +39,10 @@ def prompt_b(model):
     return text(model, "breakbeat drums, fast, distorted guitar", lyrics="[Verse]\n" + "la la la hey " * 40)
 
 
-STREAM_DEFAULTS = dict(
-    song_seconds=2.0,
-    depth=2,
-    steps=4,
-    denoise=0.7,
-    seed=42,
-    shift=3.0,
-    prompt_blend=0.0,
-    structure=1.0,
-    audio_device="none",
-)
-
-
-def stream(model, conditioning, session_id: str, **values) -> str:
-    (name,) = node("FlowjamStream").run(
-        model=model, conditioning=conditioning, session_id=session_id, **{**STREAM_DEFAULTS, **values}
-    )
-    return name
-
-
-def generate(model, conditioning, **values):
-    defaults = dict(seconds=2.0, seed=42, steps=4, shift=3.0, denoise=1.0)
-    return node("FlowjamGenerate").run(model=model, conditioning=conditioning, **{**defaults, **values})
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
-
-
 def wait_played(app, seconds: float, timeout: float = 20.0) -> None:
     """Until `seconds` more have played (the playback clock runs in real time)."""
     target = app.buffer.playhead_frames + int(seconds * RATE)
     wait_for(lambda: app.buffer.playhead_frames >= target, timeout, f"{seconds} s of playback")
-
-
-def wait_ticks(app, count: int = 3) -> None:
-    start = app.runner.stats.ticks
-    wait_for(lambda: app.runner.stats.ticks >= start + count, 10, f"{count} runner ticks")
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(autouse=True)
-def stop_streams():
-    yield
-    performances.stop_all()
 
 
 # ---- declarations --------------------------------------------------------------------------------------------------
@@ -508,117 +446,157 @@ def test_stream_capture_returns_the_requested_length(model, prompt_a):
     assert 3.0 * RATE <= capped["waveform"].shape[2] < 4.0 * RATE, "capped at the loop minus the window being written"
 
 
-def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, prompt_a, prompt_b, tmp_path):
+UNKNOWN_STREAM = "no running stream named 'stedy'; queue a flowjam Stream node with "
+# id -> (what the error says, the node, its inputs made from the test's fixtures `f`)
+BAD_INPUTS = {
+    "LoadModel missing checkpoint": (
+        "input 'checkpoint'",
+        "FlowjamLoadModel",
+        lambda f: dict(
+            preset="tiny",
+            checkpoint=str(f.tmp_path / "missing" / "ace_step_1.5.safetensors"),
+            device="cpu",
+            dtype="float32",
+            backend="eager",
+        ),
+    ),
+    "LoadModel unknown preset": (
+        "input 'preset'",
+        "FlowjamLoadModel",
+        lambda f: dict(preset="huge", checkpoint="none", device="cpu", dtype="float32", backend="eager"),
+    ),
+    "PrepareSource 3 Hz": (
+        "input 'audio'",
+        "FlowjamPrepareSource",
+        lambda f: dict(model=f.model, audio={"waveform": torch.randn(1, 2, 300), "sample_rate": 3}),
+    ),
+    "PrepareSource 5 channels": (
+        "input 'audio'",
+        "FlowjamPrepareSource",
+        lambda f: dict(model=f.model, audio={"waveform": torch.randn(1, 5, RATE), "sample_rate": RATE}),
+    ),
+    "PrepareSource no batch": (
+        "input 'audio'",
+        "FlowjamPrepareSource",
+        lambda f: dict(model=f.model, audio={"waveform": torch.randn(2, RATE), "sample_rate": RATE}),
+    ),
+    "PrepareSource NaN": (
+        "input 'audio'",
+        "FlowjamPrepareSource",
+        lambda f: dict(model=f.model, audio={"waveform": torch.full((1, 2, RATE), math.nan), "sample_rate": RATE}),
+    ),
+    "Generate negative seconds": (
+        "input 'seconds'",
+        "FlowjamGenerate",
+        lambda f: dict(model=f.model, conditioning=f.prompt_a, seconds=-1.0, seed=1, steps=2, shift=3.0, denoise=1.0),
+    ),
+    "Generate denoise without source": (
+        "input 'denoise'",
+        "FlowjamGenerate",
+        lambda f: dict(model=f.model, conditioning=f.prompt_a, seconds=1.0, seed=1, steps=2, shift=3.0, denoise=0.5),
+    ),
+    "StreamCapture negative seconds": (
+        "input 'seconds'",
+        "FlowjamStreamCapture",
+        lambda f: dict(stream="steady", seconds=-2.0),
+    ),
+    "CurveWave negative seconds": (
+        "input 'seconds'",
+        "FlowjamCurveWave",
+        lambda f: dict(kind="sine", cycles=1.0, low=0.0, high=1.0, seconds=-1.0),
+    ),
+    "CurvePoints words": ("input 'points'", "FlowjamCurvePoints", lambda f: dict(points="loud, quiet", seconds=1.0)),
+    "TextConditioning blank tags": (
+        "input 'tags'",
+        "FlowjamTextConditioning",
+        lambda f: dict(TEXT_DEFAULTS, model=f.model, tags="  \n"),
+    ),
+    "TextConditioning unknown task": (
+        "input 'task'",
+        "FlowjamTextConditioning",
+        lambda f: dict(TEXT_DEFAULTS, model=f.model, tags="pads", task="remix"),
+    ),
+    "ConditioningBlend amount 1.5": (
+        "input 'amount'",
+        "FlowjamConditioningBlend",
+        lambda f: dict(model=f.model, a=f.prompt_a, b=f.prompt_b, amount=1.5),
+    ),
+    "SharedCurve misspelt knob": (
+        "input 'knob'",
+        "FlowjamSharedCurve",
+        lambda f: dict(
+            stream="steady",
+            knob="velocity_scael",
+            value=1.2,
+            curve=node("FlowjamCurveConstant").run(value=1.0, seconds=1.0)[0],
+        ),
+    ),
+    "SharedCurve infinite value": (
+        "input 'value'",
+        "FlowjamSharedCurve",
+        lambda f: dict(stream="steady", knob="velocity_scale", value=math.inf),
+    ),
+    "Stream blank session_id": (
+        "input 'session_id'",
+        "FlowjamStream",
+        lambda f: dict(f.good_stream, session_id="  "),
+    ),
+    "Stream negative song_seconds": (
+        "input 'song_seconds'",
+        "FlowjamStream",
+        lambda f: dict(f.good_stream, session_id="steady", song_seconds=-4.0),
+    ),
+    "Stream unknown cfg_mode": (
+        "input 'cfg_mode'",
+        "FlowjamStream",
+        lambda f: dict(f.good_stream, session_id="steady", cfg_mode="fullest"),
+    ),
+    "OscBridge port 0": (
+        "input 'port'",
+        "FlowjamOscBridge",
+        lambda f: dict(stream="steady", port=0, feedback="", host="127.0.0.1"),
+    ),
+    "OscBridge feedback without port": (
+        "input 'feedback'",
+        "FlowjamOscBridge",
+        lambda f: dict(stream="steady", port=free_udp_port(), feedback="localhost", host="127.0.0.1"),
+    ),
+    "StreamCapture unknown stream": (
+        UNKNOWN_STREAM,
+        "FlowjamStreamCapture",
+        lambda f: dict(stream="stedy", seconds=1.0),
+    ),
+    "SharedCurve unknown stream": (
+        UNKNOWN_STREAM,
+        "FlowjamSharedCurve",
+        lambda f: dict(stream="stedy", knob="velocity_scale", value=1.0),
+    ),
+    "OscBridge unknown stream": (
+        UNKNOWN_STREAM,
+        "FlowjamOscBridge",
+        lambda f: dict(stream="stedy", port=free_udp_port(), feedback="", host="127.0.0.1"),
+    ),
+    "MidiMap unknown stream": (
+        UNKNOWN_STREAM,
+        "FlowjamMidiMap",
+        lambda f: dict(stream="stedy", port="", map_file="", learn=""),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, prompt_a, prompt_b, tmp_path, case):
     stream(model, prompt_a, "steady", seed=5, denoise=0.6)
     app = performances.get("steady")
     wait_ticks(app, 3)
     knobs, prompts, ticks = app.registry.values(), dict(app.runner._prompts), app.runner.stats.ticks
-    (curve,) = node("FlowjamCurveConstant").run(value=1.0, seconds=1.0)
     good_stream = dict(STREAM_DEFAULTS, model=model, conditioning=prompt_b, seed=9, denoise=0.2)
-    cases = [
-        (
-            "checkpoint",
-            "FlowjamLoadModel",
-            dict(
-                preset="tiny",
-                checkpoint=str(tmp_path / "missing" / "ace_step_1.5.safetensors"),
-                device="cpu",
-                dtype="float32",
-                backend="eager",
-            ),
-        ),
-        (
-            "preset",
-            "FlowjamLoadModel",
-            dict(preset="huge", checkpoint="none", device="cpu", dtype="float32", backend="eager"),
-        ),
-        (
-            "audio",
-            "FlowjamPrepareSource",
-            dict(model=model, audio={"waveform": torch.randn(1, 2, 300), "sample_rate": 3}),
-        ),
-        (
-            "audio",
-            "FlowjamPrepareSource",
-            dict(model=model, audio={"waveform": torch.randn(1, 5, RATE), "sample_rate": RATE}),
-        ),
-        (
-            "audio",
-            "FlowjamPrepareSource",
-            dict(model=model, audio={"waveform": torch.randn(2, RATE), "sample_rate": RATE}),
-        ),
-        (
-            "audio",
-            "FlowjamPrepareSource",
-            dict(model=model, audio={"waveform": torch.full((1, 2, RATE), math.nan), "sample_rate": RATE}),
-        ),
-        (
-            "seconds",
-            "FlowjamGenerate",
-            dict(model=model, conditioning=prompt_a, seconds=-1.0, seed=1, steps=2, shift=3.0, denoise=1.0),
-        ),
-        (
-            "denoise",
-            "FlowjamGenerate",
-            dict(model=model, conditioning=prompt_a, seconds=1.0, seed=1, steps=2, shift=3.0, denoise=0.5),
-        ),
-        ("seconds", "FlowjamStreamCapture", dict(stream="steady", seconds=-2.0)),
-        ("seconds", "FlowjamCurveWave", dict(kind="sine", cycles=1.0, low=0.0, high=1.0, seconds=-1.0)),
-        ("points", "FlowjamCurvePoints", dict(points="loud, quiet", seconds=1.0)),
-        (
-            "tags",
-            "FlowjamTextConditioning",
-            dict(
-                model=model,
-                tags="  \n",
-                lyrics="",
-                bpm=0,
-                key="",
-                time_signature="",
-                duration=0.0,
-                task="text2music",
-                language="",
-            ),
-        ),
-        (
-            "task",
-            "FlowjamTextConditioning",
-            dict(
-                model=model,
-                tags="pads",
-                lyrics="",
-                bpm=0,
-                key="",
-                time_signature="",
-                duration=0.0,
-                task="remix",
-                language="",
-            ),
-        ),
-        ("amount", "FlowjamConditioningBlend", dict(model=model, a=prompt_a, b=prompt_b, amount=1.5)),
-        ("knob", "FlowjamSharedCurve", dict(stream="steady", knob="velocity_scael", value=1.2, curve=curve)),
-        ("value", "FlowjamSharedCurve", dict(stream="steady", knob="velocity_scale", value=math.inf)),
-        ("session_id", "FlowjamStream", dict(good_stream, session_id="  ")),
-        ("song_seconds", "FlowjamStream", dict(good_stream, session_id="steady", song_seconds=-4.0)),
-        ("cfg_mode", "FlowjamStream", dict(good_stream, session_id="steady", cfg_mode="fullest")),
-        ("port", "FlowjamOscBridge", dict(stream="steady", port=0, feedback="", host="127.0.0.1")),
-        (
-            "feedback",
-            "FlowjamOscBridge",
-            dict(stream="steady", port=free_udp_port(), feedback="localhost", host="127.0.0.1"),
-        ),
-    ]
-    for name, node_id, values in cases:
-        with pytest.raises(NodeInputError, match=f"input '{name}'"):
-            node(node_id).run(**values)
-    for node_id, values in (
-        ("FlowjamStreamCapture", dict(seconds=1.0)),
-        ("FlowjamSharedCurve", dict(knob="velocity_scale", value=1.0)),
-        ("FlowjamOscBridge", dict(port=free_udp_port(), feedback="", host="127.0.0.1")),
-        ("FlowjamMidiMap", dict(port="", map_file="", learn="")),
-    ):
-        with pytest.raises(NodeInputError, match="no running stream named 'stedy'; queue a flowjam Stream node with "):
-            node(node_id).run(stream="stedy", **values)
+    fixtures = SimpleNamespace(
+        model=model, prompt_a=prompt_a, prompt_b=prompt_b, tmp_path=tmp_path, good_stream=good_stream
+    )
+    message, node_id, inputs = BAD_INPUTS[case]
+    with pytest.raises(NodeInputError, match=message):
+        node(node_id).run(**inputs(fixtures))
     wait_ticks(app, 3)
     assert performances.get("steady") is app and app.runner.alive and app.runner.stats.ticks > ticks
     assert app.registry.values() == knobs, "a rejected input changes no knob"
@@ -626,7 +604,7 @@ def test_bad_inputs_name_the_input_and_leave_a_running_stream_alone(model, promp
     assert app.runner._prompts == prompts, "a rejected input changes no prompt"
 
 
-# ---- regressions: bugs these tests found in nodes/stream_nodes.py and engine/live/app.py -----------------------
+# ---- regressions: bugs these tests found in nodes/stream_nodes.py and live/app.py -----------------------
 
 
 def test_a_connected_curve_steers_the_shared_curve(model, prompt_a):
@@ -728,28 +706,49 @@ def test_lm_structure_keeps_given_fields_and_lets_the_lm_fill_the_rest(model):
     assert torch.equal(again.codes, structure.codes), "same seed, same structure"
 
 
-def test_lm_structure_and_its_consumers_name_bad_inputs(model, prompt_a, tmp_path):
-    structure, _ = lm_structure(model, seconds=10.0)
-    (source,) = node("FlowjamPrepareSource").run(
+@pytest.fixture(scope="module")
+def ten_second_structure(model):
+    return lm_structure(model, seconds=10.0)[0]
+
+
+def one_second_source(model):
+    return node("FlowjamPrepareSource").run(
         model=model, audio={"waveform": torch.randn(1, 2, RATE), "sample_rate": RATE}
-    )
-    cases = [
-        (lambda: lm_structure(model, caption="  "), "the prompt is empty"),
-        (lambda: lm_structure(model, seconds=5.0), "'seconds'"),
-        (lambda: lm_structure(model, cfg=0.5), "cfg must be >= 1"),
-        (lambda: lm_structure(model, key="H major"), "key"),
-        (lambda: lm_structure(model, lm_preset="lm-9b"), "'lm_preset' must be one of tiny"),
-        (lambda: lm_structure(model, lm_checkpoint=str(tmp_path / "nope.safetensors")), "text_encoders"),
-        (lambda: generate(model, prompt_a, seconds=12.0, structure=structure), "'structure' covers 10 s but 12 s"),
-        (lambda: generate(model, prompt_a, structure=structure, source=source), "either 'source'"),
-        (
-            lambda: stream(model, prompt_a, "lm-bad", lm_structure=structure, song_seconds=20.0),
-            "'structure' covers 10 s",
-        ),
-    ]
-    for call, message in cases:
-        with pytest.raises(NodeInputError, match=message):
-            call()
+    )[0]
+
+
+# id -> (a call that must be refused, given the test's fixtures `f`; what the error says)
+BAD_LM_INPUTS = {
+    "empty caption": (lambda f: lm_structure(f.model, caption="  "), "the prompt is empty"),
+    "5 s": (lambda f: lm_structure(f.model, seconds=5.0), "'seconds'"),
+    "cfg 0.5": (lambda f: lm_structure(f.model, cfg=0.5), "cfg must be >= 1"),
+    "key H major": (lambda f: lm_structure(f.model, key="H major"), "key"),
+    "lm_preset lm-9b": (lambda f: lm_structure(f.model, lm_preset="lm-9b"), "'lm_preset' must be one of tiny"),
+    "missing lm_checkpoint": (
+        lambda f: lm_structure(f.model, lm_checkpoint=str(f.tmp_path / "nope.safetensors")),
+        "text_encoders",
+    ),
+    "Generate past the structure": (
+        lambda f: generate(f.model, f.prompt_a, seconds=12.0, structure=f.structure),
+        "'structure' covers 10 s but 12 s",
+    ),
+    "Generate with structure and source": (
+        lambda f: generate(f.model, f.prompt_a, structure=f.structure, source=one_second_source(f.model)),
+        "either 'source'",
+    ),
+    "Stream past the structure": (
+        lambda f: stream(f.model, f.prompt_a, "lm-bad", lm_structure=f.structure, song_seconds=20.0),
+        "'structure' covers 10 s",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_LM_INPUTS)
+def test_lm_structure_and_its_consumers_name_bad_inputs(model, prompt_a, ten_second_structure, tmp_path, case):
+    fixtures = SimpleNamespace(model=model, prompt_a=prompt_a, structure=ten_second_structure, tmp_path=tmp_path)
+    call, message = BAD_LM_INPUTS[case]
+    with pytest.raises(NodeInputError, match=message):
+        call(fixtures)
     assert performances.get("lm-bad") is None, "a rejected structure must not start a stream"
 
 

@@ -15,6 +15,7 @@ import time
 import pytest
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.osc import ECHO_HOLD_S, OscBridge, OscConfig
+from helpers import free_udp_port, wait_for
 from pythonosc.osc_bundle_builder import IMMEDIATELY, OscBundleBuilder
 from pythonosc.osc_message import OscMessage
 from pythonosc.osc_message_builder import OscMessageBuilder
@@ -22,20 +23,6 @@ from pythonosc.udp_client import SimpleUDPClient
 
 KNOB = "/flowjam/default/knob/"
 NORM = "/flowjam/default/norm/"
-
-
-def wait_until(predicate, timeout_s=3.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.005)
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def float32(value: float) -> float:
@@ -125,7 +112,7 @@ def test_liblo_oscsend_sets_a_knob(registry, make_bridge):
     subprocess.run(
         ["oscsend", "localhost", str(bridge.address[1]), KNOB + "velocity_scale", "f", "1.5"], check=True, timeout=5
     )
-    wait_until(lambda: registry.get("velocity_scale") == 1.5, what="oscsend's velocity_scale 1.5 to apply")
+    wait_for(lambda: registry.get("velocity_scale") == 1.5, 3, "oscsend's velocity_scale 1.5 to apply")
     change = registry.changes_since(0)[-1]
     assert change.origin == "osc" and change.sent_at is not None and change.sent_at <= change.received_at
 
@@ -228,7 +215,7 @@ def test_bundles_apply_now_or_at_their_timetag_without_blocking_the_receiver(reg
         message.add_arg(value)
         now_bundle.add_content(message.build())
     client.send(now_bundle.build())
-    wait_until(lambda: registry.get("volume") == 0.5 and registry.get("guidance") == 3.0, what="immediate bundle")
+    wait_for(lambda: registry.get("volume") == 0.5 and registry.get("guidance") == 3.0, 3, "immediate bundle")
 
     applied_at = {}
     registry.subscribe(lambda change: applied_at.setdefault(change.name, change.received_at))
@@ -239,7 +226,7 @@ def test_bundles_apply_now_or_at_their_timetag_without_blocking_the_receiver(reg
     sent_at = time.perf_counter()
     client.send(later.build())
     client.send_message(KNOB + "denoise", 0.25)  # must not wait behind the timetagged bundle
-    wait_until(lambda: "shift" in applied_at, what="the bundle timetagged 200 ms ahead")
+    wait_for(lambda: "shift" in applied_at, 3, "the bundle timetagged 200 ms ahead")
     delay_s = applied_at["shift"] - sent_at
     assert applied_at["denoise"] - sent_at < 0.1, "a plain message waited behind a future bundle"
     assert 0.19 <= delay_s < 0.5, f"bundle timetagged 200 ms ahead applied after {delay_s * 1000:.0f} ms"
@@ -299,7 +286,7 @@ def test_bad_input_is_counted_logged_once_and_a_flood_keeps_the_last_value(regis
     assert sorted(reasons) == sorted(set(stats["rejected"]) | {"clamped"}), f"each reason once: {reasons}"
     assert caplog.text.count("valid knobs: velocity_scale, ode_noise") == 1, "the unknown-knob log must list them"
     client.send_message(KNOB + "volume", 0.5)
-    wait_until(lambda: registry.get("volume") == 0.5, what="the bridge to keep serving after bad input")
+    wait_for(lambda: registry.get("volume") == 0.5, 3, "the bridge to keep serving after bad input")
 
 
 def test_a_raising_handler_is_counted_and_the_bridge_keeps_serving(registry, make_bridge, controller):
@@ -310,7 +297,7 @@ def test_a_raising_handler_is_counted_and_the_bridge_keeps_serving(registry, mak
     client = controller(bridge)
     client.send_message("/flowjam/default/transport", "play")
     client.send_message(KNOB + "volume", 0.1)
-    wait_until(lambda: registry.get("volume") == float32(0.1), what="a knob after a failing handler")
+    wait_for(lambda: registry.get("volume") == float32(0.1), 3, "a knob after a failing handler")
     assert bridge.stats()["rejected"] == {"handler_error": 1}
     assert "engine not loaded" in bridge.stats()["last_error"]
 
@@ -320,8 +307,8 @@ def test_allow_hosts_drops_other_senders(registry, make_bridge, controller):
     opened = make_bridge(allow_hosts=("localhost",))
     for bridge in (closed, opened):
         controller(bridge, listening=False).send_message(KNOB + "ode_noise", 0.5)
-    wait_until(lambda: registry.get("ode_noise") == 0.5, what="the allowed sender")
-    wait_until(lambda: closed.stats()["received"] == 1, what="the dropped datagram to arrive")
+    wait_for(lambda: registry.get("ode_noise") == 0.5, 3, "the allowed sender")
+    wait_for(lambda: closed.stats()["received"] == 1, 3, "the dropped datagram to arrive")
     assert closed.stats()["dropped_hosts"] == 1 and closed.stats()["applied"] == 0, closed.stats()
     assert opened.stats()["dropped_hosts"] == 0 and opened.stats()["applied"] == 1, opened.stats()
 
@@ -340,7 +327,7 @@ def test_stop_is_idempotent_and_frees_the_port(registry, controller):
     again.start()
     try:
         controller(again, listening=False).send_message(KNOB + "volume", 0.6)
-        wait_until(lambda: registry.get("volume") == float32(0.6), what="a bridge re-bound to the freed port")
+        wait_for(lambda: registry.get("volume") == float32(0.6), 3, "a bridge re-bound to the freed port")
     finally:
         again.stop()
 

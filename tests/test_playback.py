@@ -13,6 +13,7 @@ import torch
 from flowjam.engine.audio.files import read_wav
 from flowjam.live.loop_buffer import PLAYED, LoopBuffer
 from flowjam.live.playback import Playback, PlaybackError, find_device, list_devices
+from helpers import JackRecorder
 
 SR = 48_000
 BLOCK = 1024
@@ -50,45 +51,6 @@ def loop():
     buffer.fill(tone(440.0, 2 * SR))
     yield buffer
     buffer.unlink()
-
-
-class JackRecorder:
-    """A second JACK client that records whatever PortAudio's output ports play into a preallocated array."""
-
-    def __init__(self, seconds: float):
-        import jack
-
-        self.client = jack.Client("flowjam-test-recorder", no_start_server=True)
-        assert self.client.samplerate == SR, f"JACK runs at {self.client.samplerate} Hz, expected {SR}"
-        self.inputs = [self.client.inports.register(f"in_{channel}") for channel in range(2)]
-        self.audio = np.zeros((int(seconds * SR), 2), np.float32)
-        self.written = 0
-        self.first_frame_time = None
-        self.client.set_process_callback(self._process)
-        self.client.activate()
-
-    def _process(self, frames: int) -> None:
-        if self.first_frame_time is None:
-            self.first_frame_time = self.client.last_frame_time
-        count = min(frames, len(self.audio) - self.written)
-        for channel, port in enumerate(self.inputs):
-            self.audio[self.written : self.written + count, channel] = port.get_array()[:count]
-        self.written += count
-
-    def connect_portaudio(self) -> None:
-        sources = sorted(
-            port.name
-            for port in self.client.get_ports(is_output=True, is_audio=True)
-            if not port.name.startswith("system:")
-        )
-        assert len(sources) == 2, f"expected PortAudio's two output ports, JACK has {sources}"
-        for source, port in zip(sources, self.inputs):
-            self.client.connect(source, port)
-
-    def stop(self) -> np.ndarray:
-        self.client.deactivate()
-        self.client.close()
-        return self.audio[: self.written]
 
 
 # --- LoopBuffer, no device -----------------------------------------------------------------------------------------
@@ -371,6 +333,7 @@ def test_thread_mode_reports_a_stream_closed_under_it(jack_server, loop):
         f"closed stream not reported: {stats}"
     )
     playback.stop()
+    playback._stream.close()  # stop() leaves a dead stream open (its server may be gone); this one's ports would stay
 
 
 def test_process_mode_keeps_playing_while_python_threads_hog_the_gil(jack_server, loop):

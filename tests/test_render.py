@@ -9,12 +9,6 @@ import pytest
 import torch
 from flowjam.engine.audio.files import read_wav, write_wav
 from flowjam.engine.render import RenderRequest, render
-from flowjam.engine.session import Session
-
-
-@pytest.fixture(scope="module")
-def session():
-    return Session.load(preset="tiny")
 
 
 def digest(path) -> str:

@@ -3,13 +3,13 @@ and the next tick does not wait for them. Ordering is asserted with gates (a tic
 lets it go), not timings."""
 
 import threading
-import time
 
 import pytest
 import torch
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import LoopBuffer
 from flowjam.live.runner import LiveRunner
+from helpers import wait_for
 
 SONG_SECONDS = 2.0
 TIMEOUT_S = 20.0
@@ -39,14 +39,6 @@ class GatedBuffer(LoopBuffer):
         super().patch(*args, **kwargs)
 
 
-def wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.002)
-
-
 @pytest.fixture
 def runner(session):
     frames = round(SONG_SECONDS * 25) * session.models.vae.hop_samples
@@ -60,15 +52,15 @@ def runner(session):
 
 def test_ticks_go_on_while_a_write_is_in_progress(runner):
     runner.start()
-    wait_until(lambda: runner.stats.writes >= 2, "the first writes")
+    wait_for(lambda: runner.stats.writes >= 2, TIMEOUT_S, "the first writes")
     runner.buffer.hold()
-    wait_until(runner.buffer.held.is_set, "a write to reach the buffer")
+    wait_for(runner.buffer.held.is_set, TIMEOUT_S, "a write to reach the buffer")
     ticks, latents = runner.stats.ticks, runner.stats.latents
-    wait_until(lambda: runner.stats.latents >= latents + 2, "two more latents while the write is held")
+    wait_for(lambda: runner.stats.latents >= latents + 2, TIMEOUT_S, "two more latents while the write is held")
     assert runner.stats.ticks >= ticks + 2 and runner.alive
     runner.buffer.release()
     writes = runner.stats.writes
-    wait_until(lambda: runner.stats.writes > writes, "the held write to land")
+    wait_for(lambda: runner.stats.writes > writes, TIMEOUT_S, "the held write to land")
     assert runner.stats.errors == 0, runner.stats.last_error
 
 
@@ -90,12 +82,14 @@ def test_a_new_latent_is_written_while_the_next_tick_is_held(runner, monkeypatch
     monkeypatch.setattr(handle, "tick", tick)
     runner.registry.set("velocity_scale", 1.1, origin="test")  # a latent made after it carries a new sequence
     runner.start()
-    wait_until(held.is_set, "a tick held after a new latent")
+    wait_for(held.is_set, TIMEOUT_S, "a tick held after a new latent")
     ticks = runner.stats.ticks
-    wait_until(lambda: runner.stats.written_seq == delivered[0], "the new latent's write while the next tick waits")
+    wait_for(
+        lambda: runner.stats.written_seq == delivered[0], TIMEOUT_S, "the new latent's write while the next tick waits"
+    )
     assert runner.stats.ticks == ticks, "the next tick must still be held"
     gate.set()
-    wait_until(lambda: runner.stats.ticks > ticks, "ticks to resume")
+    wait_for(lambda: runner.stats.ticks > ticks, TIMEOUT_S, "ticks to resume")
     assert runner.stats.errors == 0, runner.stats.last_error
 
 

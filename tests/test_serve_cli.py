@@ -4,7 +4,6 @@ Ctrl-C stopping the server cleanly."""
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,15 +11,10 @@ import wave
 
 import pytest
 from flowjam.serve.client import Client
+from helpers import free_udp_port
 from pythonosc.udp_client import SimpleUDPClient
 
 START_S = 60.0
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def flowjam(*args: str) -> subprocess.Popen:
@@ -52,14 +46,13 @@ def served():
 def test_a_controller_and_a_listener_play_a_served_session_and_ctrl_c_stops_the_server(served, tmp_path):
     server, client = served
     name = client.create("lofi hip hop, mellow piano", seconds=4.0, knobs={"depth": 2}, name="laptop")["session"]
+    token_file = tmp_path / "laptop.token"  # what a user does with the token creating the session returned
+    token_file.write_text(client.tokens[name] + "\n")
+    where = ("--server", client.server, "--session", name, "--token-file", str(token_file))
     osc_port = free_udp_port()
-    bridge = flowjam(
-        "bridge", "--server", client.server, "--session", name, "--osc-port", str(osc_port), "--seconds", "8"
-    )
+    bridge = flowjam("bridge", *where, "--osc-port", str(osc_port), "--seconds", "8")
     out = tmp_path / "heard.wav"
-    listen = flowjam(
-        "listen", "--server", client.server, "--session", name, "--no-audio", "--out", str(out), "--seconds", "1"
-    )
+    listen = flowjam("listen", *where, "--no-audio", "--out", str(out), "--seconds", "1")
     try:
         controller = SimpleUDPClient("127.0.0.1", osc_port)
         deadline = time.monotonic() + 20
@@ -74,6 +67,7 @@ def test_a_controller_and_a_listener_play_a_served_session_and_ctrl_c_stops_the_
         bridged, _ = bridge.communicate(timeout=30)
         assert bridge.returncode == 0, bridged
         assert re.search(r"forwarded [1-9]\d* requests", bridged), bridged
+        assert client.tokens[name] not in bridged + listened, "a process printed the session's token"
     finally:
         for process in (bridge, listen):
             if process.poll() is None:

@@ -12,6 +12,7 @@ from flowjam.serve.client import Client
 from flowjam.serve.gateway import LocalRouter, listening_socket, make_app
 from flowjam.serve.host import BLOCK_FRAMES, HostOptions
 from flowjam.serve.protocol import ACK_WINDOW_FRAMES, SAMPLE_RATE, decode_chunk
+from helpers import wait_for
 from stall_probe import stall_and_drain
 from websockets.sync.client import connect
 
@@ -26,9 +27,7 @@ def server():
     app_server = uvicorn.Server(uvicorn.Config(make_app(router), log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=app_server.run, args=([sock],), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not app_server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: app_server.started, 10, "uvicorn to start")
     client = Client(f"http://127.0.0.1:{sock.getsockname()[1]}", timeout_s=20.0)
     name = client.create("flow", seconds=4.0, knobs={"depth": 2})["session"]
     yield client, name
@@ -51,7 +50,8 @@ def test_a_stalled_client_that_acknowledges_has_at_most_the_window_waiting(serve
 def test_a_client_that_never_acknowledges_is_sent_everything(server):
     client, name = server
     url = client.server.replace("http://", "ws://") + f"/sessions/{name}/stream"
-    with connect(url, max_queue=None) as websocket:
+    headers = {"Authorization": f"Bearer {client.tokens[name]}"}
+    with connect(url, max_queue=None, additional_headers=headers) as websocket:
 
         def take():
             while True:

@@ -1,7 +1,6 @@
 """The served instrument over a real server: uvicorn on a free port serving the gateway over one RingHost (tiny
 preset, CPU), played through the client, the bridge (real OSC datagrams) and `flowjam listen`."""
 
-import argparse
 import json
 import re
 import socket
@@ -16,7 +15,7 @@ import wave
 import numpy as np
 import pytest
 import uvicorn
-from flowjam.cli.serve import add_commands, run
+from flowjam.__main__ import main
 from flowjam.live.osc import OscConfig
 from flowjam.serve.bridge import Bridge
 from flowjam.serve.client import Client, ServerError
@@ -24,6 +23,7 @@ from flowjam.serve.gateway import LocalRouter, listening_socket, make_app
 from flowjam.serve.host import HostOptions
 from flowjam.serve.listen import JitterBuffer
 from flowjam.serve.protocol import SAMPLE_RATE, AudioChunk
+from helpers import JackRecorder, wait_for
 from pythonosc.udp_client import SimpleUDPClient
 
 SUBSCRIBER_CHUNKS = 20  # 1 s of slack for a slow reader, so the slow-client test sees drops soon
@@ -37,7 +37,7 @@ def server(glow_lora_file):
     uvicorn_server = uvicorn.Server(uvicorn.Config(make_app(router), log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=uvicorn_server.run, args=([sock],), name="test-uvicorn", daemon=True)
     thread.start()
-    wait_until(lambda: uvicorn_server.started, 10.0, "uvicorn to start")
+    wait_for(lambda: uvicorn_server.started, 10.0, "uvicorn to start")
     port = sock.getsockname()[1]
     yield f"http://127.0.0.1:{port}"
     uvicorn_server.should_exit = True
@@ -67,15 +67,7 @@ def new_session(client):
         try:
             client.end(name)
         except ServerError as error:
-            assert error.status == 404, error
-
-
-def wait_until(predicate, timeout_s=5.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
+            assert error.status == 403, error  # ended by the test: its token opens nothing any more
 
 
 def chunks(stream, count: int, timeout_s: float = 5.0) -> list[AudioChunk]:
@@ -114,8 +106,8 @@ def rms(received: list[AudioChunk]) -> float:
 def test_two_sessions_stream_their_own_audio_with_increasing_sample_indices(client, new_session):
     first, second = new_session(), new_session(name="second-jam")
     assert second == "second-jam" and first.startswith("s-")
-    listed = {entry["session"]: entry["replica"] for entry in client.sessions()}
-    assert listed == {first: "local", second: "local"}
+    assert {client.status(name)["replica"] for name in (first, second)} == {"local"}
+    assert client.sessions() == [], "without a server key nobody lists the sessions"
     assert client.health()
     with client.stream(first) as one, client.stream(second) as two:
         for stream in (one, two):
@@ -132,7 +124,7 @@ def test_knob_changes_reach_the_status_and_the_audio(client, new_session):
     assert applied == {"velocity_scale": 0.5, "denoise": 0.3}
     status = client.status(session)
     assert status["knobs"]["velocity_scale"] == 0.5 and status["knobs"]["denoise"] == 0.3
-    wait_until(
+    wait_for(
         lambda: client.status(session)["written_seq"] >= status["knob_seq"], 10.0, "a latent made after the change"
     )
     with client.stream(session) as stream:
@@ -167,58 +159,68 @@ def test_bad_knob_is_refused_by_name_and_the_stream_keeps_flowing(client, new_se
         assert_contiguous(received)
 
 
-def http(method: str, url: str, body: object = None) -> tuple[int, dict]:
+def http(method: str, url: str, body: object = None, token: str | None = None) -> tuple[int, dict]:
     """(status, JSON body) of one raw request: what any HTTP client, not just ours, gets."""
     data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=20) as response:
+        with urllib.request.urlopen(request, timeout=20) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
 
 
-def test_bad_requests_are_400_with_a_fix_and_unknown_sessions_404(server, client, new_session):
-    for body, expected in (
+@pytest.mark.parametrize(
+    "body, expected",
+    [
         ({"prompt": "x", "seconds": "long"}, "'seconds' must be int or float"),
         ({"promt": "x"}, "unknown field(s) 'promt'"),
         ({"prompt": "x", "seconds": -1.0}, "seconds"),
         ({"prompt": "x", "knobs": {"depth": "deep"}}, "'depth' needs a number"),
         ({"prompt": "x", "name": "a/b"}, "session name 'a/b'"),
         (["prompt"], "must be a JSON object"),
-    ):
-        status, answer = http("POST", f"{server}/sessions", body)
-        assert status == 400 and expected in answer["error"], (body, status, answer)
+    ],
+    ids=["seconds text", "misspelt field", "seconds -1", "depth text", "slash in name", "not an object"],
+)
+def test_a_bad_create_request_is_400_with_a_fix(server, body, expected):
+    status, answer = http("POST", f"{server}/sessions", body)
+    assert status == 400 and expected in answer["error"], (body, status, answer)
+
+
+def test_a_taken_name_is_400_and_a_session_not_yours_is_403(server, client, new_session):
     session = new_session()
     with pytest.raises(ServerError) as taken:
         client.create("x", name=session)
     assert taken.value.status == 400 and "playing already" in taken.value.message
-    for call in (client.status, client.end, lambda name: client.set_knobs(name, {"denoise": 0.5})):
-        with pytest.raises(ServerError) as unknown:
+    stranger = Client(server, timeout_s=20.0, token=client.tokens[session])  # a token, but of another session
+    for call in (stranger.status, stranger.end, lambda name: stranger.set_knobs(name, {"denoise": 0.5})):
+        with pytest.raises(ServerError) as refused:
             call("nope")
-        assert unknown.value.status == 404 and "no session 'nope'" in unknown.value.message
-    with pytest.raises(ServerError) as unknown, client.stream("nope") as stream:
-        list(stream)
-    assert unknown.value.status == 404 and "no session 'nope'" in unknown.value.message
-    assert stream.close_code == 4404
+        assert refused.value.status == 403 and "nope" not in refused.value.message
+    with pytest.raises(ServerError) as refused:
+        stranger.stream("nope")
+    assert refused.value.status == 403
 
 
 def test_ending_a_session_tells_its_stream_and_closes_it(server, client):
     status, created = http("POST", f"{server}/sessions", {"prompt": "ambient", "seconds": 4, "knobs": {"depth": 2}})
     assert status == 201 and created["replica"] == "local" and created["status"]["session"] == created["session"]
-    session = created["session"]
-    with client.stream(session) as stream:
+    session, token = created["session"], created["token"]
+    assert len(token) >= 22, "a token carries at least 128 random bits"
+    with Client(server, timeout_s=20.0, token=token).stream(session) as stream:
         chunks(stream, 2)
-        assert http("DELETE", f"{server}/sessions/{session}") == (200, {"ended": session})
+        assert http("DELETE", f"{server}/sessions/{session}", token=token) == (200, {"ended": session})
         rest = list(stream)
     assert rest[-1] == {"event": "ended", "reason": f"session {session!r} was ended"}
     assert all(isinstance(item, AudioChunk) for item in rest[:-1])
     assert stream.close_code == 1000
-    assert session not in {entry["session"] for entry in client.sessions()}
+    assert http("GET", f"{server}/sessions/{session}", token=token)[0] == 403, "an ended session's token opens nothing"
 
 
 def test_a_client_that_never_reads_loses_chunks_without_slowing_another_session(server, client, new_session):
     slow, steady = new_session(), new_session()
-    reader = _never_reading_stream(server, slow)
+    reader = _never_reading_stream(server, slow, client.tokens[slow])
     try:
         with client.stream(steady) as stream:
             received = chunks(stream, 20)
@@ -237,7 +239,7 @@ def test_a_client_that_never_reads_loses_chunks_without_slowing_another_session(
         reader.close()
 
 
-def _never_reading_stream(server: str, session: str) -> socket.socket:
+def _never_reading_stream(server: str, session: str, token: str) -> socket.socket:
     """A WebSocket opened by hand with a small receive buffer, then never read."""
     host, port = server.removeprefix("http://").split(":")
     sock = socket.socket()
@@ -245,7 +247,8 @@ def _never_reading_stream(server: str, session: str) -> socket.socket:
     sock.connect((host, int(port)))
     sock.sendall(
         f"GET /sessions/{session}/stream HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
-        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n".encode()
     )
     return sock
 
@@ -258,45 +261,42 @@ def test_bridge_forwards_real_osc_messages_and_starts_where_the_session_is(clien
         controller = SimpleUDPClient(*bridge.osc.address)
         controller.send_message("/flowjam/jam/knob/velocity_scale", 1.5)
         controller.send_message("/flowjam/jam/norm/denoise", 1.0)
-        wait_until(lambda: client.status(session)["knobs"]["velocity_scale"] == 1.5, 5.0, "the OSC knob on the server")
+        wait_for(lambda: client.status(session)["knobs"]["velocity_scale"] == 1.5, 5.0, "the OSC knob on the server")
         assert client.status(session)["knobs"]["denoise"] == 1.0
         controller.send_message("/flowjam/jam/knob/lora/glow", 0.25)  # the server's LoRA: this session's strength
-        wait_until(lambda: client.status(session)["knobs"]["lora/glow"] == 0.25, 5.0, "the LoRA knob on the server")
+        wait_for(lambda: client.status(session)["knobs"]["lora/glow"] == 0.25, 5.0, "the LoRA knob on the server")
         with client.stream(session) as stream:
-            assert rms(chunks(stream, 5)) > 0.005
+            wait_for(lambda: rms(chunks(stream, 5)) > 0.005, 10.0, "the session's first latent to be heard")
             controller.send_message("/flowjam/jam/knob/volume", 0.0)
-            wait_until(lambda: rms(chunks(stream, 2)) == 0.0, 5.0, "OSC volume 0 to silence the session")
+            wait_for(lambda: rms(chunks(stream, 2)) == 0.0, 5.0, "OSC volume 0 to silence the session")
         sent = bridge.forwarder.requests
         controller.send_message("/flowjam/jam/prompt/b", "dub techno")
-        wait_until(lambda: bridge.forwarder.requests > sent, 5.0, "the prompt to be forwarded")
+        wait_for(lambda: bridge.forwarder.requests > sent, 5.0, "the prompt to be forwarded")
         assert bridge.forwarder.failures == 0 and not errors, errors
-        client.end(session)
+        assert http("DELETE", f"{client.server}/sessions/{session}", token=client.tokens[session])[0] == 200
         controller.send_message("/flowjam/jam/knob/denoise", 0.5)
-        wait_until(lambda: errors, 5.0, "the refusal of a knob for an ended session")
-        assert "no session" in errors[0] and "HTTP 404" in errors[0]
+        wait_for(lambda: errors, 5.0, "the refusal of a knob for an ended session")
+        assert "no session" in errors[0] and "HTTP 403" in errors[0]
         controller.send_message("/flowjam/jam/knob/denoise", 0.6)  # the bridge keeps going
-        wait_until(lambda: bridge.forwarder.failures >= 2, 5.0, "the next knob to be tried")
+        wait_for(lambda: bridge.forwarder.failures >= 2, 5.0, "the next knob to be tried")
 
 
 def test_the_bridge_mirror_follows_knobs_another_client_moves_without_sending_them_back(client, new_session):
     session = new_session()
     with Bridge(client, session, None, on_error=pytest.fail) as bridge:
         client.set_knobs(session, {"velocity_scale": 1.25, "cfg_mode": "full"})
-        wait_until(lambda: bridge.registry.get("velocity_scale") == 1.25, 5.0, "the mirror to follow the server")
+        wait_for(lambda: bridge.registry.get("velocity_scale") == 1.25, 5.0, "the mirror to follow the server")
         assert bridge.registry.specs["cfg_mode"].choice(bridge.registry.get("cfg_mode")) == "full"
         time.sleep(1.5)
         assert bridge.forwarder.requests == 0, "the bridge sent the server's own values back"
 
 
-def test_listen_records_a_wav_of_the_requested_length(server, new_session, tmp_path, capsys):
+def test_listen_records_a_wav_of_the_requested_length(server, client, new_session, tmp_path, capsys, monkeypatch):
     session = new_session()
-    parser = argparse.ArgumentParser()
-    add_commands(parser.add_subparsers(dest="command"))
+    monkeypatch.setenv("FLOWJAM_TOKEN", client.tokens[session])
     out = tmp_path / "heard.wav"
-    args = parser.parse_args(
-        ["listen", "--server", server, "--session", session, "--out", str(out), "--seconds", "1.5", "--no-audio"]
-    )
-    assert run(args) == 0
+    listen = ["listen", "--server", server, "--out", str(out), "--no-audio"]
+    assert main([*listen, "--session", session, "--seconds", "1.5"]) == 0
     summary = capsys.readouterr().out
     assert "1.50 s received" in summary and "0 gaps" in summary and f"wrote {out}" in summary, summary
     with wave.open(str(out)) as recorded:
@@ -304,9 +304,11 @@ def test_listen_records_a_wav_of_the_requested_length(server, new_session, tmp_p
         pcm = np.frombuffer(recorded.readframes(72_000), "<i2")
     assert np.abs(pcm[-48_000:]).max() > 0, "the recording is silent"
     assert not list(tmp_path.glob("*.partial"))
-    args = parser.parse_args(["listen", "--server", server, "--session", "nope", "--out", str(out), "--no-audio"])
-    assert run(args) == 2
-    assert "no session 'nope'" in capsys.readouterr().err
+    assert main([*listen, "--session", "nope"]) == 2
+    assert "no session of that name opens with this token" in capsys.readouterr().err
+    monkeypatch.delenv("FLOWJAM_TOKEN")
+    assert main([*listen, "--session", session]) == 2
+    assert "the session's token is needed" in capsys.readouterr().err
     with wave.open(str(out)) as untouched:
         assert untouched.getnframes() == 72_000, "a refused listen replaced the earlier recording"
 
@@ -372,65 +374,18 @@ def find_blocks(heard: np.ndarray, wav: np.ndarray, block: int) -> list[int | No
     return found
 
 
-class ListenRecorder:
-    """A JACK client that records what the next JACK client to register output ports plays (here the PortAudio
-    stream of a `flowjam listen` process): those ports are connected to its inputs as soon as they appear."""
-
-    def __init__(self, seconds: float):
-        import jack
-
-        self.client = jack.Client("flowjam-listen-recorder", no_start_server=True)
-        assert self.client.samplerate == SAMPLE_RATE, f"JACK runs at {self.client.samplerate} Hz"
-        self.inputs = [self.client.inports.register(f"in_{channel}") for channel in range(2)]
-        self.audio = np.zeros((int(seconds * SAMPLE_RATE), 2), np.float32)
-        self.written = 0
-        self.connected_at = None  # the first recorded frame that the connections were there for
-        self.xruns = 0  # cycles some JACK client (this one too: a Python callback in a busy process) finished late
-        self.client.set_process_callback(self._process)
-        self.client.set_xrun_callback(self._xrun)
-        self.client.activate()
-        self.before = {port.name for port in self.client.get_ports(is_output=True, is_audio=True)}
-
-    def _process(self, frames: int) -> None:
-        count = min(frames, len(self.audio) - self.written)
-        for channel, port in enumerate(self.inputs):
-            self.audio[self.written : self.written + count, channel] = port.get_array()[:count]
-        self.written += count
-
-    def _xrun(self, delayed_usecs: float) -> None:
-        self.xruns += 1
-
-    def connect_new_outputs(self, timeout_s: float) -> list[str]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            ports = self.client.get_ports(is_output=True, is_audio=True)
-            sources = sorted(port.name for port in ports if port.name not in self.before)
-            if len(sources) >= 2:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"no new JACK output ports within {timeout_s} s (JACK has {[p.name for p in ports]})")
-            time.sleep(0.002)  # listen starts playing ~20-60 ms after its ports appear: connect before that
-        assert len(sources) == 2, f"expected the two output ports of listen's stream, JACK has new ones {sources}"
-        for source, sink in zip(sources, self.inputs):
-            self.client.connect(source, sink)
-        self.connected_at = self.written
-        return sources
-
-    def stop(self) -> np.ndarray:
-        self.client.deactivate()
-        self.client.close()
-        return self.audio[: self.written]
-
-
-def test_listen_plays_through_jack_exactly_what_it_records(jack_server, server, new_session, tmp_path):
-    """`flowjam listen --device jack` in its own process, as a user runs it: a second JACK client records what its
+def test_listen_plays_through_jack_exactly_what_it_records(jack_server, server, client, new_session, tmp_path):
+    """`flowjam listen --audio-device jack` in its own process, as a user runs it: a second JACK client records what its
     PortAudio stream plays, and that is the WAV listen wrote, in order, frame for frame, with silence before and
     after; a glitch (a late JACK cycle, a rebuffer) is allowed only where listen's summary reports one."""
     session = new_session()
     out = tmp_path / "heard.wav"
     command = [sys.executable, "-m", "flowjam", "listen", "--server", server, "--session", session]
-    command += ["--device", "jack", "--out", str(out), "--seconds", "2"]
-    recorder = ListenRecorder(seconds=20.0)
+    command += ["--audio-device", "jack", "--out", str(out), "--seconds", "2"]
+    token_file = tmp_path / "session.token"
+    token_file.write_text(client.tokens[session])
+    command += ["--token-file", str(token_file)]
+    recorder = JackRecorder(seconds=20.0, name="flowjam-listen-recorder")
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

@@ -7,13 +7,13 @@ starting Ray and Serve."""
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import free_tcp_port
 
 if os.environ.get("FLOWJAM_RAY") != "1":
     pytest.skip(
@@ -26,6 +26,10 @@ host_module = pytest.importorskip("flowjam.serve.host")
 MAX_LANES = pytest.importorskip("flowjam.engine.stream").MAX_LANES
 
 Client, ServerError = client_module.Client, client_module.ServerError
+access = pytest.importorskip("flowjam.serve.access")
+connect = pytest.importorskip("websockets.sync.client").connect
+InvalidStatus = pytest.importorskip("websockets.exceptions").InvalidStatus
+KEY = "ray-test-server-key-0123456789"  # the ingress runs with a server key: creating and listing need it
 
 PROMPT = "lofi hip hop, mellow piano, 80 bpm"
 LOOP_S = 4.0
@@ -42,12 +46,11 @@ LOST_WITHIN_S = 5.0  # a killed replica's sessions say so this soon
 @pytest.fixture(scope="module")
 def server():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_tcp_port()
     options = host_module.HostOptions(preset="tiny", latent_interval_ms=ADMISSION_INTERVAL_MS)
+    policy = access.AccessPolicy.for_server("127.0.0.1", KEY)
     try:
-        yield deployment.start_on_ray(options, 2, 0.0, None, "127.0.0.1", port, num_cpus=2)
+        yield deployment.start_on_ray(options, 2, 0.0, None, "127.0.0.1", port, num_cpus=2, policy=policy)
     finally:
         deployment.stop_on_ray()
 
@@ -123,13 +126,26 @@ def status_code(call: Callable[[], object]) -> int:
 
 
 def test_sessions_keep_their_replica_and_outlive_another_replica(server):
-    client = Client(server, timeout_s=WAIT_S)
+    client = Client(server, timeout_s=WAIT_S, key=KEY)
     names = [f"jam-{index}" for index in range(SESSIONS)]
     placed = {name: client.create(PROMPT, seconds=LOOP_S, name=name)["replica"] for name in names}
     assert len(set(placed.values())) == 2, f"{SESSIONS} sessions should spread over both replicas: {placed}"
     assert {entry["session"]: entry["replica"] for entry in client.sessions()} == placed
     assert status_code(lambda: client.create(PROMPT, name=names[0])) == 400, "a name that plays is refused"
-    assert status_code(lambda: client.status("nobody")) == 404
+    # The ingress keeps strangers out as --local does: no token 401, a wrong one 403 (an unknown name alike), a web
+    # page's WebSocket 403 even with the token.
+    stranger = Client(server, timeout_s=WAIT_S, token="not-the-token")
+    assert status_code(lambda: Client(server, timeout_s=WAIT_S).status(names[0])) == 401
+    assert status_code(lambda: stranger.set_knobs(names[0], {"volume": 0.0})) == 403
+    assert status_code(lambda: stranger.status("nobody")) == 403
+    assert Client(server, timeout_s=WAIT_S).sessions() == [], "the list is the key holder's only"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(
+            f"ws{server.removeprefix('http')}/sessions/{names[0]}/stream",
+            additional_headers={"Authorization": f"Bearer {client.tokens[names[0]]}", "Origin": "http://evil.example"},
+            open_timeout=WAIT_S,
+        )
+    assert refused.value.response.status_code == 403
     with pytest.raises(ServerError) as bad_knob:
         client.set_knobs(names[0], {"volumes": 0.5})
     assert bad_knob.value.status == 400 and "volumes" in bad_knob.value.message
@@ -249,7 +265,7 @@ def test_a_stalled_client_behind_the_ray_proxy_finds_at_most_the_window_waiting(
     from stall_probe import stall_and_drain
 
     window_s = pytest.importorskip("flowjam.serve.protocol").ACK_WINDOW_FRAMES / 48_000
-    client = Client(server, timeout_s=WAIT_S)
+    client = Client(server, timeout_s=WAIT_S, key=KEY)
     name = client.create(PROMPT, seconds=LOOP_S, name="stalled")["session"]
     try:
         stall = stall_and_drain(client, name, stall_s=2 * window_s)

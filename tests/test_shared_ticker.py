@@ -1,4 +1,4 @@
-"""Live sessions on one shared ring (engine/live/ring.py) and the host that serves them (engine/serve/host.py):
+"""Live sessions on one shared ring (live/shared_ticker.py) and the host that serves them (serve/host.py):
 each session's runner keeps its own knobs, prompts and loop; every tick is one forward over all of them; a session
 plays bit for bit what it plays alone (CPU fp32), its knobs reach only its own audio, and the host's clock plays
 every loop in real time to its subscribers without ever waiting for a slow one."""
@@ -18,6 +18,7 @@ from flowjam.serve.bench import measure_sessions
 from flowjam.serve.errors import SessionRefused, UnknownSession
 from flowjam.serve.host import HostOptions, RingHost, SessionSpec
 from flowjam.serve.protocol import decode_chunk
+from helpers import wait_for
 
 SECONDS = 10.0  # T = 250 frames: batch-size-invariant CPU GEMMs, so sharing a batch changes no bit
 TICKS = 16
@@ -214,9 +215,7 @@ def test_the_host_refuses_a_session_it_could_not_keep_in_real_time(session):
     host = RingHost(session, latent_interval_ms=0.01)  # no tick is fast enough: refused once ticks are measured
     try:
         host.create("first", SessionSpec("lofi", seconds=4, knobs={"depth": 2}))
-        deadline = time.monotonic() + 30
-        while host.status("first")["ticks"] < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: host.status("first")["ticks"] >= 3, 30, "three ticks of 'first' to be measured")
         with pytest.raises(SessionRefused, match="refused.*another GPU"):
             host.create("second", SessionSpec("jazz", seconds=4))
         assert host.names() == ["first"] and host.status("first")["errors"] == 0
@@ -228,9 +227,7 @@ def test_the_host_refuses_a_depth_its_ring_could_not_keep_in_real_time(session):
     host = RingHost(session, latent_interval_ms=0.01)
     try:
         host.create("deep", SessionSpec("lofi", seconds=4, knobs={"depth": 1}))
-        deadline = time.monotonic() + 30
-        while host.status("deep")["ticks"] < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: host.status("deep")["ticks"] >= 3, 30, "three ticks of 'deep' to be measured")
         with pytest.raises(ValueError, match="depth 4 for session 'deep' refused"):
             host.set_knobs("deep", {"depth": 4, "denoise": 0.5})
         knobs = host.status("deep")["knobs"]
@@ -249,9 +246,7 @@ def test_a_host_started_with_a_lora_gives_every_session_its_own_strength_knob(gl
         assert host.status("a")["knobs"]["lora/glow"] == 0.7 and host.status("b")["knobs"]["lora/glow"] == 0.2
         assert host.set_knobs("a", {"lora/glow": 5}) == {"lora/glow": 2.0}, "out of range is clamped, as OSC"
         lanes = {name: host._sessions[name].runner.stream for name in ("a", "b")}
-        deadline = time.monotonic() + 30
-        while lanes["a"].lora_strength("glow") != 2.0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: lanes["a"].lora_strength("glow") == 2.0, 30, "session a's lane to take lora/glow 2.0")
         assert lanes["a"].lora_strength("glow") == 2.0 and lanes["b"].lora_strength("glow") == 0.2
         assert lora_set(host.session.models.acestep.decoder).strength("glow") == 0.7, "a session moved the shared"
         assert host.status("a")["errors"] == 0 and host.status("b")["errors"] == 0

@@ -206,12 +206,12 @@ def test_haar_worked_numbers_pad_an_odd_frame_with_zero():
     close(high, frames(-2.0 / r, 5.0 / r))
 
 
-def test_dcw_is_identity_with_zero_scales_or_when_x_next_equals_x0_hat():
+@pytest.mark.parametrize("mode", ["low", "high", "double", "pix"])
+def test_dcw_is_identity_with_zero_scales_or_when_x_next_equals_x0_hat(mode):
     torch.manual_seed(3)
     x_next, x0_hat = torch.randn(2, 5, 3), torch.randn(2, 5, 3)
-    for mode in ("low", "high", "double", "pix"):
-        close(dcw_correct(x_next, x0_hat, 0.5, mode, 0.0, 0.0), x_next, atol=1e-6)
-        close(dcw_correct(x_next, x_next.clone(), 0.5, mode, 0.3, 0.3), x_next, atol=1e-6)
+    close(dcw_correct(x_next, x0_hat, 0.5, mode, 0.0, 0.0), x_next, atol=1e-6)
+    close(dcw_correct(x_next, x_next.clone(), 0.5, mode, 0.3, 0.3), x_next, atol=1e-6)
 
 
 def test_dcw_worked_numbers_per_mode():

@@ -34,11 +34,6 @@ SPEC_CAPTION = "upbeat synthwave with driving drums, female vocals"
 SPEC_METAS = "- bpm: 83\n- timesignature: 4\n- keyscale: G major\n- duration: 88 seconds\n"
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Qwen3Tokenizer:
-    return Qwen3Tokenizer.from_package()
-
-
 def _bpe_split(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
     """The two parts BPE joins last to make `token`, merging lowest ranks first among ranks below `rank`."""
     parts = [bytes([byte]) for byte in token]

@@ -8,7 +8,6 @@ import copy
 import json
 import math
 import socket
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import torch
 from flowjam.engine.audio.files import read_wav, write_wav
 from flowjam.live import performances
 from flowjam.nodes.spec import NodeInputError
+from helpers import free_udp_port, wait_for
 from pythonosc.osc_message import OscMessage
 from pythonosc.udp_client import SimpleUDPClient
 from workflow_runner import (
@@ -67,10 +67,7 @@ def runner(comfy_dirs):
     return WorkflowRunner(comfy_dirs / "input", comfy_dirs / "output", comfy_dirs / "temp")
 
 
-@pytest.fixture(autouse=True)
-def stop_streams():
-    yield
-    performances.stop_all()
+pytestmark = pytest.mark.usefixtures("stop_streams")
 
 
 def workflow(name: str) -> dict:
@@ -104,20 +101,6 @@ def disconnect(wf: dict, node: dict, input_name: str) -> None:
         for output in other["outputs"]:
             if output["links"] and link_id in output["links"]:
                 output["links"].remove(link_id)
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def assert_audio(audio, samples: int | None = None, minimum: int | None = None, maximum: int | None = None) -> None:

@@ -3,7 +3,7 @@ ComfyUI, and convert them to the API prompt format that ComfyUI's POST /prompt t
 
 flowjam's nodes are the real classic node classes (`nodes.comfy_v1.NODE_CLASS_MAPPINGS`). ComfyUI's own LoadAudio,
 SaveAudio and PreviewAudio are small stand-ins with the same inputs, outputs and widgets as ComfyUI's definitions
-(comfy_extras/nodes_audio.py) that read and write WAV files through `engine.audio_io`; nothing else of ComfyUI is
+(comfy_extras/nodes_audio.py) that read and write WAV files through `engine.audio.files`; nothing else of ComfyUI is
 imitated.
 
 Widget serialisation, as the ComfyUI frontend does it (checked by loading the shipped workflows into frontends

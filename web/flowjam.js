@@ -1,28 +1,37 @@
 // flowjam live panel: knobs, meters and the playhead of a running stream, drawn on the Stream node.
-// Talks to flowjam's routes on ComfyUI's own server; turning a knob posts it straight to the stream (no re-queue)
-// and writes the same value into the widget that sets that knob on a re-queue (the Stream node's own widget, or the
-// `value` of a Shared curve node wired to this Stream for that knob), so the graph re-queues what you hear.
+// Its rows are built from the knob specs flowjam's routes send (the parameter registry plus a running stream's
+// lora/<name> knobs; see panel_rows.js): a knob added to the registry shows here with no change to this file.
+// The server pushes every stream's status as a "flowjam.status" event (nodes/web_routes.py, about 4 a second while
+// a stream runs); GET /flowjam/session/<name> brings the specs, and is a slow fallback where no event comes.
+// Turning a knob posts it straight to the stream (no re-queue) and writes the same value into the widget that sets
+// that knob on a re-queue (the Stream node's own widget, or the `value` of a Shared curve node wired to this Stream
+// for that knob), so the graph re-queues what you hear. Colours come from ComfyUI's theme (its palette variables).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { choiceName, movedValue, panelRows, shownValue } from "./panel_rows.js";
 
-const PANEL_KNOBS = ["velocity_scale", "denoise", "prompt_blend", "ode_noise", "guidance", "volume", "cfg_mode"];
-const POLL_RUNNING_MS = 250; // while the stream plays
-const POLL_ABSENT_MAX_MS = 5000; // no stream: the poll interval doubles from POLL_RUNNING_MS up to this
-const HAND_MS = 500; // a knob moved this recently keeps the hand's value (the poll never fights the hand)
-const PANEL_HEIGHT = 210; // meters (two lines), playhead and seven knob rows
+const STATUS_EVENT = "flowjam.status"; // nodes/web_routes.py's STATUS_EVENT
+const FALLBACK_POLL_MS = 2000; // GET the status when no event came for this long (older ComfyUI, no stream)
+const HAND_MS = 500; // a knob moved this recently keeps the hand's value (the status never fights the hand)
+const PANEL_HEIGHT = 210; // the panel's least height: meters (two lines), playhead and about seven rows; more scroll
 const FIELD_SEPARATOR = " · ";
 const WAKE_EVENTS = ["execution_start", "execution_success"]; // a queued graph may have just started the stream
 const CURVE_TITLE = "driven by a curve (Shared curve node): disconnect the curve to play it here";
 const ONE_LINE = "white-space: nowrap; overflow: hidden; text-overflow: ellipsis;";
 const CSS = {
-  panel: "font: 11px monospace; color: #ddd; padding: 4px; display: grid; gap: 3px; align-content: start; "
-    + "overflow: hidden; box-sizing: border-box;",
-  // label column: 19ch holds the longest knob name (x0_target_strength) in the panel's monospace font
-  row: "display: grid; grid-template-columns: 19ch minmax(4em, 1fr) 5ch; gap: 4px; align-items: center;",
-  select: "min-width: 0; font: inherit; color: inherit; background: #222; border: 1px solid #555;",
-  slider: "min-width: 0;",
-  value: "text-align: right; white-space: nowrap;",
+  panel: "font: 11px monospace; color: var(--input-text, #ddd); padding: 4px; display: grid; gap: 3px; "
+    + "grid-template-rows: auto auto minmax(0, 1fr); height: 100%; overflow: hidden; box-sizing: border-box;",
+  rows: "display: grid; gap: 3px; align-content: start; overflow-y: auto; min-height: 0;",
+  // label column: 19ch holds the longest registry knob name (x0_target_strength) in the panel's monospace font
+  row: "display: grid; grid-template-columns: 19ch minmax(4em, 1fr) 8ch; gap: 4px; align-items: center;",
+  control: "min-width: 0; font: inherit; color: var(--input-text, #ddd); background: var(--comfy-input-bg, #222); "
+    + "border: 1px solid var(--border-color, #4e4e4e); border-radius: 2px;",
+  slider: "min-width: 0; accent-color: var(--fg-color, #fff);",
+  value: "text-align: right; white-space: nowrap; color: var(--descrip-text, #999);",
+  error: "color: var(--error-text, #ff4444);",
 };
+
+const panels = new Set(); // every live panel on the canvas; the server's events reach each of them
 
 function streamName(node) {
   const widget = node.widgets?.find((w) => w.name === "session_id");
@@ -38,24 +47,31 @@ function element(tag, css = "", text = "") {
   return el;
 }
 
-function buildRow(name, onMove) {
+// A row for one knob spec (panel_rows.js): a select for a choice knob, a number box for a wide integer knob, else a
+// slider; `onMove(value)` gets what the hand set.
+function buildRow(spec, onMove) {
   const row = element("label", CSS.row);
-  const label = element("span", ONE_LINE, name);
-  const choice = name === "cfg_mode";
-  const input = document.createElement(choice ? "select" : "input");
-  if (!choice) {
-    input.type = "range";
-    input.step = "any";
+  const label = element("span", ONE_LINE, spec.name);
+  label.title = spec.title ? `${spec.name}: ${spec.title}` : spec.name;
+  const input = document.createElement(spec.control === "select" ? "select" : "input");
+  if (spec.control === "select") {
+    input.replaceChildren(...spec.choices.map((choice) => new Option(choice, choice)));
+  } else {
+    input.type = spec.control;
+    input.min = spec.min;
+    input.max = spec.max;
+    input.step = spec.step;
   }
-  input.dataset.knob = name;
-  input.style.cssText = choice ? CSS.select : CSS.slider;
+  input.dataset.knob = spec.name;
+  input.style.cssText = spec.control === "range" ? CSS.slider : CSS.control;
   const value = element("span", CSS.value);
-  input.addEventListener(choice ? "change" : "input", () => onMove(name, choice ? input.value : Number(input.value)));
+  const event = spec.control === "range" ? "input" : "change"; // a number box sends once typed, not per keystroke
+  input.addEventListener(event, () => onMove(spec.control === "select" ? input.value : Number(input.value)));
   row.append(label, input, value);
-  return { row, label, input, value, choice, movedAt: 0, pending: undefined, sending: false };
+  return { spec, row, input, value, movedAt: 0, pending: undefined, sending: false };
 }
 
-function buildPanel(onMove) {
+function buildPanel(node) {
   const root = element("div", CSS.panel);
   root.className = "flowjam-panel";
   const meters = element("div");
@@ -64,20 +80,31 @@ function buildPanel(onMove) {
   const playhead = document.createElement("progress");
   playhead.max = 1;
   playhead.value = 0;
-  playhead.style.width = "100%";
-  root.append(meters, playhead);
-  const rows = {};
-  for (const name of PANEL_KNOBS) {
-    rows[name] = buildRow(name, onMove);
-    root.append(rows[name].row);
-  }
-  const state = { running: false, specs: null, delayMs: 0, timer: null, polling: false, removed: false };
-  return { root, lines, playhead, rows, ...state };
+  playhead.style.cssText = "width: 100%; accent-color: var(--fg-color, #fff);";
+  const rowsBox = element("div", CSS.rows);
+  root.append(meters, playhead, rowsBox);
+  const times = { eventAt: 0, askedAt: 0, timer: null }; // the last event, the last specs asked for, the poll
+  return { node, root, lines, playhead, rowsBox, rows: {}, running: false, fetching: false, ...times };
 }
 
-function showLines(panel, first, second = "", title = "") {
+// Whether `byKnob` (specs or values, keyed by knob name) names exactly the knobs the panel has rows for.
+function sameKnobs(panel, byKnob) {
+  const names = Object.keys(byKnob);
+  return names.length === Object.keys(panel.rows).length && names.every((name) => name in panel.rows);
+}
+
+// Rows for `specs`, rebuilt only when the set of knobs changes (a LoRA loaded into or gone from the stream).
+function setRows(panel, specs) {
+  if (sameKnobs(panel, specs)) return;
+  const rows = panelRows(specs).map((spec) => [spec.name, buildRow(spec, (v) => moveKnob(panel, spec.name, v))]);
+  panel.rows = Object.fromEntries(rows);
+  panel.rowsBox.replaceChildren(...rows.map(([, row]) => row.row));
+}
+
+function showLines(panel, first, second = "", title = "", css = "") {
   panel.lines[0].textContent = first;
   panel.lines[1].textContent = second;
+  panel.lines[1].style.cssText = ONE_LINE + css;
   panel.lines[0].parentElement.title = title;
 }
 
@@ -133,66 +160,39 @@ function writeWidgets(node, knob, value) {
 
 // ---- talking to the stream ---------------------------------------------------------------------------------------
 
-async function postPending(node, panel, row) {
+async function postPending(panel, row) {
   row.sending = true;
   while (row.pending !== undefined && panel.running) {
-    const body = JSON.stringify({ name: row.input.dataset.knob, value: row.pending });
+    const body = JSON.stringify({ name: row.spec.name, value: row.pending });
     row.pending = undefined;
     try {
-      const response = await api.fetchApi(`/flowjam/session/${encodeURIComponent(streamName(node))}/knob`, {
+      const response = await api.fetchApi(`/flowjam/session/${encodeURIComponent(streamName(panel.node))}/knob`, {
         method: "POST",
         headers: { "Content-Type": "application/json" },
         body,
       });
       if (response.status === 404) {
-        panel.running = false; // stopped between two polls: post no more, and let the next poll say so
-        wake(node, panel);
+        panel.running = false; // stopped since the last status: post no more, and ask what runs now
+        fetchStatus(panel);
       }
     } catch {
-      break; // the server is gone; the poll shows it
+      break; // the server is gone; the next status shows it
     }
   }
   row.pending = undefined;
   row.sending = false;
 }
 
-function moveKnob(node, panel, name, value) {
+function moveKnob(panel, name, value) {
   const row = panel.rows[name];
   if (!panel.running || row.input.disabled) return; // never post to a stream that is not there
   row.movedAt = Date.now();
-  row.pending = writeWidgets(node, name, row.choice ? value : clampToSpec(panel.specs?.[name], value));
-  showValue(row, row.pending);
-  if (!row.sending) postPending(node, panel, row);
-}
-
-function clampToSpec(spec, value) {
-  if (!spec) return value;
-  const clamped = Math.min(spec.max, Math.max(spec.min, value));
-  return spec.integer ? Math.round(clamped) : clamped;
+  row.pending = writeWidgets(panel.node, name, movedValue(row.spec, value));
+  row.value.textContent = shownValue(row.spec, row.pending);
+  if (!row.sending) postPending(panel, row);
 }
 
 // ---- showing the status ------------------------------------------------------------------------------------------
-
-function showValue(row, value) {
-  row.value.textContent = row.choice || typeof value !== "number" ? "" : value.toFixed(2);
-}
-
-function applySpecs(panel, specs) {
-  if (!specs || panel.specs) return;
-  panel.specs = specs;
-  for (const [name, row] of Object.entries(panel.rows)) {
-    const spec = specs[name];
-    if (!spec) continue;
-    row.label.title = spec.description ?? "";
-    if (row.choice) {
-      row.input.replaceChildren(...spec.choices.map((choice) => new Option(choice, choice)));
-    } else {
-      row.input.min = spec.min;
-      row.input.max = spec.max;
-      row.input.step = spec.integer ? "1" : "any";
-    }
-  }
-}
 
 function setRowEnabled(row, enabled, title) {
   row.input.disabled = !enabled;
@@ -201,26 +201,21 @@ function setRowEnabled(row, enabled, title) {
 }
 
 function setRowValue(row, value) {
-  if (row.choice) {
-    row.input.value = typeof value === "number" ? row.input.options[value]?.value ?? "" : value;
-  } else {
-    row.input.value = value;
-  }
+  row.input.value = row.spec.control === "select" ? choiceName(row.spec, value) : value;
 }
 
 // No stream: every knob disabled, resting at the value the Stream node would start it with.
-function showAbsent(node, panel, status) {
-  const name = streamName(node);
+function showAbsent(panel, sessions = []) {
+  const name = streamName(panel.node);
   panel.running = false;
-  const others = (status.sessions ?? []).filter((s) => s !== name);
+  const others = sessions.filter((s) => s !== name);
   const elsewhere = others.length ? `running here: ${others.join(", ")}` : "";
   showLines(panel, `no stream "${name}" — queue the graph`, elsewhere);
   panel.playhead.value = 0;
-  for (const [knob, row] of Object.entries(panel.rows)) {
+  for (const row of Object.values(panel.rows)) {
     setRowEnabled(row, false, "no stream — queue the graph to start it");
-    const start = widgetNamed(node, knob)?.value ?? panel.specs?.[knob]?.default;
-    if (start !== undefined) setRowValue(row, start);
-    row.value.textContent = row.choice ? "" : "–";
+    setRowValue(row, widgetNamed(panel.node, row.spec.name)?.value ?? row.spec.start);
+    row.value.textContent = row.spec.control === "select" ? "" : "–";
   }
 }
 
@@ -236,63 +231,69 @@ function meterLines(s) {
 function showRunning(panel, s) {
   panel.running = true;
   const [first, second] = meterLines(s);
-  showLines(panel, first, second, s.last_error ? `last error: ${s.last_error}` : "");
+  showLines(panel, first, second, s.last_error ? `last error: ${s.last_error}` : "", s.errors ? CSS.error : "");
   panel.playhead.value = s.loop_s ? s.playhead_s / s.loop_s : 0;
+  const knobs = s.knobs ?? {};
+  if (!sameKnobs(panel, knobs) && Date.now() - panel.askedAt > FALLBACK_POLL_MS) {
+    panel.askedAt = Date.now(); // a LoRA came or went: its row comes with the specs (asked at most every 2 s)
+    fetchStatus(panel);
+  }
   const curves = new Set(s.curves ?? []);
   for (const [name, row] of Object.entries(panel.rows)) {
     const curve = curves.has(name);
     setRowEnabled(row, !curve, curve ? CURVE_TITLE : "");
-    if (Date.now() - row.movedAt < HAND_MS) continue;
-    const value = name === "cfg_mode" ? s.cfg_mode : s.knobs?.[name];
-    if (value === undefined) continue;
-    setRowValue(row, value);
-    if (curve) row.value.textContent = "curve";
-    else showValue(row, value);
+    const typing = row.spec.control === "number" && document.activeElement === row.input;
+    if (Date.now() - row.movedAt < HAND_MS || typing || knobs[name] === undefined) continue;
+    setRowValue(row, knobs[name]);
+    row.value.textContent = curve ? "curve" : shownValue(row.spec, knobs[name]);
   }
 }
 
-// -> whether the stream runs (the poll backs off while it does not).
-async function refresh(node, panel) {
-  const response = await api.fetchApi(`/flowjam/session/${encodeURIComponent(streamName(node))}`);
-  if (!response.ok) {
-    showAbsent(node, panel, {});
-    showLines(panel, `flowjam: the status route answered ${response.status}`, "is flowjam installed on this server?");
-    return false;
-  }
-  const status = await response.json();
-  applySpecs(panel, status.specs);
+// A stream's status from the route (with `specs`) or from an event (without; the rows stay as they are).
+function showStatus(panel, status, sessions) {
+  if (status.specs) setRows(panel, status.specs);
   if (status.running) showRunning(panel, status);
-  else showAbsent(node, panel, status);
-  return Boolean(status.running);
+  else showAbsent(panel, status.sessions ?? sessions);
 }
 
-// ---- polling -----------------------------------------------------------------------------------------------------
-
-function schedule(node, panel, delayMs) {
-  clearTimeout(panel.timer);
-  if (!panel.removed) panel.timer = setTimeout(() => poll(node, panel), delayMs);
-}
-
-async function poll(node, panel) {
-  if (panel.polling || panel.removed) return;
-  panel.polling = true;
-  let running = false;
+async function fetchStatus(panel) {
+  if (panel.fetching || !panels.has(panel)) return;
+  panel.fetching = true;
   try {
-    running = await refresh(node, panel);
+    const response = await api.fetchApi(`/flowjam/session/${encodeURIComponent(streamName(panel.node))}`);
+    if (response.ok) {
+      showStatus(panel, await response.json(), []);
+    } else {
+      showAbsent(panel);
+      showLines(panel, `flowjam: the status route answered ${response.status}`, "is flowjam installed on this server?");
+    }
   } catch {
     panel.running = false;
     showLines(panel, "flowjam: ComfyUI's server does not answer", "retrying…");
+  } finally {
+    panel.fetching = false;
   }
-  panel.polling = false;
-  const backedOff = Math.min(POLL_ABSENT_MAX_MS, Math.max(POLL_RUNNING_MS, panel.delayMs * 2));
-  panel.delayMs = running ? POLL_RUNNING_MS : backedOff;
-  schedule(node, panel, panel.delayMs);
 }
 
-// Poll soon and start the back-off over (a graph was queued, or a post found no stream).
-function wake(node, panel) {
-  panel.delayMs = 0;
-  if (!panel.polling) schedule(node, panel, 0);
+// ---- events pushed by the server, and the fallback poll ----------------------------------------------------------
+
+function onStatusEvent(event) {
+  const sessions = event.detail?.sessions ?? {};
+  for (const panel of panels) {
+    panel.eventAt = Date.now();
+    const status = sessions[streamName(panel.node)];
+    if (status) showStatus(panel, status, Object.keys(sessions));
+    else showAbsent(panel, Object.keys(sessions));
+  }
+}
+
+function onWake() {
+  for (const panel of panels) fetchStatus(panel);
+}
+
+async function poll(panel) {
+  if (Date.now() - panel.eventAt >= FALLBACK_POLL_MS) await fetchStatus(panel);
+  if (panels.has(panel)) panel.timer = setTimeout(() => poll(panel), FALLBACK_POLL_MS);
 }
 
 // ---- the extension -----------------------------------------------------------------------------------------------
@@ -305,25 +306,27 @@ function fitPanel(node) {
 }
 
 function attachPanel(node) {
-  const panel = buildPanel((name, value) => moveKnob(node, panel, name, value));
+  const panel = buildPanel(node);
   showLines(panel, "flowjam: looking for the stream…");
   const options = { serialize: false, getMinHeight: () => PANEL_HEIGHT };
   node.addDOMWidget("flowjam_live_panel", "flowjam_panel", panel.root, options);
   fitPanel(node);
-  const onWake = () => wake(node, panel);
-  for (const type of WAKE_EVENTS) api.addEventListener(type, onWake);
+  panels.add(panel);
   const removed = node.onRemoved;
   node.onRemoved = function () {
-    panel.removed = true;
+    panels.delete(panel);
     clearTimeout(panel.timer);
-    for (const type of WAKE_EVENTS) api.removeEventListener(type, onWake);
     return removed?.apply(this, arguments);
   };
-  schedule(node, panel, 0);
+  panel.timer = setTimeout(() => poll(panel), 0); // after a loaded graph has set the node's session_id
 }
 
 app.registerExtension({
   name: "flowjam.livePanel",
+  setup() {
+    api.addEventListener(STATUS_EVENT, onStatusEvent);
+    for (const type of WAKE_EVENTS) api.addEventListener(type, onWake);
+  },
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (nodeData.name !== "FlowjamStream") return;
     const created = nodeType.prototype.onNodeCreated;

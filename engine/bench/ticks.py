@@ -1,5 +1,5 @@
 """`python -m flowjam bench dit|tick` (one DiT forward; a stream tick against the spec's FLOP bound) and the
-parameter census of the presets. `bench lm` is in lm/bench.py, `bench latency|soak` in live/bench.py."""
+parameter census of the presets. `bench lm` is in bench/lm.py, `bench latency|soak` in live/bench.py (beside engine/)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..models.fp8 import to_fp8
 from ..models.presets import AceStepConfig, get_preset
 from ..models.text_encoder import Qwen3TextEncoder
 from ..models.vae import OobleckVAE
-from ..params import LATENT_RATE_HZ
+from ..params import DEFAULT_PRECISION, LATENT_RATE_HZ
 from ..stream import RealtimeNeed, SlotRequest, StreamPipeline
 
 CONDITION_TOKENS = 256
@@ -179,7 +179,7 @@ class TickFixture:
     negative: Conditioning
     context: torch.Tensor
     gemm_tflops: float
-    precision: str = "bf16"
+    precision: str = DEFAULT_PRECISION
 
     def to_fp8(self, steps: int) -> Fp8Error:
         """Switch the decoder to FP8 in place; returns its error against the bf16 decoder it replaces."""

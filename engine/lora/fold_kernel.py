@@ -1,6 +1,6 @@
 """The fold of a layer's low-rank LoRAs as one GPU kernel (Triton, where installed): each weight tile is
 rest + (up x column strengths) @ down, read once from the resting weight and written once. A copy then an in-place
-addmm moves the weight through memory twice as often (H200, turbo-2b: README, "LoRAs")."""
+addmm moves the weight through memory twice as often (H200, turbo-2b: docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from .deltas import DeltaStack, kron_apply
 
+
 class Strengths(Protocol):
     """Where a LoraLinear reads its strengths (the decoder's LoraSet): shared ones, and per-row ones while set."""
 

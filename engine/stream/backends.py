@@ -1,7 +1,7 @@
 """How the DiT runs inside a stream: `eager` PyTorch; `compile` (torch.compile/Inductor over one DiT layer, the
 same compiled graph for all layers: fused elementwise work around the GEMMs); `graph` (the whole tick, eager
 kernels, replayed as one CUDA graph per tick plan, see tick_graph.py); `compile-graph` (compiled layers inside the
-graph). README, "Stream ticks", has the measured table."""
+graph). docs/benchmarks.md, "Stream ticks", has the measured table."""
 
 from __future__ import annotations
 

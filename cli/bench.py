@@ -1,0 +1,150 @@
+"""`flowjam bench TARGET`: benchmarks that print numbers. The flags of every target are here; what each target
+measures and prints is in bench_models (dit, decode, lm), bench_ticks (tick, ring, lora), bench_live (latency, soak)
+and bench_sessions (sessions)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..engine.params import REALTIME_LATENT_INTERVAL_MS
+from . import bench_live, bench_models, bench_sessions, bench_ticks
+from .flags import (
+    add_backend,
+    add_cfg_mode,
+    add_depth,
+    add_device,
+    add_dtype,
+    add_lm_preset,
+    add_model_arguments,
+    add_precision,
+    add_preset,
+    add_song_seconds,
+    add_steps,
+    check_device,
+)
+
+TARGETS = {
+    "dit": bench_models.bench_dit,
+    "tick": bench_ticks.bench_tick,
+    "ring": bench_ticks.bench_ring,
+    "lora": bench_ticks.bench_lora,
+    "decode": bench_models.bench_decode,
+    "latency": bench_live.bench_latency,
+    "sessions": bench_sessions.bench_sessions,
+    "soak": bench_live.bench_soak,
+    "lm": bench_models.bench_lm,
+}
+
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = commands.add_parser("bench", help="benchmarks that print numbers")
+    targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
+
+    dit = targets.add_parser("dit", help="time one batched DiT forward at several window lengths")
+    add_song_seconds(dit, [10.0, 20.0, 60.0], multiple=True, help="the latent lengths to time, one forward each (s)")
+    dit.add_argument("--batch", type=int, default=1, help="rows per forward (depth x CFG)")
+    dit.add_argument("--repeats", type=int, default=5)
+    add_random_model(dit, "tiny")
+
+    tick = targets.add_parser("tick", help="steady-state StreamPipeline ticks at real shapes (random weights)")
+    add_ring(tick, song_seconds_help="song latent length (s)", cfg="off", ticks=48, multiple=True)
+    tick.add_argument("--profile", action="store_true", help="print a torch.profiler summary of 8 ticks per run")
+    add_precision(tick, multiple=True, more_help="; fp8 also prints its error vs bf16")
+    add_random_model(tick)
+
+    ring = targets.add_parser("ring", help="several sessions (lanes) in one ring: ticks against the bound, real time")
+    ring.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4])
+    add_ring(ring, song_seconds_help="loop latent length (s)", cfg="full", ticks=32)
+    add_random_model(ring)
+
+    lora = targets.add_parser("lora", help="tick cost of LoRAs (live, folded, merged) and what a strength change costs")
+    lora.add_argument("--loras", type=int, default=2, help="random LoRAs on every attention and MLP projection")
+    lora.add_argument("--rank", type=int, default=64)
+    add_ring(lora, song_seconds_help="song latent length (s)", cfg="full", ticks=48)
+    lora.add_argument("--profile", action="store_true", help="print a torch.profiler summary of the unmerged ticks")
+    add_random_model(lora)
+
+    decode = targets.add_parser("decode", help="windowed VAE decodes: plain against CUDA-graph replays")
+    decode.add_argument("--window", type=float, nargs="+", default=[0.1, 0.2, 0.4, 1.6], help="window seconds")
+    decode.add_argument("--repeats", type=int, default=20)
+    add_random_model(decode)
+
+    latency = targets.add_parser(
+        "latency", help="knob -> first changed tick and knob -> ear, shared vs per-request knob"
+    )
+    latency.add_argument("--trials", type=int, default=12)
+    add_stream(latency, song_seconds=10.0, cfg="off")
+    add_model_arguments(latency)
+
+    sessions = targets.add_parser(
+        "sessions", help="live sessions on one host: real time (latent interval) and knob -> ear per session"
+    )
+    sessions.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 3])
+    sessions.add_argument("--trials", type=int, default=8)
+    add_stream(sessions, song_seconds=60.0, cfg="full")
+    sessions.add_argument(
+        "--interval-ms",
+        type=float,
+        default=REALTIME_LATENT_INTERVAL_MS,
+        help="a fresh latent per session at least this often",
+    )
+    sessions.add_argument("--ear-ms", type=float, default=150.0, help="knob -> ear target (p95 of the shared knob)")
+    sessions.add_argument(
+        "--gpus", type=int, default=1, help="run the same bench on GPUs 0..N-1 at once, one process (host) each"
+    )
+    sessions.add_argument(
+        "--lora-rank",
+        type=int,
+        help="attach a random live LoRA of this rank on every attention and MLP projection; each session plays it "
+        "at its own strength (0.5, 0.6, ...)",
+    )
+    add_model_arguments(sessions)
+
+    soak = targets.add_parser("soak", help="play for N minutes under a knob storm and prompt swaps")
+    soak.add_argument("--minutes", type=float, default=2.0, help="how long to play")
+    add_stream(soak, song_seconds=10.0, cfg="off")
+    add_model_arguments(soak)
+
+    lm = targets.add_parser("lm", help="5 Hz LM code generation: ms/step and codes/s vs transformers' generate")
+    add_lm_preset(lm, "lm-1.7b")
+    lm.add_argument("--batch", type=int, default=8, help="sequences generated together")
+    lm.add_argument("--lm-cfg", type=float, default=2.0, help="LM guidance (1 = no unconditional rows)")
+    lm.add_argument("--tokens", type=int, default=300, help="codes per sequence (300 = 60 s)")
+    lm.add_argument("--repeats", type=int, default=3)
+    lm.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
+    lm.add_argument("--compile", action="store_true", help="also time the torch.compile'd layer step (CUDA)")
+    add_device(lm, "cuda")
+    add_dtype(lm, "bfloat16")
+    return parser
+
+
+def add_random_model(parser: argparse.ArgumentParser, preset: str = "turbo-2b") -> None:
+    """A preset with random weights (none to load) on --device in --dtype."""
+    add_preset(parser, preset)
+    add_device(parser)
+    add_dtype(parser)
+
+
+def add_ring(
+    parser: argparse.ArgumentParser, song_seconds_help: str, cfg: str, ticks: int, multiple: bool = False
+) -> None:
+    """The ring a tick bench builds: song length, depth, steps, guidance, backend, and how many ticks it times."""
+    add_song_seconds(parser, 60.0, help=song_seconds_help)
+    add_depth(parser, multiple=multiple)
+    add_steps(parser)
+    add_cfg_mode(parser, cfg, multiple=multiple)
+    parser.add_argument("--ticks", type=int, default=ticks, help="measured ticks (after warm-up)")
+    add_backend(parser, multiple=multiple)
+
+
+def add_stream(parser: argparse.ArgumentParser, song_seconds: float, cfg: str) -> None:
+    """The live stream a latency, sessions or soak bench plays: depth, song length, guidance, backend."""
+    add_depth(parser)
+    add_song_seconds(parser, song_seconds, help="loop latent length (s)")
+    add_cfg_mode(parser, cfg)
+    add_backend(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_device(args.device)
+    return TARGETS[args.target](args)

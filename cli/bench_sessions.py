@@ -1,0 +1,111 @@
+"""`flowjam bench sessions`: live sessions on one host (or one host per GPU): does each get a fresh latent often
+enough, and how soon is a knob heard?"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .flags import CommandError, describe_device, load_session
+
+
+def bench_sessions(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.gpus < 1:
+        raise CommandError(f"--gpus {args.gpus}: give 1 or more GPUs")
+    if args.gpus > 1:
+        if not args.device.startswith("cuda"):
+            raise CommandError(f"--gpus {args.gpus} runs one process per GPU: add --device cuda")
+        found = torch.cuda.device_count()
+        if found < args.gpus:
+            raise CommandError(
+                f"--gpus {args.gpus}: this machine has {found} CUDA device(s); use --gpus {max(1, found)} or a machine "
+                f"with {args.gpus} GPUs"
+            )
+        return bench_sessions_on_gpus(args.gpus)
+
+    from ..serve.bench import measure_sessions
+    from ..serve.host import RingHost
+
+    session = load_session(args)
+    session.backend = args.backend
+    print(
+        f"Live sessions on one host: preset {args.preset}, {args.song_seconds:g} s loops, depth {args.depth}, cfg "
+        f"{args.cfg}, {args.backend}, {args.dtype}, {describe_device(args.device)}, torch {torch.__version__}; every "
+        f"session's knob turned at once, {args.trials} trials; real time: a latent every <= {args.interval_ms:g} ms "
+        f"and a shared knob heard within {args.ear_ms:g} ms (p95)"
+    )
+    lora = None
+    if args.lora_rank:
+        from ..engine.bench.ticks import random_lora
+        from ..engine.lora import lora_set
+
+        decoder = session.models.acestep.decoder
+        lora = "bench"
+        lora_set(decoder).attach(random_lora(decoder, lora, args.lora_rank, seed=0), 1.0, "live")
+        print(f"  a live LoRA of rank {args.lora_rank}, each session at its own strength")
+    host = RingHost(session, latent_interval_ms=args.interval_ms)  # one host: admission learns from every count
+    try:
+        for count in args.sessions:
+            r = measure_sessions(host, count, args.song_seconds, args.depth, args.cfg, args.trials, lora)
+            report_sessions(r, count, args)
+    finally:
+        host.close()
+    return 0
+
+
+def bench_sessions_on_gpus(gpus: int) -> int:
+    """The same `bench sessions` on GPUs 0..gpus-1 at once, each in a process of its own that sees one GPU (as one
+    Ray replica would), their lines prefixed with the GPU; -> the worst exit status."""
+    import os
+    import subprocess
+
+    argv, rest = [], iter(sys.argv[1:])
+    for arg in rest:
+        if arg == "--gpus":
+            next(rest, None)  # and its value
+        elif not arg.startswith("--gpus="):
+            argv.append(arg)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "flowjam", *argv],
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for gpu in range(gpus)
+    ]
+    outputs = [child.communicate()[0] for child in children]
+    for gpu, output in enumerate(outputs):
+        for line in output.splitlines():
+            print(f"[gpu {gpu}] {line}")
+    return max(child.returncode for child in children)
+
+
+def report_sessions(r, count: int, args: argparse.Namespace) -> None:
+    from ..serve.bench import SETTLE_TIMEOUT_S
+
+    def settled(seconds: float | None) -> str:
+        return f"not within {SETTLE_TIMEOUT_S:g} s" if seconds is None else f"{seconds:.1f} s"
+
+    verdict = "REAL TIME" if r.realtime(args.interval_ms, args.ear_ms) else "not real time"
+    p = r.phases
+    print(
+        f"  {count} asked, {r.sessions} playing: tick {r.ring_tick_ms:.1f} ms, a latent every "
+        f"{r.latent_interval_ms:.0f} ms (slowest session: {r.cycles_per_latent:.2f} ring cycles of "
+        f"{r.latent_interval_ms / r.cycles_per_latent:.1f} ms; {r.restarting_interval_ms:.0f} ms while a per-request "
+        f"knob restarts the slots), {r.errors} errors -> {verdict}\n"
+        f"    tick graphs settled {settled(r.settle_s)} after the sessions started\n"
+        f"    ring cycle {p.cycle_ms:.1f} ms: runners {p.runners_ms:.1f} + tick {p.tick_ms:.1f} + hand-out "
+        f"{p.handout_ms:.1f} + other {p.cycle_ms - p.runners_ms - p.tick_ms - p.handout_ms:.1f} ms"
+    )
+    for s, touch_settle_s in zip(r.knobs, r.touch_settle_s):
+        print(
+            f"    {s.knob:>15} ({s.kind}): knob -> tick {s.tick_ms_median:.1f} / {s.tick_ms_p95:.1f} ms, -> ear "
+            f"{s.ear_ms_median:.1f} / {s.ear_ms_p95:.1f} ms (median / p95; first touch {s.first_touch_ear_ms:.1f}, "
+            f"graphs settled {settled(touch_settle_s)} after it)"
+        )
+    if r.refused:
+        print(f"    refused: {r.refused}")

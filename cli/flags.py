@@ -1,0 +1,287 @@
+"""The flags several commands share, each defined once and meaning one thing in every command, and what the commands
+share beyond flags: `CommandError` (a refusal: one line on stderr, exit 2), `check_device`, `load_session`.
+
+One name, one meaning: --seconds is always a duration (how long the output is, or how long the command runs);
+--song-seconds is always the length of the song or loop latent that is generated; --device is always a torch device
+and --audio-device always a sound card. Torch is imported inside the functions that need it, so --help stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..engine.params import (
+    BACKENDS,
+    CFG_MODES,
+    DEFAULT_PRECISION,
+    DEFAULT_STEPS,
+    DTYPES,
+    KNOBS_BY_NAME,
+    LM_PRESET_NAMES,
+    LORA_MODES,
+    PRECISIONS,
+    PRESET_NAMES,
+    parse_lora_option,
+)
+
+DEFAULT_DEPTH = int(KNOBS_BY_NAME["depth"].default)
+TOKEN_ENV = "FLOWJAM_TOKEN"  # a served session's token, when not in a --token-file
+
+
+class CommandError(Exception):
+    """A refusal whose message is the whole story (bad input, a missing device): one line on stderr, exit 2."""
+
+
+def one_line(error: Exception) -> str:
+    """The message of a refusal on one line; an OSError as its reason and the file it concerns."""
+    if isinstance(error, OSError) and error.strerror:
+        text = f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    else:
+        text = str(error)
+    return " ".join(text.split())
+
+
+def _nargs(multiple: bool) -> dict:
+    """argparse keywords for a flag that takes one value, or (multiple) a list the command runs once per value."""
+    return {"nargs": "+"} if multiple else {}
+
+
+# ---- the model ----------------------------------------------------------------------------------------------------
+
+
+def add_preset(parser: argparse.ArgumentParser, default: str = "tiny", checkpoint: bool = False) -> None:
+    when = " when no --checkpoint is given" if checkpoint else ""
+    parser.add_argument(
+        "--preset",
+        default=default,
+        help=f"network preset{when}: {', '.join(PRESET_NAMES)} (random weights; tiny needs no files; default "
+        f"{default})",
+    )
+
+
+def add_lm_preset(parser: argparse.ArgumentParser, default: str = "tiny", checkpoint: bool = False) -> None:
+    when = " when no --lm-checkpoint is given" if checkpoint else ""
+    parser.add_argument(
+        "--lm-preset",
+        default=default,
+        help=f"5 Hz LM preset{when}: {', '.join(LM_PRESET_NAMES)} (random weights; default {default})",
+    )
+
+
+def add_lm_model(parser: argparse.ArgumentParser) -> None:
+    """The 5 Hz LM a command loads with --lm: --lm-checkpoint or --lm-preset."""
+    parser.add_argument(
+        "--lm-checkpoint",
+        type=Path,
+        help="LM weights: acestep-5Hz-lm-* folder, ComfyUI qwen_{1.7b,4b}_ace15 file or models/ folder",
+    )
+    add_lm_preset(parser, checkpoint=True)
+
+
+def add_device(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
+    parser.add_argument("--device", default=default, help=f"torch device: cpu, cuda or cuda:N (default {default})")
+
+
+def add_dtype(parser: argparse.ArgumentParser, default: str = "float32") -> None:
+    parser.add_argument("--dtype", default=default, choices=DTYPES)
+
+
+def add_precision(parser: argparse.ArgumentParser, multiple: bool = False, more_help: str = "") -> None:
+    parser.add_argument(
+        "--precision",
+        default=[DEFAULT_PRECISION] if multiple else DEFAULT_PRECISION,
+        choices=PRECISIONS,
+        help="fp8: the DiT's per-tick linear layers in FP8 (Ada/Hopper GPUs, with --dtype bfloat16)" + more_help,
+        **_nargs(multiple),
+    )
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, preset: str = "tiny") -> None:
+    """The model a command loads: --preset or --checkpoint, on --device in --dtype at --precision."""
+    add_preset(parser, preset, checkpoint=True)
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="local weights: official ACE-Step 1.5 folder, ComfyUI models/ folder or file, or a flowjam .safetensors",
+    )
+    add_device(parser)
+    add_dtype(parser)
+    add_precision(parser)
+
+
+LORA_HELP = (
+    "a LoRA for the DiT (PEFT folder or .safetensors), strength 0..2 (default 1); repeatable. Live, its strength is "
+    "the knob lora/<file name>"
+)
+
+
+def add_lora_arguments(parser: argparse.ArgumentParser, help: str = LORA_HELP, modes: bool = True) -> None:
+    parser.add_argument("--lora", action="append", metavar="PATH[:STRENGTH]", help=help)
+    if modes:
+        parser.add_argument(
+            "--lora-mode",
+            default="auto",
+            choices=LORA_MODES,
+            help="how every --lora applies: live (low-rank GEMMs each tick), folded (into the weights on the tick "
+            "after a strength change: merged speed, a copy of the layers' weights), merged (fixed strength), auto "
+            "(folded on a GPU, else live)",
+        )
+
+
+# ---- lengths and the stream ---------------------------------------------------------------------------------------
+
+
+def add_seconds(parser: argparse.ArgumentParser, help: str, default: float | None = None) -> None:
+    """--seconds: a duration, of the output or of the run."""
+    parser.add_argument("--seconds", type=float, default=default, help=help)
+
+
+def add_song_seconds(
+    parser: argparse.ArgumentParser, default, multiple: bool = False, help: str = "length of the song latent (s)"
+) -> None:
+    """--song-seconds: the length of the song or loop that is generated (the latent's length), not a duration."""
+    parser.add_argument("--song-seconds", type=float, default=default, help=help, **_nargs(multiple))
+
+
+def add_depth(parser: argparse.ArgumentParser, default: int | None = DEFAULT_DEPTH, multiple: bool = False) -> None:
+    spec = KNOBS_BY_NAME["depth"]
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=[default] if multiple else default,
+        help=f"{spec.description} ({spec.minimum:g}..{spec.maximum:g}; default {DEFAULT_DEPTH})",
+        **_nargs(multiple),
+    )
+
+
+def add_steps(parser: argparse.ArgumentParser, default: int | None = DEFAULT_STEPS) -> None:
+    parser.add_argument("--steps", type=int, default=default, help=f"denoising steps (default {DEFAULT_STEPS})")
+
+
+def add_cfg_mode(
+    parser: argparse.ArgumentParser, default: str | None, multiple: bool = False, flag: str = "--cfg"
+) -> None:
+    parser.add_argument(
+        flag,
+        default=[default] if multiple else default,
+        choices=CFG_MODES,
+        help="guidance rows: off (turbo's own: CFG-distilled), full (a negative row every step), initialize, self",
+        **_nargs(multiple),
+    )
+
+
+def add_backend(parser: argparse.ArgumentParser, default: str | None = "eager", multiple: bool = False) -> None:
+    parser.add_argument(
+        "--backend",
+        default=[default] if multiple else default,
+        choices=BACKENDS,
+        help="how the ticks run: eager, torch.compile, CUDA graphs, or both",
+        **_nargs(multiple),
+    )
+
+
+def add_audio_device(parser: argparse.ArgumentParser) -> None:
+    """--audio-device: the sound card to play on (never a torch device), and --list-devices to show them."""
+    parser.add_argument("--audio-device", help="sound card: output device name or index (default: the system's)")
+    parser.add_argument("--list-devices", action="store_true", help="print audio output devices and exit")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, session_required: bool = True) -> None:
+    """Where a served session is and what opens it: the server's URL, the session's name and its token."""
+    parser.add_argument("--server", default="http://127.0.0.1:8000", help="the server's URL (flowjam serve)")
+    parser.add_argument(
+        "--session", required=session_required, help="the session's name (as POST /sessions returned it)"
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        help=f"a file whose first line is the session's token, as POST /sessions returned it (or set {TOKEN_ENV})",
+    )
+
+
+def server_client(args: argparse.Namespace):
+    """A client of `--server` holding the session's token from --token-file or the environment."""
+    from ..serve.client import Client
+
+    if args.token_file is not None:
+        try:
+            lines = args.token_file.expanduser().read_text().splitlines()
+        except OSError as error:
+            raise CommandError(f"--token-file {args.token_file}: {error.strerror or error}") from None
+        token = lines[0].strip() if lines else ""
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise CommandError(
+            f"the session's token is needed: --token-file FILE or {TOKEN_ENV}=... (POST /sessions returned it)"
+        )
+    return Client(args.server, token=token)
+
+
+# ---- devices and the session --------------------------------------------------------------------------------------
+
+
+def check_device(name: str) -> None:
+    """Refuse a device torch does not know or cannot use here, before anything loads onto it."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CommandError(f"unknown --device {name!r}; use cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return
+    if device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise CommandError(f"--device {name}: MPS (Apple GPU) is not available here; use --device cpu")
+        return
+    if device.type != "cuda":
+        raise CommandError(f"--device {name}: flowjam runs on cpu, cuda or mps; use --device cpu")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise CommandError(f"--device {name}: {why}; use --device cpu")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise CommandError(
+            f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible; use --device cuda:0"
+        )
+
+
+def describe_device(name: str) -> str:
+    """The device as a benchmark line names it: the GPU's model, or the CPU and its torch threads."""
+    import torch
+
+    if name.startswith("cuda"):
+        return torch.cuda.get_device_name(name)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def load_session(args: argparse.Namespace):
+    """The Session of the model flags (add_model_arguments), with every --lora attached."""
+    import torch
+
+    from ..engine.session import Session
+
+    check_device(args.device)
+    if args.precision == "fp8":
+        from ..engine.models.fp8 import check_fp8_device
+
+        try:
+            check_fp8_device(torch.device(args.device))
+        except ValueError as error:
+            raise CommandError(f"--precision: {error}") from None
+    session = Session.load(
+        args.checkpoint,
+        preset=args.preset,
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        precision=args.precision,
+    )
+    for spec in getattr(args, "lora", None) or ():
+        path, strength = parse_lora_option(spec)
+        try:
+            session.load_lora(path, strength, mode=args.lora_mode)
+        except (ValueError, FileNotFoundError) as error:
+            raise CommandError(f"--lora {spec}: {error}") from None
+    return session

@@ -1,0 +1,228 @@
+"""`flowjam live`: play the stream on this machine's sound card, with OSC and MIDI control and a status line."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..live.midi import MIDI_BACKENDS
+from .flags import (
+    CommandError,
+    add_audio_device,
+    add_backend,
+    add_cfg_mode,
+    add_depth,
+    add_lm_model,
+    add_lora_arguments,
+    add_model_arguments,
+    add_seconds,
+    add_song_seconds,
+    add_steps,
+    load_session,
+)
+
+if TYPE_CHECKING:
+    from ..live.app import LiveConfig
+
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = commands.add_parser("live", help="play the stream: audio out, OSC and MIDI control, live status line")
+    parser.add_argument("--prompt", default="ambient pads, slow evolving synth", help="caption (prompt A)")
+    parser.add_argument("--prompt-b", help="second caption; the prompt_blend knob morphs A -> B")
+    parser.add_argument("--negative", help="negative prompt that CFG guides away from (default: the null condition)")
+    add_lora_arguments(parser)
+    add_cfg_mode(parser, None, flag="--cfg-mode")
+    parser.add_argument("--source", type=Path, help="source WAV to cover in a loop (sets the loop length)")
+    add_song_seconds(parser, 30.0, help="loop length for text-only sessions (s)")
+    add_seconds(parser, "stop cleanly after this many seconds (default: run until Ctrl-C)")
+    add_depth(parser, default=None)
+    add_steps(parser, default=None)
+    add_backend(parser)
+    add_audio_device(parser)
+    parser.add_argument("--no-audio", action="store_true", help="no sound card: advance in real time and only record")
+    parser.add_argument(
+        "--playback", default="process", choices=("process", "thread"), help="where the audio callback runs"
+    )
+    parser.add_argument("--record", type=Path, help="write exactly what was played to this WAV")
+    parser.add_argument("--session", default="default", help="OSC session name in /flowjam/<session>/...")
+    parser.add_argument("--osc-port", type=int, default=9000, help="UDP port for OSC control (0: none)")
+    parser.add_argument(
+        "--osc-host", help="address to bind (default 127.0.0.1); anything but loopback must be asked for"
+    )
+    parser.add_argument("--osc-feedback", help="HOST:PORT that receives applied values (TouchOSC faders follow)")
+    parser.add_argument("--osc-allow", help="comma-separated hosts allowed to send OSC when binding beyond loopback")
+    parser.add_argument("--midi-port", help="MIDI input port name (pip install 'flowjam[midi]')")
+    parser.add_argument("--midi-map", type=Path, help="JSON CC mapping file: loaded if it exists, saved on exit")
+    parser.add_argument(
+        "--midi-backend",
+        choices=tuple(MIDI_BACKENDS),
+        help="MIDI system: alsa (Linux ALSA sequencer) or jack (a running JACK server); default: mido's "
+        "($MIDO_BACKEND, else the platform's own: ALSA on Linux)",
+    )
+    parser.add_argument(
+        "--midi-learn",
+        help="comma-separated knobs to MIDI-learn in order: move one control for each, and let it go (0.5 s) before "
+        "moving the next",
+    )
+    parser.add_argument(
+        "--lm", action="store_true", help="text-only: the 5 Hz LM writes the loop's structure from --prompt at start"
+    )
+    add_lm_model(parser)
+    add_model_arguments(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_devices:
+        from ..live.playback import list_devices
+
+        print(list_devices())
+        return 0
+    check_live_args(args)
+    from ..live.app import LiveApp, LiveConfig, parse_host_port
+    from ..live.knobs import KnobRegistry
+    from ..live.playback import PlaybackError
+    from ..live.runner import RunnerConfig
+
+    registry = KnobRegistry()
+    for name in ("depth", "steps", "cfg_mode"):
+        if getattr(args, name) is not None:
+            registry.set(name, getattr(args, name), origin="cli")
+    config = LiveConfig(
+        prompt=args.prompt,
+        prompt_b=args.prompt_b,
+        negative=args.negative,
+        source=args.source,
+        song_seconds=args.song_seconds,
+        session_name=args.session,
+        audio_device=args.audio_device,
+        playback_mode=("null-process" if args.playback == "process" else "null") if args.no_audio else args.playback,
+        record=args.record,
+        osc_host=args.osc_host or LiveConfig.osc_host,
+        osc_port=args.osc_port or None,
+        osc_feedback=parse_host_port(args.osc_feedback) if args.osc_feedback else None,
+        osc_allow=tuple(h.strip() for h in args.osc_allow.split(",")) if args.osc_allow else None,
+        midi_port=args.midi_port,
+        midi_map=args.midi_map,
+        midi_learn=tuple(k.strip() for k in args.midi_learn.split(",")) if args.midi_learn else (),
+        midi_backend=args.midi_backend,
+        lm=args.lm,
+        lm_checkpoint=args.lm_checkpoint,
+        lm_preset=args.lm_preset,
+        runner=RunnerConfig(backend=args.backend),
+    )
+    if config.osc_port is not None:
+        check_osc(config)
+    if config.uses_midi:
+        from ..live.midi import find_input_port
+
+        find_input_port(config.midi_port, config.midi_backend)  # a wrong port or MIDI system fails before loading
+    app = LiveApp(load_session(args), config, registry)
+    interactive = sys.stderr.isatty()
+    stop_on_signals()
+    try:
+        app.start()  # inside the try: whatever started before a failure (runner, audio process) is stopped
+        started = time.monotonic()
+        beats = 0
+        while args.seconds is None or time.monotonic() - started < args.seconds:
+            time.sleep(0.25)
+            beats += 1
+            if interactive:
+                sys.stderr.write(f"\r{app.status_line()}")
+            elif beats % 4 == 0:
+                sys.stderr.write(f"{app.status_line()}\n")
+            sys.stderr.flush()
+    except (KeyboardInterrupt, Stopped):
+        pass
+    except PlaybackError as error:  # a named --audio-device that cannot be opened
+        raise CommandError(str(error)) from error
+    finally:
+        app.stop()
+    if interactive:
+        sys.stderr.write("\n")
+    recording = app.playback.recording
+    if recording is not None:
+        rate = app.buffer.sample_rate
+        print(f"recorded {recording.path}: {recording.frames / rate:.2f} s ({recording.frames} frames played)")
+    return 0
+
+
+def check_live_args(args: argparse.Namespace) -> None:
+    """Refuse what would otherwise fail only after the model loads, or be silently clamped or ignored. The
+    torch-free checks come first, so those mistakes are refused at once."""
+    from ..engine.params import KNOBS_BY_NAME, song_frames
+
+    if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
+        raise CommandError(
+            f"--seconds must be a finite number > 0 (leave it out to play until Ctrl-C), got {args.seconds:g}"
+        )
+    if args.source is None:
+        song_frames(args.song_seconds, "--song-seconds")
+    for name in ("depth", "steps"):
+        value, spec = getattr(args, name), KNOBS_BY_NAME[name]
+        if value is not None and not spec.minimum <= value <= spec.maximum:
+            raise CommandError(f"--{name} {value} is outside {spec.minimum:g}..{spec.maximum:g} ({spec.description})")
+    if not args.osc_port and (args.osc_host or args.osc_feedback or args.osc_allow):
+        raise CommandError("--osc-host, --osc-feedback and --osc-allow need OSC, which --osc-port 0 turns off")
+
+    from ..engine.audio.files import check_wav
+    from ..engine.params import check_prompt_length
+    from ..engine.render import check_prompt
+
+    check_prompt(args.prompt)
+    if args.prompt_b is not None:
+        check_prompt(args.prompt_b, "--prompt-b")
+    if args.negative is not None:
+        check_prompt_length(args.negative, "--negative")
+    if args.source is not None:
+        check_wav(args.source)
+    if args.record is not None:
+        from ..engine.outputs import check_output_path
+
+        check_output_path(args.record, "--record")
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGHUP: end the performance like Ctrl-C, so the recording is closed and renamed into place."""
+
+
+def stop_on_signals() -> None:
+    def stop(signal_number: int, frame) -> None:
+        raise Stopped(signal.Signals(signal_number).name)
+
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
+
+
+def check_osc(config: LiveConfig) -> None:
+    """Start the live config's OSC bridge once and stop it, so a busy port or a host that does not resolve is refused
+    before the model loads rather than after; the live app binds the port again when it starts."""
+    import logging
+
+    from ..live.knobs import KnobRegistry
+    from ..live.osc import OscBridge, OscConfig
+
+    bridge = OscBridge(
+        KnobRegistry(),
+        OscConfig(
+            session=config.session_name,
+            host=config.osc_host,
+            port=config.osc_port,
+            feedback=config.osc_feedback,
+            allow_hosts=config.osc_allow,
+        ),
+    )
+    osc_log = logging.getLogger("flowjam.osc")
+    level = osc_log.level
+    osc_log.setLevel(logging.ERROR)  # its warnings (beyond loopback, small buffer) show once, when the app starts
+    try:
+        bridge.start()
+    finally:
+        osc_log.setLevel(level)
+    bridge.stop()

@@ -1,0 +1,185 @@
+"""The graph backend's tick (`engine/stream/tick_graph.py` captures and replays it): the same device work as the
+eager tick, through static tensors at fixed addresses. A new slot's tensors are copied into its place's static
+tensors once; each tick copies in only what changes (times, embeddings, LoRA strengths, a changed condition's K/V)
+and the plan (`GraphStep.plan`) says which captured graph, if any, the tick replays."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from ..conditioning import Conditioning
+from ..models.dit import CrossGroup, CrossKV, DiTDecoder
+from ..sampling import solver
+from ..sampling.step import SlotState, StepResult, needs_negative, uses_step_noise, x0_pull
+from .batch import TickBatch
+from .lanes import MAX_DEPTH, MAX_LANES, Lane, Slot
+from .pinned import PinnedStaging
+from .tick_graph import StaticTensors, TickGraphs
+
+DeviceStep = Callable[
+    [TickBatch, list[CrossGroup], torch.Tensor, torch.Tensor, dict[int, tuple[Any, Any]], torch.Tensor | None],
+    list[StepResult],
+]
+"""A tick's device work (`StreamPipeline`'s): (batch, K/V groups, temb, modulation, times by slot id, LoRA rows)."""
+
+
+class GraphStep:
+    """Static tensors, tick graphs and the K/V each condition group's static tensors hold, for one pipeline."""
+
+    def __init__(self, decoder: DiTDecoder, device: torch.device, staging: PinnedStaging):
+        self.decoder = decoder
+        self.graphs = TickGraphs(device)
+        self.static = StaticTensors(device)
+        self._staging = staging
+        self._kv_owner: dict[int, CrossKV] = {}  # the K/V each group's static tensors hold
+
+    def run(
+        self,
+        batch: TickBatch,
+        embeddings: list[tuple[torch.Tensor, torch.Tensor]],
+        dtype: torch.dtype,
+        lanes: Iterable[Lane],
+        device_step: DeviceStep,
+        draw_step_noise: Callable[[Slot], torch.Tensor],
+    ) -> bool:
+        """The same device work through static tensors: plain PyTorch the first time a plan comes, captured the
+        second, one graph replay after that. Host work here is copies: times, embeddings, strengths, changed K/V.
+        `embeddings`: each batch row's (temb, modulation). Returns whether the tick was a replay (a steady tick,
+        not a first run or a capture: a cost to learn from)."""
+        static, active = self.static, batch.slots
+        hidden = embeddings[0][0].shape[-1]
+        temb = static.get("temb", (len(batch.rows), hidden), dtype)
+        modulation = static.get("modulation", (len(batch.rows), 6, hidden), dtype)
+        torch.cat([e[0] for e in embeddings], out=temb)
+        torch.cat([e[1] for e in embeddings], out=modulation)
+        clock = torch.tensor([[slot.t, slot.t_next] for slot in active], dtype=torch.float32)
+        times_device = static.get("times", ((MAX_LANES + 1) * MAX_DEPTH, 2), torch.float32)
+        self._staging.copy(clock, times_device[: len(active)])
+        times = {
+            id(slot): (times_device[i, 0].view(1, 1, 1), times_device[i, 1].view(1, 1, 1))
+            for i, slot in enumerate(active)
+        }
+        layout = batch.layout
+        kvs = [self._static_kv(g, c, own) for g, (c, own) in enumerate(zip(layout.conditions, layout.kv_strengths))]
+        groups = layout.groups(kvs)
+        lora_rows = batch.host_lora_rows
+        if lora_rows is not None:
+            static_rows = static.get("lora_rows", tuple(lora_rows.shape), torch.float32)
+            self._staging.copy(lora_rows, static_rows)
+            lora_rows = static_rows
+        states = [slot.state() for slot in active]
+        for slot, state in zip(active, states):
+            if uses_step_noise(state):
+                slot.step_noise.copy_(draw_step_noise(slot))
+        plan = self.plan(batch, states, lanes, lora_rows is not None)
+
+        def step() -> tuple[tuple[bool, bool], ...]:
+            results = device_step(batch, groups, temb, modulation, times, lora_rows)
+            facts = []
+            for slot, result in zip(active, results):
+                slot.x.copy_(result.x)
+                facts.append(
+                    (
+                        self._keep(slot, "running", result.running),
+                        self._keep(slot, "cached_negative", result.cached_negative),
+                    )
+                )
+            return tuple(facts)
+
+        replays = self.graphs.counters.replays
+        for slot, (has_running, has_cached) in zip(active, self.graphs.run(plan, step)):
+            slot.running = self._static_state(slot, "running") if has_running else None
+            slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
+        return self.graphs.counters.replays > replays
+
+    def to_static(self, slot: Slot) -> Slot:
+        """Copy a new slot's tensors into its place's static tensors (curves at full length) and give it a static
+        tensor for its per-step noise, so a captured tick finds everything at fixed addresses."""
+        put, index = self.static.put, slot.index
+        frames_shape = (1, slot.x.shape[1], 1)
+        slot.x = put((index, "x"), slot.x)
+        slot.noise = put((index, "noise"), slot.noise)
+        slot.context = put((index, "context"), slot.context)
+        slot.source = None if slot.source is None else put((index, "source"), slot.source)
+        slot.x0_target = None if slot.x0_target is None else put((index, "x0_target"), slot.x0_target)
+        slot.curves = {name: put((index, "curve", name), c, frames_shape) for name, c in slot.curves.items()}
+        slot.extra_weights = tuple(
+            None if w is None else put((index, "extra", e), w, frames_shape) for e, w in enumerate(slot.extra_weights)
+        )
+        slot.step_noise = self.static.get((index, "step_noise"), tuple(slot.x.shape), slot.x.dtype)
+        return slot
+
+    def shared_curve(self, lane: Lane, name: str, curve: torch.Tensor, frames: int) -> torch.Tensor:
+        """A lane's shared curve copied into its static tensor (at full length), where a captured tick reads it."""
+        return self.static.put(("shared", lane.base, name), curve, (1, frames, 1))
+
+    def plan(self, batch: TickBatch, states: list[SlotState], lanes: Iterable[Lane], per_row_loras: bool) -> tuple:
+        """Everything that shapes a tick's device work besides tensor values: the graph's key. `states`: each slot's
+        (`Slot.state`), in `batch.slots` order."""
+        slots = tuple(
+            (
+                slot.index,
+                self._step_facts(slot, state),
+                slot.t > 0,
+                slot.t_next > 0,
+                slot.request.solver,
+                slot.request.cfg_mode,
+                slot.request.guidance_method,
+                slot.request.dcw,
+                slot.request.x0_target_gate,
+                slot.source is not None,
+                slot.x0_target is not None,
+                tuple(sorted(slot.curves)),
+                tuple(weight is not None for weight in slot.extra_weights),
+                slot.running is not None,
+                slot.cached_negative is not None,
+            )
+            for slot, state in zip(batch.slots, states)
+        )
+        row_kinds = tuple((row.slot.index, row.negative, row.weight is not None) for row in batch.rows)
+        layout = batch.layout
+        kv_lengths = tuple(c.length for c in layout.conditions)
+        frames = batch.slots[0].x.shape[1]
+        shared = tuple(
+            (lane.base, tuple(sorted((name, tuple(curve.shape)) for name, curve in lane.shared.items())))
+            for lane in lanes
+        )
+        structure = self.decoder.structure_version  # LoRAs attached or detached: the layers themselves changed
+        return frames, slots, row_kinds, layout.order, layout.counts, kv_lengths, shared, structure, per_row_loras
+
+    @staticmethod
+    def _step_facts(slot: Slot, state: SlotState) -> tuple:
+        """What a slot's place in its schedule changes in the device work: the conditions whose step range is
+        active, the negative row, and the x0 target's pull. Not the step itself: every step of a schedule (of any
+        length) with the same facts shares one plan, so knob changes do not multiply plans."""
+        request = slot.request
+        ranges = (request.primary_step_range, *(extra.step_range for extra in request.extra_conditions))
+        active = tuple(solver.step_range_active(r, slot.step, slot.steps) for r in ranges)
+        return active, needs_negative(request.cfg_mode, slot.step), x0_pull(state)
+
+    def _keep(self, slot: Slot, name: str, value: torch.Tensor | None) -> bool:
+        """Copy a guidance state into the slot's static tensor (graph path); whether there is one."""
+        if value is None:
+            return False
+        target = self._static_state(slot, name)
+        if value is not target:
+            target.copy_(value)
+        return True
+
+    def _static_state(self, slot: Slot, name: str) -> torch.Tensor:
+        return self.static.get((slot.index, name), tuple(slot.x.shape), slot.x.dtype)
+
+    def _static_kv(self, group: int, conditioning: Conditioning, strengths: tuple[float, ...] | None) -> CrossKV:
+        """The group's static K/V, refreshed (one fused copy) when a different condition takes the group or its
+        K/V were rebuilt (a LoRA strength on the cross K/V projections changed)."""
+        kv = conditioning.cross_kv(self.decoder, strengths)
+        names = [("kv", group, side, layer) for side in "kv" for layer in range(len(kv.keys))]
+        static = [self.static.get(name, tuple(t.shape), t.dtype) for name, t in zip(names, kv.keys + kv.values)]
+        if self._kv_owner.get(group) is not kv:
+            torch._foreach_copy_(static, kv.keys + kv.values)
+            self._kv_owner[group] = kv
+        layers = len(kv.keys)
+        return CrossKV(static[:layers], static[layers:])

@@ -1,0 +1,156 @@
+"""What several test modules need: waiting for a condition with a deadline, a free local port, a JACK client that
+records what is played, and the ComfyUI nodes driven without ComfyUI (text conditioning, a live stream)."""
+
+import socket
+import time
+
+import numpy as np
+import pytest
+from flowjam.nodes.comfy_v1 import NODE_CLASS_MAPPINGS
+
+# ---- waiting and ports ----------------------------------------------------------------------------------------------
+
+
+def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.01):
+    """Poll `predicate` until it returns something truthy, and return that; after `timeout_s` the test fails with a
+    message naming `what` it waited for. A predicate that asks a server over HTTP wants a slower `poll_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(poll_s)
+    return value
+
+
+def free_udp_port() -> int:
+    """A UDP port on 127.0.0.1 that nothing is bound to now (OSC servers, feedback listeners)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing is bound to now (HTTP servers started in another process)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# ---- JACK -----------------------------------------------------------------------------------------------------------
+
+
+class JackRecorder:
+    """A second JACK client that records, into a preallocated stereo array, what other clients' output ports play
+    (the `jack_server` fixture's server). It is active from the start; connect it, then `stop()` for the audio."""
+
+    def __init__(self, seconds: float, name: str = "flowjam-test-recorder", sample_rate: int = 48_000):
+        import jack
+
+        self.client = jack.Client(name, no_start_server=True)
+        assert self.client.samplerate == sample_rate, (
+            f"JACK runs at {self.client.samplerate} Hz, expected {sample_rate}"
+        )
+        self.inputs = [self.client.inports.register(f"in_{channel}") for channel in range(2)]
+        self.audio = np.zeros((int(seconds * sample_rate), 2), np.float32)
+        self.written = 0
+        self.first_frame_time = None  # JACK's frame time of the first recorded frame
+        self.connected_at = None  # the first recorded frame that the connections were there for
+        self.xruns = 0  # cycles some JACK client (this one too: a Python callback in a busy process) finished late
+        self.client.set_process_callback(self._process)
+        self.client.set_xrun_callback(self._xrun)
+        self.client.activate()
+        self.before = {port.name for port in self.client.get_ports(is_output=True, is_audio=True)}
+
+    def _process(self, frames: int) -> None:
+        if self.first_frame_time is None:
+            self.first_frame_time = self.client.last_frame_time
+        count = min(frames, len(self.audio) - self.written)
+        for channel, port in enumerate(self.inputs):
+            self.audio[self.written : self.written + count, channel] = port.get_array()[:count]
+        self.written += count
+
+    def _xrun(self, delayed_usecs: float) -> None:
+        self.xruns += 1
+
+    def _connect(self, sources: list[str]) -> None:
+        for source, sink in zip(sources, self.inputs):
+            self.client.connect(source, sink)
+        self.connected_at = self.written
+
+    def connect_portaudio(self) -> None:
+        """Record PortAudio's two output ports (the only audio outputs besides the server's own `system:` ports)."""
+        sources = sorted(
+            port.name
+            for port in self.client.get_ports(is_output=True, is_audio=True)
+            if not port.name.startswith("system:")
+        )
+        assert len(sources) == 2, f"expected PortAudio's two output ports, JACK has {sources}"
+        self._connect(sources)
+
+    def connect_new_outputs(self, timeout_s: float) -> list[str]:
+        """Record the next client to register output ports after this recorder started (the PortAudio stream of a
+        process started meanwhile), as soon as its ports appear; returns their names."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ports = self.client.get_ports(is_output=True, is_audio=True)
+            sources = sorted(port.name for port in ports if port.name not in self.before)
+            if len(sources) >= 2:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"no new JACK output ports within {timeout_s} s (JACK has {[p.name for p in ports]})")
+            time.sleep(0.002)  # a process starts playing ~20-60 ms after its ports appear: connect before that
+        assert len(sources) == 2, f"expected the two output ports of one stream, JACK has new ones {sources}"
+        self._connect(sources)
+        return sources
+
+    def stop(self) -> np.ndarray:
+        """Close the client; the audio recorded, [frames, 2]."""
+        self.client.deactivate()
+        self.client.close()
+        return self.audio[: self.written]
+
+
+# ---- ComfyUI nodes without ComfyUI ----------------------------------------------------------------------------------
+
+TEXT_DEFAULTS = dict(lyrics="", bpm=0, key="", time_signature="", duration=0.0, task="text2music", language="")
+STREAM_DEFAULTS = dict(
+    song_seconds=2.0,
+    depth=2,
+    steps=4,
+    denoise=0.7,
+    seed=42,
+    shift=3.0,
+    prompt_blend=0.0,
+    structure=1.0,
+    audio_device="none",
+)
+
+
+def node(node_id: str):
+    """A classic (V1) instance of the node `node_id`, as ComfyUI makes one per prompt."""
+    return NODE_CLASS_MAPPINGS[node_id]()
+
+
+def text(model, tags: str, **values):
+    """CONDITIONING from the Text conditioning node; `values` override its other widgets."""
+    return node("FlowjamTextConditioning").run(model=model, tags=tags, **{**TEXT_DEFAULTS, **values})[0]
+
+
+def stream(model, conditioning, session_id: str, **values) -> str:
+    """Start (or re-queue) the Stream node's live stream `session_id`, silent (audio_device "none"); returns its name."""
+    (name,) = node("FlowjamStream").run(
+        model=model, conditioning=conditioning, session_id=session_id, **{**STREAM_DEFAULTS, **values}
+    )
+    return name
+
+
+def generate(model, conditioning, **values):
+    """The Generate node's outputs (AUDIO, LATENT) for 2 s at seed 42, 4 steps, denoise 1; `values` override."""
+    defaults = dict(seconds=2.0, seed=42, steps=4, shift=3.0, denoise=1.0)
+    return node("FlowjamGenerate").run(model=model, conditioning=conditioning, **{**defaults, **values})
+
+
+def wait_ticks(app, count: int = 3) -> None:
+    """Until a running stream's runner has ticked `count` more times."""
+    start = app.runner.stats.ticks
+    wait_for(lambda: app.runner.stats.ticks >= start + count, 10, f"{count} runner ticks")
