@@ -40,3 +40,24 @@ def timestep_schedule(steps: int, shift: float = DEFAULT_SHIFT, denoise: float =
     t_start = 1.0 if denoise >= 1.0 else steps / int(steps / denoise)
     grid = torch.linspace(t_start, 0.0, steps + 1, dtype=torch.float64).tolist()
     return tuple(shift_time(t, shift) for t in grid)
+
+
+class SchedulePlace:
+    """Where a generation stands in its schedule, for classes with `schedule` (its steps + 1 times) and `step` (the
+    steps taken so far)."""
+
+    __slots__ = ()
+    schedule: tuple[float, ...]
+    step: int
+
+    @property
+    def steps(self) -> int:
+        return len(self.schedule) - 1
+
+    @property
+    def t(self) -> float:
+        return self.schedule[self.step]
+
+    @property
+    def t_next(self) -> float:
+        return self.schedule[self.step + 1]

@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from . import solver
+from .schedule import SchedulePlace
 
 
 class WaveletCorrection(Protocol):
@@ -30,7 +31,7 @@ class WaveletCorrection(Protocol):
 
 
 @dataclass(eq=False, slots=True)
-class SlotState:
+class SlotState(SchedulePlace):
     """What one slot's step reads (and never writes): its latent, its request's tensors and options, its place in the
     schedule and the guidance state its last step left. Built for every slot every tick: plain slots, no freezing,
     so it costs the host next to nothing."""
@@ -50,18 +51,6 @@ class SlotState:
     x0_target_gate: float
     running: torch.Tensor | None  # APG's running average
     cached_negative: torch.Tensor | None  # cfg_mode initialize: the first step's negative velocity
-
-    @property
-    def steps(self) -> int:
-        return len(self.schedule) - 1
-
-    @property
-    def t(self) -> float:
-        return self.schedule[self.step]
-
-    @property
-    def t_next(self) -> float:
-        return self.schedule[self.step + 1]
 
     def curve(self, name: str) -> torch.Tensor | None:
         """The effective value of a step-time field: the shared override if set, else the slot's own."""

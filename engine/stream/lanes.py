@@ -15,6 +15,7 @@ import torch
 from ..lora.attached import lora_set
 from ..params import REALTIME_LATENT_INTERVAL_MS
 from ..sampling.curves import Curve
+from ..sampling.schedule import SchedulePlace
 from ..sampling.step import SlotState
 from .requests import Prepared, SlotRequest
 
@@ -23,7 +24,7 @@ MAX_LANES = 8  # sessions sharing one ring besides its main lane; each lane owns
 
 
 @dataclass(eq=False)
-class Slot(Prepared):
+class Slot(Prepared, SchedulePlace):
     """One in-flight generation: a prepared request in its place in the ring, with the state its steps read and
     write (the request's own tensors, or static copies of them on the graph path)."""
 
@@ -35,18 +36,6 @@ class Slot(Prepared):
     step: int = 0
     running: torch.Tensor | None = None
     cached_negative: torch.Tensor | None = None
-
-    @property
-    def steps(self) -> int:
-        return len(self.schedule) - 1
-
-    @property
-    def t(self) -> float:
-        return self.schedule[self.step]
-
-    @property
-    def t_next(self) -> float:
-        return self.schedule[self.step + 1]
 
     def state(self) -> SlotState:
         """What this slot's next step reads (`engine/sampling/step.py`), its lane's shared curves included."""
