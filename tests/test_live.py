@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flowjam.engine.audio.files import read_wav
+from flowjam.engine.params import KNOB_SPECS, KnobKind, KnobSpec
 from flowjam.live.app import LiveApp, LiveConfig
 from flowjam.live.bench import measure_latency
 from flowjam.live.knobs import KnobRegistry
@@ -316,6 +317,12 @@ def test_live_cli_exact_form_records_what_was_played(tmp_path):
     assert "underruns 0" in err and "playhead" in err
     audio, rate = read_wav(record)
     assert rate == 48_000 and 5.5 * rate < audio.shape[1] < 7.0 * rate
+
+
+def test_a_knob_added_to_the_registry_changes_the_generated_layout():
+    extra = KnobSpec("test_only_knob", 0.0, 1.0, 0.5, KnobKind.SHARED, description="a knob the layout never saw")
+    shipped = json.loads(OPEN_STAGE_CONTROL_FILE.read_text())
+    assert open_stage_control_session(knobs=(*KNOB_SPECS, extra)) != shipped, "the layout test would not see it"
 
 
 def test_open_stage_control_layout_is_current_and_names_real_knobs():
