@@ -3,6 +3,7 @@ guarded protocol over one RingHost (tiny preset, CPU), raw HTTP with the headers
 WebSocket clients, and `flowjam serve` as a process for Ctrl-C and the start-up refusal."""
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -192,6 +193,21 @@ def test_a_10_mb_body_gets_413_without_being_read_whole(server, owned):
         )[0]
         == 413
     )
+
+
+def test_a_client_gone_mid_body_is_one_log_line(server, owned, caplog):
+    owner, name = owned
+    port = int(server.rsplit(":", 1)[1])
+    with caplog.at_level(logging.INFO, logger="flowjam.serve"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(
+                f"POST /sessions/{name}/knobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f'Authorization: Bearer {owner.tokens[name]}\r\nContent-Length: 100\r\n\r\n{{"volume"'.encode()
+            )
+        wait_for(lambda: "went away before its request body ended" in caplog.text, 10.0, "the disconnect's log line")
+    lines = [record for record in caplog.records if record.name.startswith("flowjam")]
+    assert len(lines) == 1 and lines[0].exc_info is None, [record.getMessage() for record in lines]
+    assert "Traceback" not in caplog.text
 
 
 def test_prompts_past_the_limit_are_refused_with_the_limit(server, owned):
