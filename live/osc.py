@@ -48,10 +48,10 @@ from dataclasses import dataclass
 
 from pythonosc.osc_bundle import OscBundle
 from pythonosc.osc_message import OscMessage
-from pythonosc.osc_message_builder import OscMessageBuilder
 
 from ..engine.params import MAX_PROMPT_CHARS
 from .knobs import KnobChange, KnobError, KnobRegistry
+from .osc_wire import encode, parse
 from .udp import Address, is_loopback, lookup, resolve, resolve_hosts, set_receive_buffer, show
 
 log = logging.getLogger("flowjam.osc")
@@ -293,7 +293,7 @@ class OscBridge:
             )
             return
         try:
-            packet = _parse(datagram)
+            packet = parse(datagram)
         except Exception as error:
             self._reject(
                 "malformed", f"OSC datagram from {show(sender)} is not valid OSC ({len(datagram)} bytes): {error}"
@@ -303,7 +303,7 @@ class OscBridge:
         if isinstance(packet, OscBundle):
             self._on_bundle(packet, sender, received_at, time.time())
         else:
-            self._on_message(packet, sender, received_at)
+            self._onencode(packet, sender, received_at)
 
     def _on_bundle(self, bundle: OscBundle, sender: Address, received_at: float, now_epoch: float) -> None:
         """Contents timetagged now or earlier (or "immediately") apply at once, later ones at their time."""
@@ -312,7 +312,7 @@ class OscBridge:
             if isinstance(content, OscBundle):
                 self._on_bundle(content, sender, received_at, now_epoch)
             elif ahead_s <= 0:
-                self._on_message(content, sender, received_at)
+                self._onencode(content, sender, received_at)
             elif ahead_s > MAX_AHEAD_S:
                 self._reject(
                     "timetag_too_far",
@@ -333,7 +333,7 @@ class OscBridge:
         else:
             self._count("scheduled")
 
-    def _on_message(self, message: OscMessage, sender: Address, received_at: float) -> None:
+    def _onencode(self, message: OscMessage, sender: Address, received_at: float) -> None:
         """Apply one message; never raises (the receive and scheduler threads must keep going)."""
         try:
             self._dispatch(message.address, message.params, sender, received_at)
@@ -382,7 +382,7 @@ class OscBridge:
         try:
             if not args:  # a query: reply to the sender only
                 value = self.registry.get(name) if kind == "knob" else self.registry.normalized(name)
-                self._reply(_message(f"{self._prefix}{kind}/{name}", float(value)), sender)
+                self._reply(encode(f"{self._prefix}{kind}/{name}", float(value)), sender)
             else:
                 self._mark_moving(name, sender, received_at)
                 setter = self.registry.set if kind == "knob" else self.registry.set_normalized
@@ -406,7 +406,7 @@ class OscBridge:
         controller shows, such as the transport)."""
         if self._socket is None:
             return
-        datagram = _message(self._prefix + path, value)
+        datagram = encode(self._prefix + path, value)
         for target in self._targets(self._last_sender):
             self._reply(datagram, target)
 
@@ -416,7 +416,7 @@ class OscBridge:
                 payload = self._status()
             else:
                 payload = {"session": self.config.session, "knobs": self.registry.values()}
-            reply = _message(self._prefix + "status", json.dumps(payload, default=str))
+            reply = encode(self._prefix + "status", json.dumps(payload, default=str))
         except Exception as error:
             self._reject("handler_error", f"status() failed: {error!r}", exc_info=True)
             return
@@ -460,7 +460,7 @@ class OscBridge:
                 if self._stopping.is_set():
                     return
                 due, _, message, sender = heapq.heappop(self._scheduled)
-            self._on_message(message, sender, due)
+            self._onencode(message, sender, due)
 
     # sender thread
 
@@ -518,8 +518,8 @@ class OscBridge:
         if moved_at is not None and now - moved_at < ECHO_HOLD_S:  # being moved from there: send once it rests
             self._held[(name, target)] = moved_at + ECHO_HOLD_S
             return
-        self._send(_message(f"{self._prefix}knob/{name}", float(value)), target)
-        self._send(_message(f"{self._prefix}norm/{name}", self.registry.specs[name].to_normalized(value)), target)
+        self._send(encode(f"{self._prefix}knob/{name}", float(value)), target)
+        self._send(encode(f"{self._prefix}norm/{name}", self.registry.specs[name].to_normalized(value)), target)
         self._count("feedback_sent")
 
     def _targets(self, sender: Address | None) -> list[Address]:
@@ -549,18 +549,3 @@ class OscBridge:
             self._logged_reasons.add(reason)
         if first:
             log.warning("%s [%s: logged once, counted in stats()]", message, reason, exc_info=exc_info)
-
-
-def _parse(datagram: bytes) -> OscMessage | OscBundle:
-    if OscBundle.dgram_is_bundle(datagram):
-        return OscBundle(datagram)
-    if OscMessage.dgram_is_message(datagram):
-        return OscMessage(datagram)
-    raise ValueError("neither a message (starts with '/') nor a bundle (starts with '#bundle')")
-
-
-def _message(address: str, value: float | str) -> bytes:
-    builder = OscMessageBuilder(address)
-    is_text = isinstance(value, str)
-    builder.add_arg(value, OscMessageBuilder.ARG_TYPE_STRING if is_text else OscMessageBuilder.ARG_TYPE_FLOAT)
-    return builder.build().dgram

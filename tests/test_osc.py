@@ -348,3 +348,23 @@ def test_a_flood_of_malformed_bundles_is_counted_and_logged_once(caplog):
     assert bridge.stats()["received"] == 1000
     third_party = [r for r in caplog.records if "pythonosc" in r.pathname]
     assert 1 <= len(third_party) <= 2, f"{len(third_party)} python-osc log lines for 1,000 bad bundles"
+
+
+def test_a_message_cut_short_is_rejected_not_read_as_zero(registry, make_bridge, controller):
+    """python-osc reads `knob/velocity_scale ,f` with no argument bytes as 0.0; the bridge refuses it, alone or in a
+    bundle, and keeps the knob where it was."""
+    bridge = make_bridge()
+    client = controller(bridge)
+    client.send_message(KNOB + "velocity_scale", 1.25)
+    wait_for(lambda: registry.get("velocity_scale") == 1.25, 3, "the knob's first value")
+    whole = OscMessageBuilder(KNOB + "velocity_scale")
+    whole.add_arg(0.5, OscMessageBuilder.ARG_TYPE_FLOAT)
+    cut = whole.build().dgram[:-4]
+    bundled = b"#bundle\x00" + b"\x00" * 7 + b"\x01" + len(cut).to_bytes(4, "big") + cut
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        sender.sendto(cut, bridge.address)
+        sender.sendto(bundled, bridge.address)
+    wait_for(lambda: bridge.stats()["rejected"].get("malformed", 0) == 2, 3, "both cut messages to be rejected")
+    assert registry.get("velocity_scale") == 1.25, "a message cut short moved the knob"
+    client.send_message(KNOB + "velocity_scale", 0.5)
+    wait_for(lambda: registry.get("velocity_scale") == 0.5, 3, "a whole message after the cut ones")
