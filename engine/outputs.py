@@ -1,7 +1,7 @@
 """Output files that are checked before any work and never left half-written.
 
 `check_output_path` refuses, up front, a path that could only fail at the end (a folder, a missing or read-only
-folder, a read-only file), so a long render or session never ends in "cannot write". `atomic_output` and
+folder, a read-only file) or that writing would destroy (a device, a pipe or a socket), so a long render or session never ends in "cannot write". `atomic_output` and
 `write_atomic` write beside the target and rename into place, so a crash or a kill mid-write leaves the previous
 file untouched (at worst a hidden `.NAME.*.tmp` file beside it after a SIGKILL)."""
 
@@ -31,6 +31,10 @@ def check_output_path(path: str | Path, what: str) -> Path:
         raise OutputPathError(f"{what} {path}: the folder {folder} does not exist; create it or choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputPathError(f"{what} {path}: the folder {folder} is not writable; choose another path")
+    if path.exists() and not path.is_file():  # written beside and renamed over: it would replace /dev/null itself
+        raise OutputPathError(
+            f"{what} {path} is a device, pipe or socket, not a file: writing would replace it; give a file path"
+        )
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputPathError(f"{what} {path} is read-only; choose another path or make it writable")
     return path

@@ -64,6 +64,7 @@ CASES = {
     "render --out under a file": Case(
         "render", lambda f: ["--out", str(f.plain_file / "x.wav")], "is a file, not a folder"
     ),
+    "render --out a FIFO": Case("render", lambda f: ["--out", str(f.fifo)], "is a device, pipe or socket"),
     "render --out read-only file": Case(
         "render", lambda f: ["--out", str(f.read_only_file)], "is read-only", ROOT_SKIP
     ),
@@ -153,6 +154,8 @@ def files(tmp_path_factory):
     read_only_file.chmod(0o444)
     read_only_folder = tmp / "read-only"
     read_only_folder.mkdir(mode=0o555)
+    fifo = tmp / "take.fifo"
+    os.mkfifo(fifo)
     busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     busy.bind(("127.0.0.1", 0))
     yield SimpleNamespace(
@@ -163,6 +166,7 @@ def files(tmp_path_factory):
         plain_file=plain_file,
         read_only_file=read_only_file,
         read_only_folder=read_only_folder,
+        fifo=fifo,
         busy_port=busy.getsockname()[1],
         free_port=free_udp_port(),
     )
@@ -225,12 +229,21 @@ def test_osc_port_in_use_names_the_address_and_the_fix():
     assert f"127.0.0.1:{port}" in str(error.value) and "--osc-port" in str(error.value), str(error.value)
 
 
+def test_render_to_a_fifo_is_refused_and_leaves_it_a_fifo(files):
+    result = run_flowjam(["render", "--prompt", "ambient", "--seconds", "1", "--out", str(files.fifo)])
+    assert result.returncode == 2 and "is a device, pipe or socket" in result.stderr, result.stderr
+    assert files.fifo.is_fifo(), "the FIFO was replaced by a regular file"
+
+
 def test_output_path_is_checked_before_any_work(tmp_path):
     assert check_output_path(tmp_path / "x.wav", "--out") == tmp_path / "x.wav"
     with pytest.raises(ValueError, match="is a folder"):
         check_output_path(tmp_path, "--out")
     with pytest.raises(ValueError, match=r"the folder .*missing does not exist"):
         check_output_path(tmp_path / "missing" / "x.wav", "--out")
+    with pytest.raises(ValueError, match="is a device, pipe or socket"):
+        check_output_path("/dev/null", "--out")
+    assert Path("/dev/null").is_char_device()
 
 
 def test_an_error_inside_an_atomic_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path):
