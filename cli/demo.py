@@ -22,8 +22,10 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..engine.demo import run_demo
     from ..engine.outputs import check_output_path
+    from ..engine.params import check_seed
 
     check_output_path(args.out, "--out")
+    check_seed(args.seed)
     session = load_session(args)
 
     def show(line) -> None:

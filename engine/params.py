@@ -30,6 +30,16 @@ REALTIME_LATENT_INTERVAL_MS = 250.0  # a live session needs a fresh latent at le
 MAX_PROMPT_CHARS = 4096  # a caption (prompt A, B or negative) from the command line, OSC or a served session
 
 
+MAX_SEED = 2**63 - 1  # seeds are 64-bit generator seeds: a larger one would wrap around to another seed's noise
+
+
+def check_seed(seed: int, option: str = "--seed") -> int:
+    """`seed` if it is a whole number in 0..MAX_SEED; else ValueError naming the range."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{option} must be a whole number from 0 to {MAX_SEED} (2**63 - 1), got {seed}")
+    return seed
+
+
 def check_prompt_length(text: str, what: str = "prompt") -> str:
     """`text` if it fits MAX_PROMPT_CHARS; else ValueError naming the limit."""
     if len(text) > MAX_PROMPT_CHARS:

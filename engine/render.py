@@ -12,7 +12,15 @@ from .audio.files import check_wav, read_wav, write_wav
 from .lm.sampling import SamplingParams
 from .lm.song import lm_duration
 from .outputs import check_output_path
-from .params import DEFAULT_SHIFT, DEFAULT_STEPS, MAX_SONG_SECONDS, check_prompt_length, seconds_to_frames, song_frames
+from .params import (
+    DEFAULT_SHIFT,
+    DEFAULT_STEPS,
+    MAX_SONG_SECONDS,
+    check_prompt_length,
+    check_seed,
+    seconds_to_frames,
+    song_frames,
+)
 from .sampling.schedule import validate_schedule_args
 from .session import Session, peak_normalize
 
@@ -41,6 +49,7 @@ class RenderRequest:
         """Refuse a request that could only fail later, before any model work: lengths, schedule, prompt, a --cover
         that is not a usable WAV, an --out that cannot be written."""
         song_frames(self.seconds, "--seconds")
+        check_seed(self.seed)
         validate_schedule_args(self.steps, self.shift, self.denoise)
         check_prompt(self.prompt)
         if self.cover is None and self.denoise < 1.0:

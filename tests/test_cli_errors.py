@@ -44,6 +44,8 @@ CASES = {
     "render --seconds 1e6": Case("render", lambda f: ["--seconds", "1e6"], "at most 600 s = 10 min"),
     "render --seconds 1e9": Case("render", lambda f: ["--seconds", "1e9"], "use --seconds 600 or less"),
     "render --seconds 1e-9": Case("render", lambda f: ["--seconds", "1e-9"], "shorter than one latent frame"),
+    "render --seed 2**64": Case("render", lambda f: ["--seed", str(2**64)], "--seed must be a whole number from 0"),
+    "render --seed -1": Case("render", lambda f: ["--seed", "-1"], "--seed must be a whole number from 0"),
     "render --lyrics @folder": Case("render", lambda f: ["--lyrics", f"@{f.tmp}"], "is a folder; give a text file"),
     "render --lyrics @missing": Case("render", lambda f: ["--lyrics", f"@{f.tmp / 'no.txt'}"], "no such file"),
     "render --lora missing": Case(
