@@ -36,11 +36,6 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def shown(secret: str) -> str:
-    """A secret as logs and messages may show it: its first characters only."""
-    return f"{secret[:4]}…" if len(secret) > 4 else "…"
-
-
 def is_loopback(host: str) -> bool:
     if host in LOOPBACK_NAMES:
         return True
