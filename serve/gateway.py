@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import socket
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,7 +29,7 @@ from ..engine.params import check_prompt_length
 from .access import AccessDenied, AccessPolicy, SessionTokens, bearer
 from .errors import SessionLost, SessionRefused, UnknownSession
 from .guard import Guard
-from .protocol import ACK_WINDOW_FRAMES, chunk_sample, with_more_dropped
+from .protocol import ACK_WINDOW_FRAMES, chunk_span, with_more_dropped
 
 if TYPE_CHECKING:
     from .host import RingHost
@@ -218,12 +219,28 @@ class _Link:
     def __init__(self, websocket: WebSocket):
         self.websocket = websocket
         self.lock = asyncio.Lock()
-        self.acked: int | None = None  # the sample after the client's last acknowledged chunk (None: it never acks)
-        self.dropped = 0  # chunks not sent because the client was more than ACK_WINDOW_FRAMES behind
+        self.acknowledges = False  # whether the client sends acknowledgements (flow control on)
+        self.in_flight: deque[tuple[int, int]] = deque()  # (end sample, frames) of chunks sent, not acknowledged
+        self.in_flight_frames = 0
+        self.dropped = 0  # chunks not sent because ACK_WINDOW_FRAMES of audio waited for the client's ack
 
-    def keeps_up(self, sample: int) -> bool:
-        """Whether a chunk starting at `sample` may go: the client acknowledges and is not too far behind."""
-        return self.acked is None or sample - self.acked <= ACK_WINDOW_FRAMES
+    def keeps_up(self, frames: int) -> bool:
+        """Whether a chunk of `frames` may go: the client never acknowledges, or what it has not acknowledged stays
+        within the window. Compared with what was sent, not with the live playhead: a client that acknowledges all
+        it was sent always gets the next chunk, however late its acknowledgements arrived."""
+        return not self.acknowledges or self.in_flight_frames + frames <= ACK_WINDOW_FRAMES
+
+    def sent(self, sample: int, frames: int) -> None:
+        self.in_flight.append((sample + frames, frames))
+        self.in_flight_frames += frames
+        while not self.acknowledges and self.in_flight_frames > ACK_WINDOW_FRAMES:  # only the latest can be acked
+            self.in_flight_frames -= self.in_flight.popleft()[1]
+
+    def acknowledge(self, sample: int) -> None:
+        """The client took every chunk ending at or before `sample`."""
+        self.acknowledges = True
+        while self.in_flight and self.in_flight[0][0] <= sample:
+            self.in_flight_frames -= self.in_flight.popleft()[1]
 
     async def send_bytes(self, data: bytes) -> None:
         async with self.lock:
@@ -243,9 +260,11 @@ async def _send_audio(router: SessionRouter, session: str, link: _Link) -> None:
     reason = f"session {session!r} ended"
     try:
         async for chunk in router.audio(session):
-            if not link.keeps_up(chunk_sample(chunk)):
+            sample, frames = chunk_span(chunk)
+            if not link.keeps_up(frames):
                 link.dropped += 1
                 continue
+            link.sent(sample, frames)
             await link.send_bytes(with_more_dropped(chunk, link.dropped) if link.dropped else chunk)
     except UnknownSession as error:
         reason = str(error)
@@ -271,7 +290,7 @@ async def _read_control(router: SessionRouter, session: str, link: _Link, max_by
             continue
         acked = _ack(message.get("text"))
         if acked is not None:
-            link.acked = acked if link.acked is None else max(link.acked, acked)
+            link.acknowledge(acked)
             continue
         try:
             event = await _apply_control(router, session, message.get("text"))

@@ -2,9 +2,11 @@
 control messages. Audio is 48 kHz stereo, 16-bit little-endian, interleaved, after a fixed header.
 
 Flow control: a client sends {"ack": sample} (the sample after the last chunk it has taken) every ACK_EVERY chunks.
-The server sends a client that acknowledges no chunk more than ACK_WINDOW_FRAMES ahead of its last ack: later chunks
-are dropped and counted in the header until it catches up, so a stalled client's backlog stays bounded wherever it
-builds (a proxy's queue, the kernel's). A client that never acknowledges is sent everything."""
+The server keeps at most ACK_WINDOW_FRAMES of audio sent and not yet acknowledged to a client that acknowledges: while
+that much is in flight, new chunks are dropped and counted in the header; once the client has acknowledged what was
+sent, the live audio goes again. So a stalled client's backlog stays bounded wherever it builds (a proxy's queue, the
+kernel's), and a client that catches up late is never left waiting. A client that never acknowledges is sent
+everything."""
 
 from __future__ import annotations
 
@@ -41,9 +43,10 @@ def encode_chunk(audio: np.ndarray, sample: int, position: int, dropped: int = 0
     return HEADER.pack(MAGIC, sample, position, audio.shape[0], dropped) + pcm.tobytes()
 
 
-def chunk_sample(data: bytes) -> int:
-    """An encoded chunk's sample index, read from its header alone."""
-    return HEADER.unpack_from(data)[1]
+def chunk_span(data: bytes) -> tuple[int, int]:
+    """An encoded chunk's (sample index, frames), read from its header alone."""
+    _, sample, _, frames, _ = HEADER.unpack_from(data)
+    return sample, frames
 
 
 def with_more_dropped(data: bytes, dropped: int) -> bytes:

@@ -70,3 +70,30 @@ def test_a_client_that_never_acknowledges_is_sent_everything(server):
     assert samples == list(range(samples[0], samples[0] + BLOCK_FRAMES * len(samples), BLOCK_FRAMES))
     assert all(chunk.dropped == 0 for chunk in taken)
     assert (taken[-1].sample - first[-1].sample) >= (STALL_S - 0.5) * SAMPLE_RATE, "the stall's audio did not wait"
+
+
+def test_a_client_whose_acknowledgements_arrive_late_is_sent_the_live_audio_again(server):
+    """The client takes the whole window, then acknowledges it only after the live audio has moved more than a window
+    past its last acknowledgement (a proxy under load delays acks so): the next chunk must still come, at the live
+    playhead, with the skipped chunks counted (a window measured from the playhead left it waiting for ever)."""
+    client, name = server
+    url = client.server.replace("http://", "ws://") + f"/sessions/{name}/stream"
+    headers = {"Authorization": f"Bearer {client.tokens[name]}"}
+    with connect(url, max_queue=None, additional_headers=headers) as websocket:
+
+        def take(timeout_s: float):
+            while True:
+                message = websocket.recv(timeout_s)
+                if isinstance(message, bytes):
+                    return decode_chunk(message)
+
+        first = take(5.0)
+        websocket.send(json.dumps({"ack": first.sample + first.frames}))  # flow control on
+        taken = [take(5.0) for _ in range(ACK_WINDOW_FRAMES // BLOCK_FRAMES)]  # the whole window, unacknowledged
+        with pytest.raises(TimeoutError):
+            take(1.0)  # nothing more while the window waits
+        time.sleep(ACK_WINDOW_FRAMES / SAMPLE_RATE + 0.5)  # the live audio runs more than a window ahead
+        websocket.send(json.dumps({"ack": taken[-1].sample + taken[-1].frames}))
+        after = take(5.0)
+    assert after.sample > taken[-1].sample + ACK_WINDOW_FRAMES, "the next chunk is the live audio"
+    assert after.dropped - taken[-1].dropped == (after.sample - taken[-1].sample) // BLOCK_FRAMES - 1
