@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..engine.params import REALTIME_LATENT_INTERVAL_MS
+from ..engine.params import MAX_STEPS, REALTIME_LATENT_INTERVAL_MS, song_frames
 from . import bench_live, bench_models, bench_sessions, bench_ticks
 from .flags import (
+    CommandError,
     add_backend,
     add_cfg_mode,
     add_depth,
@@ -20,7 +21,12 @@ from .flags import (
     add_preset,
     add_song_seconds,
     add_steps,
+    add_window_seconds,
     check_device,
+    check_knob_flag,
+    check_positive,
+    check_range,
+    check_window,
 )
 
 TARGETS = {
@@ -34,6 +40,8 @@ TARGETS = {
     "soak": bench_live.bench_soak,
     "lm": bench_models.bench_lm,
 }
+COUNTS = ("batch", "repeats", "ticks", "trials", "sessions", "loras", "rank", "tokens", "lora_rank")  # 1 or more
+AMOUNTS = ("minutes", "window", "interval_ms", "ear_ms")  # finite, above 0
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -47,7 +55,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_random_model(dit, "tiny")
 
     tick = targets.add_parser("tick", help="steady-state StreamPipeline ticks at real shapes (random weights)")
-    add_ring(tick, song_seconds_help="song latent length (s)", cfg="off", ticks=48, multiple=True)
+    add_ring(
+        tick,
+        song_seconds_help="song latent lengths (s): one fixture each, ticks compared",
+        cfg="off",
+        ticks=48,
+        multiple=True,
+    )
+    add_window_seconds(tick, default=0.0)
+    tick.add_argument("--endless", action="store_true", help="also time an endless song (needs --window-seconds)")
     tick.add_argument("--profile", action="store_true", help="print a torch.profiler summary of 8 ticks per run")
     add_precision(tick, multiple=True, more_help="; fp8 also prints its error vs bf16")
     add_random_model(tick)
@@ -129,7 +145,7 @@ def add_ring(
     parser: argparse.ArgumentParser, song_seconds_help: str, cfg: str, ticks: int, multiple: bool = False
 ) -> None:
     """The ring a tick bench builds: song length, depth, steps, guidance, backend, and how many ticks it times."""
-    add_song_seconds(parser, 60.0, help=song_seconds_help)
+    add_song_seconds(parser, [60.0] if multiple else 60.0, multiple=multiple, help=song_seconds_help)
     add_depth(parser, multiple=multiple)
     add_steps(parser)
     add_cfg_mode(parser, cfg, multiple=multiple)
@@ -146,5 +162,31 @@ def add_stream(parser: argparse.ArgumentParser, song_seconds: float, cfg: str) -
 
 
 def run(args: argparse.Namespace) -> int:
+    check_bench_args(args)
     check_device(args.device)
     return TARGETS[args.target](args)
+
+
+def check_bench_args(args: argparse.Namespace) -> None:
+    """Refuse, before any model is built, the values a bench would fail on (or measure nothing with) only after."""
+    for seconds in flag_values(args, "song_seconds"):
+        song_frames(seconds, "--song-seconds")
+    if getattr(args, "window_seconds", None) is not None:
+        check_window(args.window_seconds, getattr(args, "endless", False))
+    for depth in flag_values(args, "depth"):
+        check_knob_flag("depth", depth)
+    for steps in flag_values(args, "steps"):
+        check_range("--steps", steps, 1, MAX_STEPS)
+    for name in COUNTS:
+        for count in flag_values(args, name):
+            if count < 1:
+                raise CommandError(f"--{name.replace('_', '-')} {count} must be 1 or more")
+    for name in AMOUNTS:
+        for amount in flag_values(args, name):
+            check_positive(f"--{name.replace('_', '-')}", amount)
+
+
+def flag_values(args: argparse.Namespace, name: str) -> list:
+    """The values a flag holds in this bench target: none, one, or the list of a flag given several."""
+    value = getattr(args, name, None)
+    return [] if value is None else value if isinstance(value, list) else [value]

@@ -7,7 +7,7 @@ import argparse
 from ..engine.params import DEFAULT_STEPS
 from .flags import load_session
 
-RUNNER_TIMINGS = ("tick_ms", "loop_ms", "decode_ms", "interval_ms", "write_ms", "lead_s", "window_s")
+RUNNER_TIMINGS = ("tick_ms", "loop_ms", "decode_ms", "interval_ms", "write_ms", "lead_s", "patch_s")
 
 
 def bench_latency(args: argparse.Namespace) -> int:

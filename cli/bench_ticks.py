@@ -9,55 +9,80 @@ from ..engine.params import REALTIME_LATENT_INTERVAL_MS
 from .flags import describe_device
 
 
-def build_fixture(args: argparse.Namespace):
-    """The preset's DiT with random weights and a song latent of --song-seconds, on --device in --dtype."""
+def build_fixture(args: argparse.Namespace, seconds: float | None = None):
+    """The preset's DiT with random weights and a song latent of `seconds` (default --song-seconds), on --device in
+    --dtype."""
     import torch
 
     from ..engine.bench.ticks import TickFixture
 
-    return TickFixture.build(args.preset, args.song_seconds, args.device, getattr(torch, args.dtype))
+    song_s = args.song_seconds if seconds is None else seconds
+    return TickFixture.build(args.preset, song_s, args.device, getattr(torch, args.dtype))
 
 
 def bench_tick(args: argparse.Namespace) -> int:
     import torch
 
     from ..engine.bench.ticks import bench_tick as measure
+    from ..engine.params import LATENT_RATE_HZ
+    from ..engine.stream.windows import ring_frames, window_frames
 
+    songs: list[tuple[str, float, bool]] = [(f"{s:g} s", s, False) for s in args.song_seconds]
+    if args.endless:
+        ring_s = ring_frames(window_frames(args.window_seconds, None), None) / LATENT_RATE_HZ
+        songs.append(("endless", ring_s, True))
+    window = f"{args.window_seconds:g} s windows" if args.window_seconds else "whole-song requests"
     print(
-        f"StreamPipeline ticks: preset {args.preset}, {args.song_seconds:g} s song, {args.steps} steps, {args.dtype}, "
-        f"{describe_device(args.device)}, torch {torch.__version__}"
+        f"StreamPipeline ticks: preset {args.preset}, songs {', '.join(name for name, _, _ in songs)}, {window}, "
+        f"{args.steps} steps, {args.dtype}, {describe_device(args.device)}, torch {torch.__version__}"
     )
-    fixture = build_fixture(args)
-    print(f"  measured GEMM peak {fixture.gemm_tflops:.1f} TFLOP/s")
     reports = []
-    for precision in args.precision:
-        if precision == "fp8":
-            error = fixture.to_fp8(args.steps)
-            print(
-                f"  fp8 vs bf16: velocity relative error {error.velocity:.4f} (one forward, 8 rows), finished "
-                f"{args.steps}-step latent {error.latent:.4f} (relative L2)"
-            )
-        for depth, cfg, backend in ((d, c, b) for d in args.depth for c in args.cfg for b in args.backend):
-            r = measure(fixture, depth, args.steps, cfg, ticks=args.ticks, backend=backend, profile=args.profile)
-            reports.append(r)
-            print(
-                f"  depth {depth} cfg {cfg:10s} {backend:13s} {precision} {r.rows_per_tick:5.2f} rows  "
-                f"{r.median_ms:7.2f} ms/tick (p95 {r.p95_ms:.2f}, free-running {r.free_ms:.2f}, host "
-                f"{r.host_ms:.2f})  bound {r.bound_ms:.2f} ms = {r.median_ms / r.bound_ms:.2f}x  "
-                f"warm-up {r.warmup_s:.1f} s  {r.audio_s_per_s:.0f} audio s/s"
-            )
-            if r.graphs:
-                print(f"    graphs {r.graphs}")
-            if r.profile:
-                print("    " + r.profile.replace("\n", "\n    "))
+    for song, seconds, endless in songs:
+        fixture = build_fixture(args, seconds)
+        print(f"  song {song}: measured GEMM peak {fixture.gemm_tflops:.1f} TFLOP/s")
+        for precision in args.precision:
+            if precision == "fp8":
+                error = fixture.to_fp8(args.steps)
+                print(
+                    f"  fp8 vs bf16: velocity relative error {error.velocity:.4f} (one forward, 8 rows), finished "
+                    f"{args.steps}-step latent {error.latent:.4f} (relative L2)"
+                )
+            for depth, cfg, backend in ((d, c, b) for d in args.depth for c in args.cfg for b in args.backend):
+                r = measure(
+                    fixture,
+                    depth,
+                    args.steps,
+                    cfg,
+                    ticks=args.ticks,
+                    backend=backend,
+                    profile=args.profile,
+                    window_s=args.window_seconds,
+                    endless=endless,
+                )
+                reports.append((song, r))
+                print(
+                    f"  song {song} depth {depth} cfg {cfg:10s} {backend:13s} {precision} {r.rows_per_tick:5.2f} rows  "
+                    f"{r.median_ms:7.2f} ms/tick (p95 {r.p95_ms:.2f}, free-running {r.free_ms:.2f}, host "
+                    f"{r.host_ms:.2f})  bound {r.bound_ms:.2f} ms = {r.median_ms / r.bound_ms:.2f}x  "
+                    f"warm-up {r.warmup_s:.1f} s  {r.audio_s_per_s:.0f} audio s/s"
+                )
+                if r.graphs:
+                    print(f"    graphs {r.graphs}")
+                if r.profile:
+                    print("    " + r.profile.replace("\n", "\n    "))
+    first: dict[tuple, float] = {}  # each configuration's ms/tick at the first song: the ratios' base
+    for _, r in reports:
+        first.setdefault((r.depth, r.cfg, r.backend, r.precision), r.median_ms)
     print(
-        "\n| depth | cfg | rows | backend | precision | ms/tick (p95) | free-running | host ms | bound ms | / bound |"
+        "\n| song | depth | cfg | rows | backend | precision | ms/tick (p95) | vs first song | free-running | host ms | "
+        "bound ms | / bound |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in reports:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for song, r in reports:
+        ratio = r.median_ms / first[r.depth, r.cfg, r.backend, r.precision]
         print(
-            f"| {r.depth} | {r.cfg} | {r.rows_per_tick:.2f} | {r.backend} | {r.precision} | {r.median_ms:.2f} "
-            f"({r.p95_ms:.2f}) | {r.free_ms:.2f} | {r.host_ms:.2f} | {r.bound_ms:.2f} | "
+            f"| {song} | {r.depth} | {r.cfg} | {r.rows_per_tick:.2f} | {r.backend} | {r.precision} | {r.median_ms:.2f} "
+            f"({r.p95_ms:.2f}) | {ratio:.2f}x | {r.free_ms:.2f} | {r.host_ms:.2f} | {r.bound_ms:.2f} | "
             f"{r.median_ms / r.bound_ms:.2f}x |"
         )
     return 0

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ..live.midi import MIDI_BACKENDS
-from .flags import CommandError, add_seconds, add_server_arguments, server_client
+from .flags import CommandError, add_seconds, add_server_arguments, check_port, server_client
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,20 +28,26 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..live.osc import OscConfig
+    from ..live.osc import OscConfig, SettingNames
     from ..live.playback import PlaybackError
     from ..serve.bridge import Bridge
     from ..serve.client import ServerError
 
     if args.seconds is not None and not args.seconds > 0:
         raise ValueError(f"--seconds must be > 0 (leave it out to run until Ctrl-C), got {args.seconds:g}")
+    check_port("--osc-port", args.osc_port, "no OSC, MIDI only")
     learn = tuple(knob.strip() for knob in args.midi_learn.split(",")) if args.midi_learn else ()
     uses_midi = args.midi_port is not None or args.midi_map is not None or bool(learn)
     if not args.osc_port and not uses_midi:
         raise ValueError("nothing to bridge: give --osc-port N (default 9110) or --midi-port NAME")
     osc = None
     if args.osc_port:
-        osc = OscConfig(session=args.osc_session or args.session, host=args.osc_host, port=args.osc_port)
+        osc = OscConfig(
+            session=args.osc_session or args.session,
+            host=args.osc_host,
+            port=args.osc_port,
+            names=SettingNames(session="--osc-session", host="--osc-host", port="--osc-port"),
+        )
     bridge = Bridge(server_client(args), args.session, osc)
     try:
         if uses_midi:

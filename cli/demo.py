@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .flags import add_depth, add_model_arguments, add_seconds, load_session
+from .flags import add_depth, add_model_arguments, add_seconds, check_knob_flag, check_positive, load_session
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -24,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.outputs import check_output_path
     from ..engine.params import check_seed
 
+    check_positive("--seconds", args.seconds)
+    check_knob_flag("depth", args.depth)
     check_output_path(args.out, "--out")
     check_seed(args.seed)
     session = load_session(args)

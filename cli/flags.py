@@ -9,6 +9,7 @@ and --audio-device always a sound card. Torch is imported inside the functions t
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -41,6 +42,31 @@ def one_line(error: Exception) -> str:
     else:
         text = str(error)
     return " ".join(text.split())
+
+
+def check_range(option: str, value: float, low: float, high: float, note: str = "") -> None:
+    """Refuse a flag's value outside low..high (NaN too) with one line naming the range; torch-free, so a command
+    runs it before anything loads."""
+    if not low <= value <= high:
+        raise CommandError(f"{option} {value:g} is outside {low:g}..{high:g}{note}")
+
+
+def check_positive(option: str, value: float, note: str = "") -> None:
+    """Refuse a flag's amount (a duration, a window) that is not a finite number above 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise CommandError(f"{option} must be a finite number > 0{note}, got {value:g}")
+
+
+def check_knob_flag(name: str, value: float | None) -> None:
+    """A flag that starts a knob (--depth, --steps of a live stream) within the knob's range."""
+    if value is not None:
+        spec = KNOBS_BY_NAME[name]
+        check_range(f"--{name}", value, spec.minimum, spec.maximum, f" ({spec.description})")
+
+
+def check_port(option: str, port: int, zero: str) -> None:
+    """A UDP or TCP port flag; `zero` says what 0 means to this command."""
+    check_range(option, port, 0, 65535, f" (0: {zero})")
 
 
 def _nargs(multiple: bool) -> dict:
@@ -117,6 +143,19 @@ LORA_HELP = (
 )
 
 
+def lora_option(spec: str, note: str = "") -> tuple[Path, float]:
+    """A --lora PATH[:STRENGTH] with its strength in range and its file a readable LoRA (headers only, before any
+    model loads), or a CommandError naming it and the fix (`note` added)."""
+    from ..engine.lora.formats import check_lora_path
+
+    try:
+        path, strength = parse_lora_option(spec)
+        check_lora_path(path)
+    except (ValueError, FileNotFoundError) as error:
+        raise CommandError(f"--lora {spec}: {error}{note}") from None
+    return path, strength
+
+
 def add_lora_arguments(parser: argparse.ArgumentParser, help: str = LORA_HELP, modes: bool = True) -> None:
     parser.add_argument("--lora", action="append", metavar="PATH[:STRENGTH]", help=help)
     if modes:
@@ -131,6 +170,31 @@ def add_lora_arguments(parser: argparse.ArgumentParser, help: str = LORA_HELP, m
 
 
 # ---- lengths and the stream ---------------------------------------------------------------------------------------
+
+
+def add_window_seconds(parser: argparse.ArgumentParser, default: float | None = None) -> None:
+    """--window-seconds (default: DEFAULT_WINDOW_SECONDS)."""
+    from ..engine.stream.windows import DEFAULT_WINDOW_SECONDS, MIN_WINDOW_SECONDS
+
+    parser.add_argument(
+        "--window-seconds",
+        type=float,
+        default=DEFAULT_WINDOW_SECONDS if default is None else default,
+        help=f"generate this much of the song per request, placed at the playhead (>= {MIN_WINDOW_SECONDS:g} s; "
+        "a tick costs the window, not the song); 0 or a window as long as the loop: the whole loop each time",
+    )
+
+
+def check_window(seconds: float, endless: bool = False) -> None:
+    """--window-seconds in range (and not 0 for endless play), before any model loads."""
+    from ..engine.stream.windows import check_window_seconds
+
+    try:
+        check_window_seconds(seconds)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    if endless and seconds == 0:
+        raise CommandError("--endless needs a window: give --window-seconds, e.g. 20")
 
 
 def add_seconds(parser: argparse.ArgumentParser, help: str, default: float | None = None) -> None:
@@ -264,6 +328,7 @@ def load_session(args: argparse.Namespace):
     from ..engine.session import Session
 
     check_device(args.device)
+    loras = [(spec, *lora_option(spec)) for spec in getattr(args, "lora", None) or ()]
     if args.precision == "fp8":
         from ..engine.models.fp8 import check_fp8_device
 
@@ -278,8 +343,7 @@ def load_session(args: argparse.Namespace):
         dtype=getattr(torch, args.dtype),
         precision=args.precision,
     )
-    for spec in getattr(args, "lora", None) or ():
-        path, strength = parse_lora_option(spec)
+    for spec, path, strength in loras:
         try:
             session.load_lora(path, strength, mode=args.lora_mode)
         except (ValueError, FileNotFoundError) as error:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import signal
 import sys
 import time
@@ -23,6 +22,11 @@ from .flags import (
     add_seconds,
     add_song_seconds,
     add_steps,
+    add_window_seconds,
+    check_knob_flag,
+    check_port,
+    check_positive,
+    check_window,
     load_session,
 )
 
@@ -37,8 +41,16 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--negative", help="negative prompt that CFG guides away from (default: the null condition)")
     add_lora_arguments(parser)
     add_cfg_mode(parser, None, flag="--cfg-mode")
-    parser.add_argument("--source", type=Path, help="source WAV to cover in a loop (sets the loop length)")
+    parser.add_argument(
+        "--source", type=Path, help="source song to cover in a loop: WAV, FLAC, OGG or MP3 (sets the loop length)"
+    )
     add_song_seconds(parser, 30.0, help="loop length for text-only sessions (s)")
+    add_window_seconds(parser)
+    parser.add_argument(
+        "--endless",
+        action="store_true",
+        help="no loop: the song goes on as long as it plays, generated a window ahead of the playhead (text-only)",
+    )
     add_seconds(parser, "stop cleanly after this many seconds (default: run until Ctrl-C)")
     add_depth(parser, default=None)
     add_steps(parser, default=None)
@@ -114,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         lm=args.lm,
         lm_checkpoint=args.lm_checkpoint,
         lm_preset=args.lm_preset,
-        runner=RunnerConfig(backend=args.backend),
+        runner=RunnerConfig(backend=args.backend, window_s=args.window_seconds, endless=args.endless),
     )
     if config.osc_port is not None:
         check_osc(config)
@@ -149,28 +161,30 @@ def run(args: argparse.Namespace) -> int:
     if recording is not None:
         rate = app.buffer.sample_rate
         print(f"recorded {recording.path}: {recording.frames / rate:.2f} s ({recording.frames} frames played)")
+        if recording.error is not None:  # the take was cut short (a full disk): say so in the exit status too
+            raise CommandError(recording.error)
     return 0
 
 
 def check_live_args(args: argparse.Namespace) -> None:
     """Refuse what would otherwise fail only after the model loads, or be silently clamped or ignored. The
     torch-free checks come first, so those mistakes are refused at once."""
-    from ..engine.params import KNOBS_BY_NAME, song_frames
+    from ..engine.params import song_frames
 
-    if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
-        raise CommandError(
-            f"--seconds must be a finite number > 0 (leave it out to play until Ctrl-C), got {args.seconds:g}"
-        )
-    if args.source is None:
+    if args.seconds is not None:
+        check_positive("--seconds", args.seconds, " (leave it out to play until Ctrl-C)")
+    if args.source is None and not args.endless:
         song_frames(args.song_seconds, "--song-seconds")
-    for name in ("depth", "steps"):
-        value, spec = getattr(args, name), KNOBS_BY_NAME[name]
-        if value is not None and not spec.minimum <= value <= spec.maximum:
-            raise CommandError(f"--{name} {value} is outside {spec.minimum:g}..{spec.maximum:g} ({spec.description})")
+    check_window(args.window_seconds, args.endless)
+    if args.endless and (args.source is not None or args.lm):
+        raise CommandError("--endless is text-only: --source and --lm set a song's length (they loop); drop one")
+    check_knob_flag("depth", args.depth)
+    check_knob_flag("steps", args.steps)
+    check_port("--osc-port", args.osc_port, "no OSC")
     if not args.osc_port and (args.osc_host or args.osc_feedback or args.osc_allow):
         raise CommandError("--osc-host, --osc-feedback and --osc-allow need OSC, which --osc-port 0 turns off")
 
-    from ..engine.audio.files import check_wav
+    from ..engine.audio.files import check_audio
     from ..engine.params import check_prompt_length
     from ..engine.render import check_prompt
 
@@ -180,7 +194,7 @@ def check_live_args(args: argparse.Namespace) -> None:
     if args.negative is not None:
         check_prompt_length(args.negative, "--negative")
     if args.source is not None:
-        check_wav(args.source)
+        check_audio(args.source)
     if args.record is not None:
         from ..engine.outputs import check_output_path
 
@@ -206,7 +220,7 @@ def check_osc(config: LiveConfig) -> None:
     import logging
 
     from ..live.knobs import KnobRegistry
-    from ..live.osc import OscBridge, OscConfig
+    from ..live.osc import OscBridge, OscConfig, SettingNames
 
     bridge = OscBridge(
         KnobRegistry(),
@@ -216,6 +230,7 @@ def check_osc(config: LiveConfig) -> None:
             port=config.osc_port,
             feedback=config.osc_feedback,
             allow_hosts=config.osc_allow,
+            names=SettingNames("--session", "--osc-host", "--osc-port", "--osc-feedback", "--osc-allow"),
         ),
     )
     osc_log = logging.getLogger("flowjam.osc")

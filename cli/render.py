@@ -28,7 +28,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_seconds(parser, "length of the output in seconds (> 0)", default=10.0)
     parser.add_argument("--out", type=Path, default=Path("flowjam.wav"), help="output WAV path")
-    parser.add_argument("--cover", type=Path, help="source WAV to cover (keeps its structure)")
+    parser.add_argument("--cover", type=Path, help="source song to cover (keeps its structure): WAV, FLAC, OGG or MP3")
     parser.add_argument("--seed", type=int, default=0)
     add_steps(parser)
     parser.add_argument("--shift", type=float, default=DEFAULT_SHIFT, help=f"timestep shift (turbo: {DEFAULT_SHIFT:g})")

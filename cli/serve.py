@@ -8,8 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..engine.params import parse_lora_option
-from .flags import add_backend, add_lora_arguments, add_model_arguments
+from .flags import add_backend, add_lora_arguments, add_model_arguments, check_port, lora_option
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -50,6 +49,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_port("--port", args.port, "any free port")
     from ..serve.access import AccessPolicy, read_key
     from ..serve.host import HostOptions
 
@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--replicas, --gpus-per-replica and --address need Ray; --local serves one host in-process")
     if args.replicas < 1:
         raise ValueError(f"--replicas must be at least 1, got {args.replicas}")
+    ray_note = "" if args.local else " (on a Ray cluster, every node needs it at this path)"
+    loras = [lora_option(spec, ray_note) for spec in args.lora or ()]  # a bad one is one line, not a replica's trace
     options = HostOptions(
         preset=args.preset,
         checkpoint=None if args.checkpoint is None else str(args.checkpoint),
@@ -68,13 +70,8 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         backend=args.backend,
         precision=args.precision,
-        loras=tuple((str(path), strength) for path, strength in map(parse_lora_option, args.lora or ())),
+        loras=tuple((str(path), strength) for path, strength in loras),
     )
-    for path, _ in options.loras:  # before Ray or a model starts: a typo is one line, not a replica's traceback
-        if not Path(path).exists():
-            raise ValueError(
-                f"--lora {path}: no such file or folder (on a Ray cluster it must be at this path on every node)"
-            )
     if not args.local:
         from ..serve.deployment import run_on_ray
 

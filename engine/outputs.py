@@ -3,12 +3,14 @@
 `check_output_path` refuses, up front, a path that could only fail at the end (a folder, a missing or read-only
 folder, a read-only file) or that writing would destroy (a device, a pipe or a socket), so a long render or session never ends in "cannot write". `atomic_output` and
 `write_atomic` write beside the target and rename into place, so a crash or a kill mid-write leaves the previous
-file untouched (at worst a hidden `.NAME.*.tmp` file beside it after a SIGKILL)."""
+file untouched; the hidden `.NAME.PID.*.tmp` a SIGKILL leaves beside it is removed by the next write of NAME once
+process PID is gone."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +48,7 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     file is fsync'd and renamed over `path` in one step. If the block raises, the temporary file is removed and
     `path` is untouched. The folder must exist."""
     path = Path(path)
+    _remove_stale_temporaries(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # 0o666: the umask decides, as usual
     try:
@@ -64,6 +67,27 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     with atomic_output(path) as temporary:
         temporary.write_bytes(data)
     return Path(path)
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporaries of `path` that writers killed mid-write left (`.NAME.PID.hex.tmp` whose process PID is
+    gone); a live writer's is kept."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]{{8}}\.tmp")
+    with contextlib.suppress(OSError), os.scandir(path.parent) as entries:  # unlistable: the write will say why
+        for entry in entries:
+            match = pattern.fullmatch(entry.name)
+            if match and not _alive(int(match[1])):
+                Path(entry.path).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
 
 
 def _fsync(path: Path, flags: int) -> None:

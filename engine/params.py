@@ -24,6 +24,7 @@ CURVE_OPS = ("add", "subtract", "multiply", "min", "max")
 DTYPES = ("float32", "bfloat16")  # the model dtypes the command line offers
 
 DEFAULT_STEPS = 8  # denoising steps per generation: the turbo model's
+MAX_STEPS = 200  # the longest timestep schedule the engine builds (engine/sampling/schedule.py)
 DEFAULT_SHIFT = 3.0  # timestep schedule shift
 DEFAULT_PRECISION = PRECISIONS[0]
 REALTIME_LATENT_INTERVAL_MS = 250.0  # a live session needs a fresh latent at least this often to play in real time
@@ -189,24 +190,35 @@ SHARED_FIELDS = tuple(spec.name for spec in KNOB_SPECS if spec.kind is KnobKind.
 KNOBS_BY_NAME = {spec.name: spec for spec in KNOB_SPECS}
 LORA_KNOB_PREFIX = "lora/"  # a loaded LoRA's strength knob is lora/<name>
 LORA_MODES = ("auto", "live", "folded", "merged")  # how a LoRA applies; see Session.load_lora
+LORA_STRENGTH_RANGE = (0.0, 2.0)
 
 
 def parse_lora_option(spec: str) -> tuple[Path, float]:
-    """ "style.safetensors:0.7" -> (path, 0.7); a path alone means strength 1 (a --lora option)."""
+    """ "style.safetensors:0.7" -> (path, 0.7); a path alone means strength 1 (a --lora option). A colon that
+    starts a path's part (C:\\loras\\x.safetensors) or belongs to an existing file's name is the path's; ValueError for
+    a strength that is no number in LORA_STRENGTH_RANGE."""
     path, _, strength = spec.rpartition(":")
-    if path:
-        try:
-            return Path(path), float(strength)
-        except ValueError:
-            pass
-    return Path(spec), 1.0
+    if not path or "/" in strength or "\\" in strength or Path(spec).exists():
+        return Path(spec), 1.0
+    try:
+        value = float(strength)
+    except ValueError:
+        raise ValueError(f"strength {strength!r} is not a number; write PATH:0.8") from None
+    low, high = LORA_STRENGTH_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"strength {strength} is outside {low:g}..{high:g}; write PATH:0.8")
+    return Path(path), value
 
 
 def lora_knob(name: str) -> KnobSpec:
     """The strength knob of a loaded LoRA: 0..2, default 1 (the strength it was trained at); felt like a shared
     curve, by every generation in flight from the next tick."""
     return KnobSpec(
-        LORA_KNOB_PREFIX + name, 0.0, 2.0, 1.0, KnobKind.SHARED, description=f"strength of the LoRA {name!r}"
+        LORA_KNOB_PREFIX + name,
+        *LORA_STRENGTH_RANGE,
+        1.0,
+        KnobKind.SHARED,
+        description=f"strength of the LoRA {name!r}",
     )
 
 
@@ -218,7 +230,7 @@ def song_frames(seconds: float, option: str = "seconds") -> int:
     """Latent frames of a song or loop length, refused outside MIN_SONG_SECONDS..MAX_SONG_SECONDS with `option`
     (the CLI flag) named. The upper limit is the model's; it also bounds the memory a render can ask for."""
     if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{option} must be a finite number > 0, got {seconds:g}")
+        raise ValueError(f"{option} must be a finite number > 0 (at most {MAX_SONG_SECONDS:g} s), got {seconds:g}")
     if seconds > MAX_SONG_SECONDS:
         raise ValueError(
             f"{option} {seconds:g} is longer than ACE-Step 1.5 generates (at most {MAX_SONG_SECONDS:g} s = 10 min); "

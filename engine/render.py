@@ -8,13 +8,14 @@ from pathlib import Path
 
 import torch
 
-from .audio.files import check_wav, read_wav, write_wav
+from .audio.files import check_audio, read_audio, write_wav
 from .lm.sampling import SamplingParams
 from .lm.song import lm_duration
 from .outputs import check_output_path
 from .params import (
     DEFAULT_SHIFT,
     DEFAULT_STEPS,
+    LATENT_RATE_HZ,
     MAX_SONG_SECONDS,
     check_prompt_length,
     check_seed,
@@ -47,7 +48,7 @@ class RenderRequest:
 
     def validate(self) -> None:
         """Refuse a request that could only fail later, before any model work: lengths, schedule, prompt, a --cover
-        that is not a usable WAV, an --out that cannot be written."""
+        that is not a usable audio file, an --out that cannot be written."""
         song_frames(self.seconds, "--seconds")
         check_seed(self.seed)
         validate_schedule_args(self.steps, self.shift, self.denoise)
@@ -59,7 +60,7 @@ class RenderRequest:
                 raise ValueError("--lm writes the structure from the text; a --cover brings its own: use one of them")
             self.lm_sampling.validate()
         if self.cover is not None:
-            check_wav(self.cover)
+            check_audio(self.cover)
         check_output_path(self.out, "--out")
 
 
@@ -70,12 +71,18 @@ def check_prompt(prompt: str, option: str = "--prompt") -> None:
     check_prompt_length(prompt, option)
 
 
+def cover_seconds(seconds: float) -> float:
+    """How much of a --cover a render of `seconds` reads: its latent frames, plus a second so the resampler and the
+    VAE see real audio past the last frame used and its 5 Hz structure code is whole (the rest is never decoded)."""
+    return seconds_to_frames(seconds) / LATENT_RATE_HZ + 1.0
+
+
 def render(session: Session, request: RenderRequest, on_step: Callable[[int, int], None] | None = None) -> Path:
     """Generate and write the WAV; returns its path. Length is exactly `seconds` (rounded to whole samples)."""
     request.validate()
     source = None
     if request.cover is not None:
-        audio, rate = read_wav(request.cover)
+        audio, rate = read_audio(request.cover, cover_seconds(request.seconds))
         source = session.prepare_source(audio, rate)
     bpm, key, time_signature, language, options = request.bpm, request.key, request.time_signature, request.language, {}
     if request.lm:

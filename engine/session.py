@@ -18,7 +18,7 @@ from .conditioning import Conditioning, blend_conditionings
 from .lm.checkpoint import load_lm
 from .lm.sampling import SamplingParams
 from .lm.song import CODE_RATE_HZ, SongCodes, SongWriter
-from .lora import MergedLora, lora_set, read_lora
+from .lora import LoraAdapter, MergedLora, check_fits, lora_set, read_lora, structure_lock
 from .lora import merge as merge_lora
 from .lora import unmerge as unmerge_lora
 from .lora.folded import FOLDABLE_DTYPES
@@ -103,15 +103,17 @@ class Session:
 
     # ---- LoRAs -----------------------------------------------------------------------------------------------
 
-    def load_lora(self, path: str | Path, strength: float = 1.0, name: str | None = None, mode: str = "auto") -> str:
-        """Load a LoRA for the DiT (PEFT folder or .safetensors; see lora/formats.py); returns its name (its knob
-        is `lora/<name>`). Modes: `live` runs its low-rank GEMMs in every tick (no extra memory); `folded` folds it
-        into the weights on the tick after a strength change (ticks cost what a merge does; keeps a copy of the
-        layers it touches); both play their strength with `set_lora_strength`. `merged` bakes it in at `strength`
-        (fixed; `unload_lora` restores the exact weights). `auto`: folded where the DiT's weights are bf16/fp16/fp32
-        on a GPU, else live."""
+    def load_lora(
+        self, lora: str | Path | LoraAdapter, strength: float = 1.0, name: str | None = None, mode: str = "auto"
+    ) -> str:
+        """Load a LoRA for the DiT (PEFT folder or .safetensors, see lora/formats.py, or what `read_lora` read);
+        returns its name (its knob is `lora/<name>`). Modes: `live` runs its low-rank GEMMs in every tick (no extra
+        memory); `folded` folds it into the weights on the tick after a strength change (ticks cost what a merge
+        does; keeps a copy of the layers it touches); both play their strength with `set_lora_strength`. `merged`
+        bakes it in at `strength` (fixed; `unload_lora` restores the exact weights). `auto`: folded where the DiT's
+        weights are bf16/fp16/fp32 on a GPU, else live."""
         decoder = self.models.acestep.decoder
-        adapter = read_lora(path, {module for module, _ in decoder.named_modules()}, name)
+        adapter = lora if isinstance(lora, LoraAdapter) else self.read_lora(lora, name)
         if adapter.name in self.loras:
             raise ValueError(f"a LoRA named {adapter.name!r} is loaded already: unload it or pass another name")
         mode = self.lora_mode(mode)
@@ -120,6 +122,41 @@ class Session:
         else:
             lora_set(decoder).attach(adapter, strength, mode)
         return adapter.name
+
+    def read_lora(self, path: str | Path, name: str | None = None) -> LoraAdapter:
+        """A LoRA file read and checked against this DiT, nothing loaded: a bad file fails here, before a caller
+        that swaps LoRAs (`swap_loras`) changes anything."""
+        decoder = self.models.acestep.decoder
+        adapter = read_lora(path, {module for module, _ in decoder.named_modules()}, name)
+        check_fits(decoder, adapter)
+        return adapter
+
+    def swap_loras(self, unload: list[str], load: list[tuple[LoraAdapter, float, str]]) -> None:
+        """Unload the LoRAs named in `unload`, then load each (adapter from `read_lora`, strength, mode), as one
+        change: no tick runs between its steps, and if a load fails every LoRA is put back as it was (the error is
+        raised), so a stream playing this session keeps exactly the LoRAs it had."""
+        with structure_lock(self.models.acestep.decoder):
+            removed = [self._loaded_lora(name) for name in unload]
+            for name in unload:
+                self.unload_lora(name)
+            added = []
+            try:
+                for adapter, strength, mode in load:
+                    added.append(self.load_lora(adapter, strength, mode=mode))
+            except BaseException:
+                for name in reversed(added):
+                    self.unload_lora(name)
+                for adapter, strength, mode in removed:
+                    self.load_lora(adapter, strength, mode=mode)
+                raise
+
+    def _loaded_lora(self, name: str) -> tuple[LoraAdapter, float, str]:
+        """(adapter, strength, mode) of a loaded LoRA: what `load_lora` takes to load it again."""
+        if name in self.merged_loras:
+            merged = self.merged_loras[name]
+            return merged.adapter, merged.strength, "merged"
+        attached = lora_set(self.models.acestep.decoder)
+        return attached.attached[name][1], attached.strength(name), attached.mode(name)
 
     def lora_mode(self, mode: str) -> str:
         """The mode `mode` means here (`auto` resolved), or an error naming the choices."""
@@ -159,7 +196,7 @@ class Session:
 
     def generate_codes(self, caption: str, duration_s: float, **song: Any) -> SongCodes:
         """Prompt -> 5 Hz audio codes (Phase 1 metadata if bpm/key/time signature are open, then Phase 2);
-        `song` takes lyrics, bpm, key, time_signature, language, seeds, negative (see `SongWriter.write`)."""
+        `song` takes lyrics, bpm, key, time_signature, language, seeds, negative, on_code (see `SongWriter.write`)."""
         if self.song_writer is None:
             raise RuntimeError("no 5 Hz LM loaded: call session.attach_lm(checkpoint or preset) first")
         return self.song_writer.write(caption, duration_s, **song)

@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.audio.files import read_wav
+from ..engine.audio.files import read_audio
 from ..engine.conditioning import Conditioning
 from ..engine.lm.song import lm_duration
-from ..engine.params import LATENT_RATE_HZ, lora_knob, song_frames
+from ..engine.params import LATENT_RATE_HZ, MAX_SONG_SECONDS, lora_knob, song_frames
 from ..engine.session import Session, Source
+from ..engine.stream.windows import ring_frames, window_frames
 from .knobs import KnobRegistry
 from .loop_buffer import LoopBuffer
 from .osc import TRANSPORT_COMMANDS, OscBridge, OscConfig
@@ -23,6 +24,10 @@ from .playback import Playback
 from .runner import LiveRunner, RunnerConfig
 
 log = logging.getLogger("flowjam.live")
+NO_AUDIO_DEVICE = (
+    "no audio device: playing silently (capture, recording and the knobs still work); connect an output and "
+    "restart the stream"
+)
 
 
 @dataclass(frozen=True)
@@ -88,12 +93,12 @@ class LiveApp:
         seconds = config.song_seconds
         initial = None
         if source is None and config.source is not None:
-            audio, rate = read_wav(config.source)
+            audio, rate = read_audio(config.source, MAX_SONG_SECONDS)  # a longer source loops its first 10 min
             source = session.prepare_source(audio, rate)
         if source is not None:
             seconds = source.frames / LATENT_RATE_HZ
             initial = session.decode(source.latents)
-        frames = song_frames(seconds, "song_seconds")
+        frames = self._ring_frames(config, seconds, source is not None)
         hop = session.models.vae.hop_samples
         self.buffer = LoopBuffer(frames * hop, channels=2, sample_rate=session.sample_rate)
         try:
@@ -120,6 +125,7 @@ class LiveApp:
             self.mapper = None
             self._midi_map: Path | None = None
             self._started = False
+            self.output_warning: str | None = None  # why it plays silently though an output was asked for
             if config.osc_port is not None:
                 self.enable_osc(config.osc_port, config.osc_host, config.osc_feedback, config.osc_allow)
             if config.uses_midi:
@@ -127,6 +133,17 @@ class LiveApp:
         except BaseException:  # nothing half-built stays behind: the shared memory and any threads go
             self._discard()
             raise
+
+    @staticmethod
+    def _ring_frames(config: LiveConfig, seconds: float, has_source: bool) -> int:
+        """Frames of the playback buffer: the loop, or for endless play the window's ring."""
+        if not config.runner.endless:
+            return song_frames(seconds, "song_seconds")
+        if has_source:
+            raise ValueError("endless play is text-only: a source sets the song's length (it loops); leave one out")
+        if config.lm:
+            raise ValueError("endless play has no song length for the 5 Hz LM to write a structure for; use a loop")
+        return ring_frames(window_frames(config.runner.window_s, None), None)
 
     def _discard(self) -> None:
         runner = getattr(self, "runner", None)
@@ -254,6 +271,7 @@ class LiveApp:
                 self.buffer, mode="null", record_path=None if self.config.record is None else str(self.config.record)
             )
             self.playback.start()
+            self.output_warning = NO_AUDIO_DEVICE
 
     def stop(self) -> None:
         """Stop everything in reverse order; the recording is written by the playback's stop."""
@@ -266,12 +284,19 @@ class LiveApp:
         self.playback.stop()
         self.buffer.unlink()
 
+    @property
+    def played_frames(self) -> int:
+        """Frames played of the stream's own audio (its source, or generations): none of the silence before its
+        first generation filled the loop."""
+        since = self.runner.stats.audio_from_frames
+        return 0 if since is None else self.playback.playhead_frames - since
+
     def capture(self, seconds: float):
         """The last `seconds` of what was played, float32 [2, N]: the loop region just behind the playhead (writes
-        only ever land ahead of it), capped below the loop length minus the write window."""
+        only ever land ahead of it), capped below the loop length minus the write window, and at `played_frames`."""
         rate = self.buffer.sample_rate
-        limit = self.buffer.frames - int((self.runner.stats.lead_s + self.runner.stats.window_s) * rate)
-        frames = min(int(seconds * rate), max(0, limit), self.playback.playhead_frames)
+        limit = self.buffer.frames - int((self.runner.stats.lead_s + self.runner.stats.patch_s) * rate)
+        frames = min(int(seconds * rate), max(0, limit), self.played_frames)
         if frames <= 0:
             return np.zeros((self.buffer.channels, 0), np.float32)
         end = self.buffer.position
@@ -283,6 +308,8 @@ class LiveApp:
         playback = self.playback.stats()
         status.update(
             underruns=playback.get("underruns"),
+            recording_error=playback.get("recording_error"),
+            output_warning=self.output_warning,
             playing=self.playback.running,
             transport="playing" if self.buffer.playing else "stopped",
         )
@@ -297,6 +324,7 @@ class LiveApp:
         s = self.status()
         return (
             f"tick {s['tick_ms']:6.1f} ms  decode {s['decode_ms']:5.1f} ms  lead {s['lead_s']:.2f} s  "
-            f"playhead {s['playhead_s']:6.2f} s  underruns {s['underruns']}  latents {s['latents']}  "
+            f"{'song' if s['endless'] else 'playhead'} {s['song_s' if s['endless'] else 'playhead_s']:6.2f} s  underruns {s['underruns']}  latents {s['latents']}  "
             f"osc rejected {sum(s.get('osc', {}).get('rejected', {}).values())}  last {s.get('last_osc') or '-'}"
+            + ("  RECORDING STOPPED" if s["recording_error"] else "")
         )

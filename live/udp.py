@@ -32,21 +32,29 @@ def set_receive_buffer(sock: socket.socket, size_bytes: int) -> int:
     return granted
 
 
-def resolve(address: tuple[str, int], family: int) -> Address:
-    return lookup(*address, family=family)[0][4][:2]
+def resolve(address: tuple[str, int], family: int, setting: str) -> Address:
+    return lookup(*address, setting, family=family)[0][4][:2]
 
 
-def resolve_hosts(hosts: tuple[str, ...] | None) -> frozenset[str] | None:
+def resolve_hosts(hosts: tuple[str, ...] | None, setting: str) -> frozenset[str] | None:
     if hosts is None:
         return None
-    return frozenset(info[4][0] for host in hosts for info in lookup(host, None))
+    return frozenset(info[4][0] for host in hosts for info in lookup(host, None, setting))
 
 
-def lookup(host: str, port: int | None, family: int = 0) -> list:
+def lookup(host: str, port: int | None, setting: str, family: int = 0) -> list:
+    """getaddrinfo for a UDP socket; a host that is no address and no name this machine can look up is a
+    ValueError naming `setting` (what the user set it with: a flag, a node input) and the fix."""
     try:
         return socket.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM)
     except socket.gaierror as error:
-        raise ValueError(f"OSC host {host!r} does not resolve ({error}); use an address such as 127.0.0.1") from None
+        if host.replace(".", "").isdigit():
+            why = "is not an IPv4 address (four numbers 0..255)"
+        else:
+            why = f"does not resolve ({error.strerror or error})"
+        raise ValueError(
+            f"{setting} {host!r} {why}; give an address such as 127.0.0.1, or a name this machine can look up"
+        ) from None
 
 
 def is_loopback(host: str) -> bool:

@@ -40,14 +40,16 @@ class AheadWriter:
         stats: RunnerStats,
         on_error: Callable[[Exception], None],
         lead_range_s: tuple[float, float],
-        min_window_s: float,
+        min_patch_s: float,
         loop_filled: bool,
     ):
         """`loop_filled`: the buffer already holds the loop (else the first latent is decoded whole into it)."""
         self.session, self.buffer, self.stats = session, buffer, stats
         self._on_error = on_error
-        self._lead_range_s, self._min_window_s = lead_range_s, min_window_s
+        self._lead_range_s, self._min_patch_s = lead_range_s, min_patch_s
         self._loop_filled = loop_filled
+        if loop_filled:
+            stats.audio_from_frames = buffer.playhead_frames
         self._decode = session.window_decoder()
         cuda = session.device.type == "cuda"
         self._cuda_stream = torch.cuda.Stream(session.device, priority=-1) if cuda else None
@@ -112,7 +114,7 @@ class AheadWriter:
         stats = self.stats
         if self._last_write is None:
             return 0.05
-        due = self._last_write + stats.window_s - stats.lead_s - 2.0 * stats.write_s
+        due = self._last_write + stats.patch_s - stats.lead_s - 2.0 * stats.write_s
         return max(MIN_GAP_S, due - time.perf_counter())
 
     def _run(self) -> None:
@@ -143,13 +145,14 @@ class AheadWriter:
         if not self._loop_filled:  # the first latent fills the whole loop: no never-written (silent) region is left
             self.buffer.fill(self.session.decode(latent))
             self._loop_filled = True
+            stats.audio_from_frames = self.buffer.playhead_frames
         if stats.writes == 0:  # window shapes a steady stream uses, captured before they are needed
             self._decode.warm_up(latent, WARM_WINDOWS_S, DECODE_MARGIN_FRAMES)
         read_at = time.perf_counter()
         start = self.buffer.playhead_frames + int(stats.lead_s * rate)  # the first sample the new audio replaces
         frame, skip = (start // hop) % frames, start % hop  # the latent frame holding it, and where in that frame
         audio = self._decode(
-            latent, frame / LATENT_RATE_HZ, stats.window_s, DECODE_MARGIN_FRAMES, cyclic=True
+            latent, frame / LATENT_RATE_HZ, stats.patch_s, DECODE_MARGIN_FRAMES, cyclic=True
         ).cpu()  # on a GPU this waits for the decode only (the writer's own stream): the audio is real from here on
         decoded = time.perf_counter()
         self.buffer.patch(start, audio[:, skip:], FADE_FRAMES)  # from playhead + lead exactly, not the next frame
@@ -186,5 +189,5 @@ class AheadWriter:
         low, high = self._lead_range_s
         stats.lead_s = min(high, max(low, stats.write_s + JITTER_COVER * stats.write_jitter_s + LEAD_MARGIN_S))
         song_s = self.buffer.frames / self.buffer.sample_rate
-        wanted = max(self._min_window_s, stats.lead_s + 2 * stats.interval_s)
-        stats.window_s = min(song_s, WINDOW_STEP_S * math.ceil(wanted / WINDOW_STEP_S - 1e-9))
+        wanted = max(self._min_patch_s, stats.lead_s + 2 * stats.interval_s)
+        stats.patch_s = min(song_s, WINDOW_STEP_S * math.ceil(wanted / WINDOW_STEP_S - 1e-9))

@@ -1,7 +1,8 @@
-"""ComfyUI's AUDIO / LATENT dictionaries and model folders, converted at the node edge (imports torch lazily)."""
+"""ComfyUI's AUDIO / LATENT dictionaries, model folders and progress bar, at the node edge (imports torch lazily)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,24 @@ from .spec import NodeInputError
 
 LATENT_CHANNELS = 64
 NODE_PRESETS = ("tiny",)  # the only preset the nodes build without weights (the CLI's bench commands build the rest)
+
+
+def progress(total: int) -> Callable[[int, int], None]:
+    """A per-step callback `(done, total)` for a node's long loop: it moves the node's progress bar in ComfyUI, and
+    raises ComfyUI's InterruptProcessingException once Cancel was pressed, so the loop stops at its next step.
+    Outside ComfyUI it does nothing."""
+    try:
+        import comfy.model_management
+        import comfy.utils
+    except ImportError:
+        return lambda done, total: None
+    bar = comfy.utils.ProgressBar(total)
+
+    def step(done: int, total: int) -> None:
+        comfy.model_management.throw_exception_if_processing_interrupted()
+        bar.update_absolute(done, total)
+
+    return step
 
 
 def model_folder_files(

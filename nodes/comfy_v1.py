@@ -33,10 +33,13 @@ def node_class(spec: NodeSpec) -> type:
     def input_types(cls) -> dict:
         required = {p.name: widget(p) for p in spec.inputs if not p.optional}
         optional = {p.name: widget(p) for p in spec.inputs if p.optional}
-        return {"required": required, "optional": optional}
+        hidden = {"hidden": {"unique_id": "UNIQUE_ID"}} if spec.hidden_unique_id else {}
+        return {"required": required, "optional": optional, **hidden}
 
-    def run(self, **values: Any) -> tuple:
-        return spec.call(**values)
+    def run(self, **values: Any) -> tuple | dict:
+        result = spec.call(**values)
+        ui = spec.ui(result)
+        return result if ui is None else {"ui": ui, "result": result}
 
     attributes: dict[str, Any] = {
         "INPUT_TYPES": classmethod(input_types),

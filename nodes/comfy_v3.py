@@ -51,13 +51,17 @@ def node_class(spec: NodeSpec) -> type:
             outputs=[_output(o) for o in spec.outputs],
             is_output_node=spec.output_node,
             not_idempotent=spec.always_run,
+            hidden=[io.Hidden.unique_id] if spec.hidden_unique_id else [],
         )
 
     def execute(cls, **values: Any) -> io.NodeOutput:
         problem = spec.combo_problem(values)  # ComfyUI (0.3.6x) checks V3 combo values only in the browser
         if problem:
             raise NodeInputError(problem)
-        return io.NodeOutput(*spec.call(**values))
+        if spec.hidden_unique_id:
+            values["unique_id"] = cls.hidden.unique_id
+        result = spec.call(**values)
+        return io.NodeOutput(*result, ui=spec.ui(result))
 
     attributes: dict[str, Any] = {
         "define_schema": classmethod(define_schema),

@@ -59,7 +59,9 @@ def lm_structure(
     lm_checkpoint: str,
     lm_preset: str,
 ) -> tuple:
+    """The song structure, with ComfyUI's progress bar over its codes; Cancel stops it at the next code."""
     from ..engine.lm.sampling import SamplingParams
+    from ..engine.lm.song import codes_for_seconds
 
     check_range("LM structure", "seconds", seconds, 10.0, 600.0)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, cfg=cfg)
@@ -78,6 +80,7 @@ def lm_structure(
             key=key.strip() or None,
             time_signature=time_signature.strip() or None,
             seeds=(seed,),
+            on_code=comfy_io.progress(codes_for_seconds(seconds)),
         )
     except ValueError as error:
         raise NodeInputError(f"LM structure: {error}") from None

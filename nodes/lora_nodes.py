@@ -47,32 +47,48 @@ def session_of(model: Any) -> Any:
 
 def with_loras(node: str, model: Any, registry=None) -> Any:
     """The session, brought to the LoRAs `model` asks for (none for Load model's output), for a node that runs the
-    DiT. `registry`: a running stream's knobs, whose lora/<name> knobs carry the strengths."""
+    DiT. `registry`: a running stream's knobs, whose lora/<name> knobs carry the strengths. All or nothing: every
+    file to load is read and checked first, and the swap itself is undone if it fails, so on an error the session
+    (and a stream playing it) keeps exactly the LoRAs it had, and the node says what failed."""
     from ..engine.params import LORA_KNOB_PREFIX
     from ..live.app import add_lora_knobs
 
     session = session_of(model)
     wanted = {choice.name: choice for choice in chain_of(model)}
     modes = {name: session.lora_mode(choice.mode) for name, choice in wanted.items()}
-    for name, (strength, mode) in list(session.loras.items()):
-        choice = wanted.get(name)
-        if choice is None or modes[name] != mode or (mode == "merged" and choice.strength != strength):
-            session.unload_lora(name)
+    loaded = session.loras
+    stale = [
+        name
+        for name, (strength, mode) in loaded.items()
+        if name not in wanted or modes[name] != mode or (mode == "merged" and wanted[name].strength != strength)
+    ]
+    kept = f"; nothing changed (LoRAs loaded: {', '.join(loaded) or 'none'})"
+    load = []
     for choice in wanted.values():
-        loaded = session.loras.get(choice.name)
-        try:
-            if loaded is None:
-                session.load_lora(choice.path, choice.strength, choice.name, mode=modes[choice.name])
-            elif loaded[1] != "merged" and loaded[0] != choice.strength and registry is None:
-                session.set_lora_strength(choice.name, choice.strength)
-        except (ValueError, FileNotFoundError) as error:
-            raise NodeInputError(f"{node}: LoRA {choice.path.name!r}: {error}") from None
-    if registry is not None:
+        if choice.name not in loaded or choice.name in stale:
+            try:
+                adapter = session.read_lora(choice.path, choice.name)
+            except (ValueError, FileNotFoundError) as error:
+                raise NodeInputError(f"{node}: LoRA {choice.path.name!r}: {_one_line(error)}{kept}") from None
+            load.append((adapter, choice.strength, modes[choice.name]))
+    try:
+        session.swap_loras(stale, load)
+    except ValueError as error:
+        raise NodeInputError(f"{node}: {_one_line(error)}{kept}") from None
+    if registry is None:
+        for name, choice in wanted.items():
+            if name in loaded and name not in stale and loaded[name][0] != choice.strength:
+                session.set_lora_strength(name, choice.strength)
+    else:  # a stream's strengths go through its lora/<name> knobs, so the panel, OSC and MIDI see them
         add_lora_knobs(registry, session)
         for choice in wanted.values():
             if modes[choice.name] != "merged":
                 registry.set(LORA_KNOB_PREFIX + choice.name, choice.strength, origin="comfyui")
     return session
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
 
 
 def lora_files() -> tuple[str, ...]:

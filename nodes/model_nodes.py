@@ -17,6 +17,7 @@ from ..engine.params import (
     WAVE_KINDS,
     seconds_to_frames,
 )
+from ..engine.prompts import DEFAULT_DURATION_S, DURATION_RANGE_S
 from . import comfy_io, comfy_models
 from .lm_nodes import structure_context
 from .lora_nodes import with_loras
@@ -37,6 +38,7 @@ from .spec import (
 )
 
 TASKS = ("text2music", "cover", "repaint")
+EXAMPLE_BARS_MAX, EXAMPLE_BPM, EXAMPLE_RATE = 16, (60, 200), 48_000
 CHECKPOINT_FIX = (
     "pick ACE-Step 1.5 weights in 'checkpoint' (files in ComfyUI/models/diffusion_models/ or "
     "ComfyUI/models/checkpoints/)"
@@ -82,6 +84,13 @@ def text_conditioning(
         raise NodeInputError("Text conditioning: input 'tags' is empty; describe the music (genre, instruments, mood)")
     if task not in TASKS:
         raise NodeInputError(f"Text conditioning: input 'task' must be one of {', '.join(TASKS)}")
+    low, high = DURATION_RANGE_S
+    if duration != 0 and not low <= duration <= high:  # NaN fails both comparisons
+        given = "is not a number" if duration != duration else f"= {duration:g} s is outside {low}..{high} s"
+        raise NodeInputError(
+            f"Text conditioning: input 'duration' {given}; give seconds between {low} and {high} "
+            f"(0 = {DEFAULT_DURATION_S} s)"
+        )
     comfy_models.use(model)
     try:
         conditioning = model.encode_text(
@@ -122,6 +131,15 @@ def prepare_source(model, audio=None, latent=None) -> tuple:
         quantized, codes = model.models.acestep.tokenize(latents, model.models.silence_latent)
         hints = model.models.acestep.detokenize(quantized)[:, : latents.shape[1]]
     return (Source(latents, hints, codes[..., 0]),)
+
+
+def example_song(bars: int, bpm: int) -> tuple:
+    """A song made in code (engine/audio/example_song.py) as ComfyUI AUDIO: a cover example needs no file."""
+    from ..engine.audio.example_song import example_song as synthesize
+
+    check_range("Example song", "bars", bars, 1, EXAMPLE_BARS_MAX)
+    check_range("Example song", "bpm", bpm, *EXAMPLE_BPM)
+    return (comfy_io.audio_to_comfy(synthesize(int(bars), float(bpm), EXAMPLE_RATE), EXAMPLE_RATE),)
 
 
 def _frames(node: str, seconds: float) -> int:
@@ -212,7 +230,7 @@ def generate(
         raise NodeInputError("Generate: connect either 'source' (a cover) or 'structure' (LM structure), not both")
     model = with_loras("Generate", model)
     comfy_models.use(model)
-    progress = _progress_bar(steps)
+    progress = comfy_io.progress(steps)
     options = {} if velocity_scale is None else {"velocity_scale": _fit_curve(velocity_scale, source, seconds)}
     if structure is not None:
         options["context_latents"] = structure_context("Generate", model, structure, seconds_to_frames(seconds))
@@ -225,7 +243,7 @@ def generate(
             shift=shift,
             denoise=denoise,
             source=source,
-            on_step=lambda done, total: progress(done, total),
+            on_step=progress,
             **options,
         )
     except ValueError as error:
@@ -242,16 +260,6 @@ def _fit_curve(curve, source, seconds: float):
 
     frames = source.frames if source is not None else seconds_to_frames(seconds)
     return curve if curve.numel() in (1, frames) else curves.resample(curve.flatten(), frames)
-
-
-def _progress_bar(total: int):
-    try:
-        import comfy.utils
-
-        bar = comfy.utils.ProgressBar(total)
-        return lambda done, _total: bar.update_absolute(done, _total)
-    except ImportError:
-        return lambda done, _total: None
 
 
 def _model_param() -> Param:
@@ -332,7 +340,8 @@ NODES = (
             Param(
                 "duration",
                 "FLOAT",
-                "Song duration written into the prompt, 10..600 s (0 = 30 s)",
+                f"Song duration written into the prompt, {DURATION_RANGE_S[0]}..{DURATION_RANGE_S[1]} s "
+                f"(0 = {DEFAULT_DURATION_S} s)",
                 0.0,
                 0.0,
                 MAX_SONG_SECONDS,
@@ -370,6 +379,20 @@ NODES = (
         ),
         (Output(SOURCE, "source"),),
         prepare_source,
+    ),
+    NodeSpec(
+        "FlowjamExampleSong",
+        "flowjam Example song",
+        f"{CATEGORY}/conditioning",
+        "A short song made in code (C, G, Am, F with bass, arpeggio and drums): music to cover with no file to find.",
+        (
+            Param(
+                "bars", "INT", "Length in bars of 4 beats; the chords repeat every 4 bars", 4, 1, EXAMPLE_BARS_MAX, 1
+            ),
+            Param("bpm", "INT", "Tempo in beats per minute", 120, *EXAMPLE_BPM, 1),
+        ),
+        (Output(AUDIO, "audio", "48 kHz stereo; 4 bars at 120 bpm = 8 s"),),
+        example_song,
     ),
     NodeSpec(
         "FlowjamCurveConstant",

@@ -5,6 +5,7 @@ classes; the tests validate the declarations and call the functions with ComfyUI
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ LATENT = "LATENT"
 WIDGET_TYPES = ("FLOAT", "INT", "STRING", "BOOLEAN", "COMBO")
 SOCKET_TYPES = (MODEL, CONDITIONING, SOURCE, STRUCTURE, CURVE, STREAM, AUDIO, LATENT)
 CATEGORY = "audio/flowjam"
+RESULT_UI_KEY = "flowjam_result"  # web/flowjam.js shows the text a node sends under this key as a toast
 
 
 class NodeInputError(ValueError):
@@ -71,7 +73,8 @@ class NodeSpec:
     function: Callable[..., tuple]
     output_node: bool = False
     always_run: bool = False  # live nodes re-execute on every queue so a re-queue updates the stream
-    hidden_unique_id: bool = False
+    shows_result: bool = False  # its one STRING output is also sent to the browser, which shows it (web/flowjam.js)
+    hidden_unique_id: bool = False  # the function also takes `unique_id`, the node's id in its graph (None without)
 
     def call(self, **values: Any) -> tuple:
         """Run the node function with defaults filled in for missing optional widget inputs, outside the
@@ -80,6 +83,8 @@ class NodeSpec:
         import torch
 
         arguments = {p.name: values.get(p.name, p.default) for p in self.inputs}
+        if self.hidden_unique_id:
+            arguments["unique_id"] = values.get("unique_id")
         with torch.inference_mode(False), torch.no_grad():
             result = self.function(**arguments)
         if not isinstance(result, tuple) or len(result) != len(self.outputs):
@@ -87,6 +92,10 @@ class NodeSpec:
                 f"{self.node_id} returned {type(result).__name__} of wrong arity for {len(self.outputs)} outputs"
             )
         return result
+
+    def ui(self, result: tuple) -> dict[str, list] | None:
+        """What ComfyUI sends the browser in its `executed` event for this node's `result` (None: nothing)."""
+        return {RESULT_UI_KEY: [result[0]]} if self.shows_result else None
 
     def combo_problem(self, values: dict[str, Any]) -> str | None:
         """Why a COMBO value is refused (None: every one is an option or a legacy value): ComfyUI checks a classic
@@ -103,14 +112,9 @@ def check_range(
     node: str, name: str, value: float, minimum: float | None = None, maximum: float | None = None
 ) -> float:
     """Validate a numeric input; the error names the node, the input and the allowed range."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or value != value
-        or value in (float("inf"), float("-inf"))
-    ):
-        raise NodeInputError(f"{node}: input '{name}' must be a finite number, got {value!r}")
+    bounds = f"{'-inf' if minimum is None else f'{minimum:g}'} .. {'inf' if maximum is None else f'{maximum:g}'}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise NodeInputError(f"{node}: input '{name}' is not a finite number ({value!r}); give one in {bounds}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        bounds = f"{'-inf' if minimum is None else minimum} .. {'inf' if maximum is None else maximum}"
         raise NodeInputError(f"{node}: input '{name}' = {value} is outside {bounds}")
     return value

@@ -5,6 +5,8 @@ with new widget values updates the running stream in place."""
 
 from __future__ import annotations
 
+import errno
+import socket
 import time
 from dataclasses import dataclass, fields
 from functools import partial
@@ -38,9 +40,16 @@ from .spec import (
     check_range,
 )
 
-CAPTURE_WAIT_S = 10.0  # how long Stream capture waits for a just-started stream to play its first audio
+MIDI_INSTALL = (
+    "install them into ComfyUI's Python: pip install -r custom_nodes/flowjam/requirements.txt "
+    "(or pip install mido python-rtmidi), then restart ComfyUI"
+)
+CAPTURE_WAIT_S = 10.0  # how long Stream capture waits, beyond the seconds asked, for a new stream's first audio
 
 _structures: dict[str, object] = {}  # stream name -> the LM structure it was last given
+_owners: dict[str, str | None] = {}  # stream name -> the id of the Stream node that started it (None: outside ComfyUI)
+_played: dict[str, dict[str, float]] = {}  # stream name -> knobs the panel, OSC or MIDI set last (kept across stops)
+PLAYED_ORIGINS = ("comfyui-panel", "osc", "midi")
 
 
 @dataclass(frozen=True)
@@ -115,10 +124,13 @@ def stream_start(
     source=None,
     lm_structure=None,
     negative=None,
+    unique_id: str | None = None,
 ) -> tuple:
     """Start the named stream, or update it in place: conditions, source, LM structure and knob values apply on its
-    next ticks. Every input is checked before anything changes."""
+    next ticks. Every input is checked before anything changes; what cannot apply in place (the loop's length, the
+    output device, another Stream node's settings) is refused. `unique_id`: this node's id in ComfyUI's graph."""
     from ..live import performances
+    from ..live.playback import LIST_HINT, PlaybackError
 
     name = session_id.strip()
     if not name:
@@ -128,18 +140,58 @@ def stream_start(
     if lm_structure is not None and source is not None:
         raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
     running = performances.get(name)
+    if running is not None:
+        check_requeue(running, unique_id, song_seconds, audio_device, source)
     model = with_loras("Stream", model, None if running is None else running.registry)
     comfy_models.use(model)
     frames = running.runner.frames if running is not None else seconds_to_frames(song_seconds)
     context = None if lm_structure is None else structure_context("Stream", model, lm_structure, frames)
     sockets = StreamSockets(conditioning, conditioning_b or conditioning, negative, source, lm_structure, context)
-    app, created = performances.start_or_get(
-        name, partial(new_stream, model, name, song_seconds, audio_device, knobs, sockets)
-    )
-    if not created:
+    try:
+        app, created = performances.start_or_get(
+            name, partial(new_stream, model, name, song_seconds, audio_device, knobs, sockets)
+        )
+    except PlaybackError as error:  # a named output that is not there: the message lists those that are
+        reason = " ".join(str(error).replace(LIST_HINT, "").split()).rstrip(". ")
+        raise NodeInputError(
+            f"Stream: input 'audio_device' {audio_device!r}: {reason}; name one of those outputs, or leave it empty "
+            "(the default output) or none (silent)"
+        ) from None
+    if created:
+        _owners[name] = unique_id
+    else:
         update_stream(app, model, knobs, sockets)
     _structures[name] = lm_structure
     return (name,)
+
+
+def check_requeue(app, unique_id: str | None, song_seconds: float, audio_device: str, source) -> None:
+    """Refuse, before anything changes, a Stream node that cannot update the running stream `app` in place: another
+    Stream node's (two nodes, one session_id), or one asking for another loop length or output device (only a new
+    stream has those, and a restart cuts the sound until its first generation: the user stops it when they choose)."""
+    name, frames = app.config.session_name, app.runner.frames
+    owner = _owners.get(name)
+    if None not in (owner, unique_id) and owner != unique_id:
+        raise NodeInputError(
+            f"Stream: session_id {name!r} is already used by node #{owner}; give this node another session_id "
+            "(or stop that stream first)"
+        )
+    if source is None and seconds_to_frames(song_seconds) != frames:
+        raise NodeInputError(
+            f"Stream: song_seconds {song_seconds:g} cannot apply to the running stream {name!r}, which loops "
+            f"{frames / LATENT_RATE_HZ:g} s; stop it (Stream stop), then queue again to start it at the new length"
+        )
+    if output(audio_device) != (app.config.audio_device, app.config.playback_mode):
+        raise NodeInputError(
+            f"Stream: audio_device {audio_device!r} cannot apply to the running stream {name!r}, which plays on "
+            f"{app.playback.device_name}; stop it (Stream stop), then queue again to start it on the new output"
+        )
+
+
+def output(audio_device: str) -> tuple[str | None, str]:
+    """The Stream node's audio_device -> (LiveConfig.audio_device, LiveConfig.playback_mode)."""
+    device = audio_device.strip()
+    return (None if device in ("", "none", "default") else device), ("null" if device == "none" else "process")
 
 
 def new_stream(model, name: str, song_seconds: float, audio_device: str, knobs: StreamKnobs, sockets: StreamSockets):
@@ -149,17 +201,12 @@ def new_stream(model, name: str, song_seconds: float, audio_device: str, knobs: 
     from ..live.knobs import KnobRegistry
 
     registry = KnobRegistry()
+    keep_played(name, registry)
     knobs.apply(registry)
-    device = audio_device.strip()
     seconds = song_seconds if sockets.source is None else sockets.source.frames / LATENT_RATE_HZ
-    output = None if device in ("", "none", "default") else device
+    device, mode = output(audio_device)
     config = LiveConfig(
-        prompt="",
-        song_seconds=seconds,
-        session_name=name,
-        audio_device=output,
-        playback_mode="null" if device == "none" else "process",
-        osc_port=None,
+        prompt="", song_seconds=seconds, session_name=name, audio_device=device, playback_mode=mode, osc_port=None
     )
     app = LiveApp(
         model, config, registry, initial_conditionings=(sockets.prompt_a, sockets.prompt_b), source=sockets.source
@@ -169,6 +216,24 @@ def new_stream(model, name: str, song_seconds: float, audio_device: str, knobs: 
     if sockets.context is not None:
         app.runner.set_structure(sockets.context)
     return app
+
+
+def keep_played(name: str, registry) -> None:
+    """Start a new stream's knobs where the panel, OSC or MIDI last left stream `name`'s (a knob with no widget
+    would lose that on a stop and a restart), and record its next such moves; a move the graph overrides (a
+    re-queued widget) is forgotten. The Stream node's widgets are applied after this and win."""
+    played = _played.setdefault(name, {})
+    for knob, value in played.items():
+        if knob in registry.specs:  # a lora/<name> knob comes later with its LoRA, at the LoRA node's strength
+            registry.set(knob, value, origin="kept")
+
+    def record(change) -> None:
+        if change.origin in PLAYED_ORIGINS:
+            played[change.name] = change.value
+        elif change.origin == "comfyui":
+            played.pop(change.name, None)
+
+    registry.subscribe(record)
 
 
 def update_stream(app, model, knobs: StreamKnobs, sockets: StreamSockets) -> None:
@@ -225,20 +290,27 @@ def stream_stop(stream: str, after: str | None = None) -> tuple:
 
 
 def stream_capture(stream: str, seconds: float) -> tuple:
-    """The last `seconds` the stream played, as ComfyUI AUDIO (Save/Preview Audio), and the stream to chain on."""
+    """The last `seconds` the stream played, as ComfyUI AUDIO (Save/Preview Audio), and the stream to chain on. A
+    stream that has not played that much of its own audio yet (one queued with this capture) is waited for, with
+    ComfyUI's progress bar and Cancel: the clip is never cut short by the start, nor holds the silence before the
+    first generation. More than a loop waits for one loop (the clip is capped below it, see LiveApp.capture)."""
     check_range("Stream capture", "seconds", seconds, 0.1, MAX_SONG_SECONDS)
     app = _app("Stream capture", stream)
-    audio = app.capture(seconds)
-    deadline = time.monotonic() + CAPTURE_WAIT_S
-    while audio.shape[1] == 0 and time.monotonic() < deadline:  # queued with its Stream: wait for the first audio
+    rate = app.buffer.sample_rate
+    needed = min(int(seconds * rate), app.buffer.frames)
+    progress = comfy_io.progress(needed)
+    wait_s = CAPTURE_WAIT_S + needed / rate
+    deadline = time.monotonic() + wait_s
+    while (played := app.played_frames) < needed:
+        if time.monotonic() > deadline:
+            raise NodeInputError(
+                f"Stream capture: stream {stream!r} has played {played / rate:.1f} s of the {needed / rate:g} s asked "
+                f"in {wait_s:.0f} s (its first generation comes first); queue Stream capture again in a moment"
+            )
+        progress(played, needed)
         time.sleep(0.05)
-        audio = app.capture(seconds)
-    if audio.shape[1] == 0:
-        raise NodeInputError(
-            f"Stream capture: stream {stream!r} has played nothing in {CAPTURE_WAIT_S:.0f} s (it starts once its "
-            "first generation is decoded); queue Stream capture again in a moment"
-        )
-    return comfy_io.audio_to_comfy(audio, app.buffer.sample_rate), stream
+    progress(needed, needed)
+    return comfy_io.audio_to_comfy(app.capture(seconds), rate), stream
 
 
 def osc_bridge(stream: str, port: int, feedback: str, host: str) -> tuple:
@@ -250,19 +322,55 @@ def osc_bridge(stream: str, port: int, feedback: str, host: str) -> tuple:
         target = parse_host_port(feedback) if feedback.strip() else None
     except ValueError as error:
         raise NodeInputError(f"OSC bridge: input 'feedback': {error}") from None
-    wanted = (int(port), host.strip() or "127.0.0.1", target)
+    bind_host = host.strip() or "127.0.0.1"
+    for name, address in (("host", bind_host), ("feedback", target and target[0])):
+        if address and not resolves(address):
+            raise NodeInputError(
+                f"OSC bridge: input '{name}' names host {address!r}, which does not resolve; give an IP address "
+                "(127.0.0.1 = this machine only, 0.0.0.0 = every network) or a host name this machine knows"
+            )
+    wanted = (int(port), bind_host, target)
     current = app.osc
     if current is None or (current.config.port, current.config.host, current.config.feedback) != wanted:
         try:
             app.enable_osc(*wanted)
         except OSError as error:
-            raise NodeInputError(
-                f"OSC bridge: input 'port' {port} cannot be opened ({error}); choose a free port"
-            ) from None
+            name, problem, fix = OSC_BIND_PROBLEMS.get(
+                error.errno, ("port", f"cannot be opened ({error.strerror})", "choose a free port")
+            )
+            value = port if name == "port" else repr(bind_host)
+            raise NodeInputError(f"OSC bridge: input '{name}' {value} {problem}; {fix}") from None
+        except ValueError as error:  # a feedback host with no address of the bound one's family (IPv4 or IPv6)
+            raise NodeInputError(f"OSC bridge: input 'feedback' {feedback.strip()!r}: {error}") from None
     return (stream,)
 
 
+OSC_BIND_PROBLEMS = {  # errno of a failed bind -> (the input at fault, what is wrong with it, the fix)
+    errno.EADDRINUSE: ("port", "is in use (another stream's OSC bridge, or another OSC program)", "choose a free port"),
+    errno.EACCES: ("port", "needs privileges (a port below 1024)", "choose a port from 1024 up"),
+    errno.EADDRNOTAVAIL: (
+        "host",
+        "is not an address of this machine",
+        "use 127.0.0.1 (this machine only) or 0.0.0.0 (every network)",
+    ),
+}
+
+
+def resolves(host: str) -> bool:
+    """Whether `host` names an address (an IP, or a name the resolver knows)."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except (socket.gaierror, UnicodeError):  # UnicodeError: a name no resolver takes ("a..b", a 64-letter label)
+        return False
+    return True
+
+
 def midi_map(stream: str, port: str, map_file: str, learn: str) -> tuple:
+    try:
+        import mido  # noqa: F401
+        import rtmidi  # noqa: F401  (python-rtmidi)
+    except ImportError:
+        raise NodeInputError(f"MIDI map: MIDI needs mido and python-rtmidi; {MIDI_INSTALL}") from None
     app = _app("MIDI map", stream)
     knobs = tuple(k.strip() for k in learn.split(",") if k.strip())
     try:
@@ -308,7 +416,7 @@ NODES = (
             Param(
                 "song_seconds",
                 "FLOAT",
-                "Loop length for text-only streams (a source sets its own)",
+                "Loop length for text-only streams (a source sets its own); fixed once the stream plays",
                 30.0,
                 1.0,
                 MAX_SONG_SECONDS,
@@ -321,7 +429,13 @@ NODES = (
             knob_param("shift", "Timestep shift", 0.1),
             knob_param("prompt_blend", "0 = prompt A, 1 = prompt B", 0.01),
             knob_param("structure", "How strongly the source's (or LM structure's) structure steers", 0.01),
-            Param("audio_device", "STRING", "Output device name or index; empty = system default; none = silent", ""),
+            Param(
+                "audio_device",
+                "STRING",
+                "Output device name or index; empty = system default (silent, the panel says so, if there is none); "
+                "none = silent; fixed once the stream plays",
+                "",
+            ),
             knob_param("cfg_mode", CFG_MODE_TOOLTIP),
             Param("conditioning_b", CONDITIONING, "Prompt B for prompt_blend", optional=True),
             Param("source", SOURCE, "Audio to cover in a loop", optional=True),
@@ -342,6 +456,7 @@ NODES = (
         stream_start,
         output_node=True,
         always_run=True,
+        hidden_unique_id=True,
     ),
     NodeSpec(
         "FlowjamSharedCurve",
@@ -378,6 +493,7 @@ NODES = (
         stream_stop,
         output_node=True,
         always_run=True,
+        shows_result=True,
     ),
     NodeSpec(
         "FlowjamStreamCapture",

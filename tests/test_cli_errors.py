@@ -19,7 +19,7 @@ import pytest
 import torch
 from flowjam.engine.outputs import atomic_output, check_output_path
 from flowjam.live.knobs import KnobRegistry
-from flowjam.live.osc import OscBridge, OscConfig
+from flowjam.live.osc import OscBridge, OscConfig, SettingNames
 from helpers import free_udp_port
 from test_audio_io import BAD_WAVS, raw_wav
 from test_checkpoints import bad_safetensors
@@ -55,6 +55,26 @@ CASES = {
     "render --lora .pt": Case(
         "render", lambda f: ["--lora", str(f.tmp / "style.pt")], "are read from .safetensors only"
     ),
+    **{
+        f"{command} --lora {name}": Case(
+            command, lambda f, name=name: ["--lora", str(f.weights[name][0])], f"{name}.safetensors {expected}"
+        )
+        for command in ("render", "serve")
+        for name, expected in [
+            ("text", "is not a .safetensors file (no valid header); download or export it again"),
+            ("truncated", "is truncated (1,000 of 4,000 bytes of tensor data); download or export it again"),
+        ]
+    },
+    "render --lora PATH:abc": Case(
+        "render",
+        lambda f: ["--lora", f"{f.tmp / 'style.safetensors'}:abc"],
+        "style.safetensors:abc: strength 'abc' is not a number; write PATH:0.8",
+    ),
+    "render --lora PATH:5": Case(
+        "render", lambda f: ["--lora", f"{f.tmp / 'style.safetensors'}:5"], "strength 5 is outside 0..2"
+    ),
+    "render --steps 0": Case("render", lambda f: ["--steps", "0"], "steps must be in 1..200, got 0"),
+    "render --shift nan": Case("render", lambda f: ["--shift", "nan"], "shift must be in (0, 100], got nan"),
     "render --precision fp8 on a CPU": Case(
         "render", lambda f: ["--precision", "fp8"], "--precision: precision 'fp8' needs an NVIDIA GPU"
     ),
@@ -93,11 +113,37 @@ CASES = {
     **{
         f"render --cover {name}": Case("render", lambda f, name=name: ["--cover", str(f.wavs[name])], expected)
         for name, (_, expected) in BAD_WAVS.items()
-        if name not in ("12-bit PCM", "mu-law")  # encodings: read_wav's own tests
+        if name not in ("4,294,967,295 Hz", "999 Hz")  # the lines of "0 Hz" and "800 kHz": read_audio's own tests
     },
+    "render --cover not audio": Case(
+        "render", lambda f: ["--cover", str(f.plain_file)], "is not an audio file we read; give WAV, FLAC, OGG/Vorbis"
+    ),
     # bench
     "bench sessions --gpus 0": Case("bench", lambda f: ["sessions", "--gpus", "0"], "--gpus 0: give 1 or more GPUs"),
     "bench sessions --gpus 2 on the CPU": Case("bench", lambda f: ["sessions", "--gpus", "2"], "add --device cuda"),
+    **{
+        f"bench {' '.join(args)}": Case("bench", lambda f, args=args: list(args), expected)
+        for args, expected in [
+            (("dit", "--song-seconds", "10", "0"), "--song-seconds must be a finite number > 0 (at most 600 s), got 0"),
+            (("dit", "--song-seconds", "nan"), "--song-seconds must be a finite number > 0 (at most 600 s), got nan"),
+            (("dit", "--repeats", "0"), "--repeats 0 must be 1 or more"),
+            (("tick", "--steps", "0"), "--steps 0 is outside 1..200"),
+            (("ring", "--depth", "9"), "--depth 9 is outside 1..8"),
+            (("lora", "--ticks", "-1"), "--ticks -1 must be 1 or more"),
+            (("soak", "--minutes", "inf"), "--minutes must be a finite number > 0, got inf"),
+        ]
+    },
+    # serve, bridge, demo
+    "serve --port 70000": Case("serve", lambda f: ["--port", "70000"], "--port 70000 is outside 0..65535"),
+    "bridge --osc-port 70000": Case(
+        "bridge", lambda f: ["--session", "jam", "--osc-port", "70000"], "--osc-port 70000 is outside 0..65535"
+    ),
+    "demo --depth 0": Case(
+        "demo", lambda f: ["--depth", "0", "--out", str(f.outs / "demo.wav")], "--depth 0 is outside"
+    ),
+    "demo --seconds nan": Case(
+        "demo", lambda f: ["--seconds", "nan", "--out", str(f.outs / "demo.wav")], "--seconds must be a finite number"
+    ),
     # live
     "live --song-seconds inf": Case("live", lambda f: ["--song-seconds", "inf"], "--song-seconds must be a finite"),
     "live --song-seconds 1e5": Case("live", lambda f: ["--song-seconds", "1e5"], "use --song-seconds 600 or less"),
@@ -111,15 +157,23 @@ CASES = {
     "live --source truncated": Case("live", lambda f: ["--source", str(f.wavs["truncated"])], "truncated"),
     "live --audio-device bogus": Case("live", lambda f: ["--audio-device", "bogus"], "cannot open audio output"),
     "live OSC port in use": Case(
-        "live", lambda f: ["--osc-port", str(f.busy_port)], "cannot listen for OSC on 127.0.0.1:"
+        "live", lambda f: ["--osc-port", str(f.busy_port)], "the port is in use by another program"
+    ),
+    "live --osc-port 70000": Case("live", lambda f: ["--osc-port", "70000"], "--osc-port 70000 is outside 0..65535"),
+    "live --osc-host 999.1.1.1": Case(
+        "live",
+        lambda f: ["--osc-port", str(f.free_port), "--osc-host", "999.1.1.1"],
+        "--osc-host '999.1.1.1' is not an IPv4 address (four numbers 0..255); give an address such as 127.0.0.1",
     ),
     "live --osc-host nosuch.invalid": Case(
-        "live", lambda f: ["--osc-port", str(f.free_port), "--osc-host", "nosuch.invalid"], "does not resolve"
+        "live",
+        lambda f: ["--osc-port", str(f.free_port), "--osc-host", "nosuch.invalid"],
+        "--osc-host 'nosuch.invalid' does not resolve",
     ),
     "live --osc-feedback nosuch.invalid:9000": Case(
         "live",
         lambda f: ["--osc-port", str(f.free_port), "--osc-feedback", "nosuch.invalid:9000"],
-        "'nosuch.invalid' does not resolve",
+        "--osc-feedback 'nosuch.invalid' does not resolve",
     ),
     "live --osc-feedback with --osc-port 0": Case(
         "live", lambda f: ["--osc-feedback", "127.0.0.1:9111"], "which --osc-port 0 turns off"
@@ -129,13 +183,13 @@ CASES = {
 
 def base_arguments(case: Case, extra: list[str], out: Path) -> list[str]:
     """What the case is not about is given safe values: a fresh --out for render; no sound card, no OSC and one
-    second of play for live; one host on any free port for serve; the bench as given. Later arguments override earlier ones."""
+    second of play for live; one host on any free port for serve; bench, bridge and demo as given. Later arguments override earlier ones."""
     if case.command == "render":
         return ["render", "--prompt", "ambient", "--out", str(out), *extra]
     if case.command == "serve":
         return ["serve", "--local", "--port", "0", *extra]
-    if case.command == "bench":
-        return ["bench", *extra]
+    if case.command in ("bench", "bridge", "demo"):
+        return [case.command, *extra]
     audio = [] if "--audio-device" in extra else ["--no-audio"]
     return ["live", *audio, "--osc-port", "0", "--seconds", "1", *extra]
 
@@ -220,15 +274,35 @@ def test_bad_input_ends_with_one_error_line_and_exit_2(name, outcomes, files):
 # ---- outputs: checked before any work, replaced whole or not at all --------------------------------------------
 
 
-def test_osc_port_in_use_names_the_address_and_the_fix():
+def test_osc_port_in_use_names_the_address_and_the_setting_the_caller_calls_it():
+    """A node gets the setting by its own name (no CLI flag in a ComfyUI dialog); the CLI passes its flags."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
         busy.bind(("127.0.0.1", 0))
         port = busy.getsockname()[1]
-        bridge = OscBridge(KnobRegistry(), OscConfig(port=port))
-        with pytest.raises(OSError) as error:
-            bridge.start()
-    assert error.value.errno == errno.EADDRINUSE
-    assert f"127.0.0.1:{port}" in str(error.value) and "--osc-port" in str(error.value), str(error.value)
+        errors = {}
+        for names in (SettingNames(), SettingNames(port="--osc-port"), SettingNames(port="input 'port'")):
+            with pytest.raises(OSError) as error:
+                OscBridge(KnobRegistry(), OscConfig(port=port, names=names)).start()
+            assert error.value.errno == errno.EADDRINUSE
+            errors[names.port] = str(error.value)
+    for setting, message in errors.items():
+        assert f"cannot listen for OSC on 127.0.0.1:{port}: the port is in use" in message, message
+        assert message.endswith(f"; choose another {setting}"), message
+    assert "--" not in errors["OSC port"], errors
+
+
+def test_a_bad_osc_host_names_the_setting_and_the_fix():
+    names = SettingNames(host="input 'host'", feedback="input 'feedback'")
+    for config, expected in [
+        (OscConfig(host="999.1.1.1", port=0, names=names), "input 'host' '999.1.1.1' is not an IPv4 address"),
+        (OscConfig(host="nosuch.invalid", port=0), "OSC host 'nosuch.invalid' does not resolve"),
+        (OscConfig(port=0, feedback=("nosuch.invalid", 9000), names=names), "input 'feedback' 'nosuch.invalid'"),
+    ]:
+        with pytest.raises(ValueError) as error:
+            OscBridge(KnobRegistry(), config).start()
+        message = str(error.value)
+        assert expected in message and message.endswith("a name this machine can look up"), message
+        assert "\n" not in message
 
 
 def test_render_to_a_fifo_is_refused_and_leaves_it_a_fifo(files):

@@ -49,15 +49,18 @@ from workflow_runner import load_workflow, to_api_format  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / "workflows"
+ONESHOT = "flowjam one-shot render.json"
+TEXT_JAM = "flowjam live text jam.json"
+BLEND_OSC = "flowjam prompt blend over OSC.json"
+LORA_WORKFLOW = "flowjam live LoRA jam.json"
 WORKFLOW_NAMES = (
-    "flowjam_oneshot_render.json",
-    "flowjam_text_live_jam.json",
-    "flowjam_cover_live.json",
-    "flowjam_prompt_blend_osc.json",
-    "flowjam_lm_structure_render.json",
+    ONESHOT,
+    TEXT_JAM,
+    "flowjam live cover.json",
+    BLEND_OSC,
+    "flowjam song structure from the 5 Hz LM.json",
 )
 LORA_FILE = "flowjam_test_style.safetensors"  # written into the fixture's own loras folder
-EXAMPLE = "flowjam_example.wav"  # the file name the cover workflow's LoadAudio uses
 FIVE_CHANNELS = "flowjam_test_5ch.wav"
 LOW_RATE = "flowjam_test_4khz.wav"
 PLAYWRIGHT = Path(os.environ.get("FLOWJAM_PLAYWRIGHT", "/tmp/pw"))
@@ -278,7 +281,6 @@ def comfy(tmp_path_factory):
         f"flowjam_test:\n    base_path: {work}\n    diffusion_models: models/diffusion_models\n    loras: models/loras\n"
     )
     _write_lora(work / "models" / "loras" / LORA_FILE)
-    _write_wav(dirs["input"] / EXAMPLE, 2, 44_100, 3.5)  # the cover workflow's song: a 3.5 s stereo chord
     _write_wav(dirs["input"] / FIVE_CHANNELS, 5, 44_100, 1.0)
     _write_wav(dirs["input"] / LOW_RATE, 2, 4_000, 1.0)
 
@@ -365,7 +367,7 @@ def comfy(tmp_path_factory):
 @pytest.fixture
 def jam(comfy):
     """The live jam workflow's stream "jam", running and played for at least 3 s; -> its API prompt."""
-    prompt = api_prompt("flowjam_text_live_jam.json")
+    prompt = api_prompt(TEXT_JAM)
     if "jam" not in comfy.sessions():
         comfy.run_ok(prompt)
     wait_for(
@@ -427,7 +429,7 @@ def test_shipped_workflow_runs(comfy, name):
     assert len(files) == len(savers)
     for path in files:
         assert path.is_file() and path.stat().st_size > 0, path
-    if name == "flowjam_oneshot_render.json":
+    if name == ONESHOT:
         saved = [p for p in files if comfy.dirs["output"] in p.parents]
         assert saved and saved[0].name.startswith("flowjam_render") and saved[0].parent.name == "audio"
         ((audio, rate),) = comfy.decode(saved[0])
@@ -438,8 +440,9 @@ def test_shipped_workflow_runs(comfy, name):
         status = comfy.session(stream)
         assert status["playing"] and status["errors"] == 0, status
         if stream != "jam":  # jam keeps playing for the next tests
-            comfy.run_ok(stop_prompt(stream))
+            stopped = comfy.run_ok(stop_prompt(stream))
             assert stream not in comfy.sessions()
+            assert stopped["outputs"]["1"] == {"flowjam_result": [f"stopped {stream}"]}, "the browser's toast text"
 
 
 def _write_lora(path: Path) -> None:
@@ -464,7 +467,7 @@ def test_the_lora_workflow_plays_a_lora_from_the_loras_folder(comfy):
     running stream has the LoRA's knob at the node's strength."""
     combo = comfy.get("/object_info/FlowjamLora")["FlowjamLora"]["input"]["required"]["lora"][1]["options"]
     assert LORA_FILE in combo, combo
-    prompt = api_prompt("flowjam_lora_live.json")
+    prompt = api_prompt(LORA_WORKFLOW)
     first = sorted(i for i, n in prompt.items() if n["class_type"] == "FlowjamLora")[0]
     prompt[first]["inputs"].update(lora=LORA_FILE, strength=0.7)
     comfy.run_ok(prompt)
@@ -822,7 +825,7 @@ def test_live_panel_shows_the_running_stream_in_the_browser(comfy, jam, tmp_path
     script = tmp_path / "panel.js"
     script.write_text(_PANEL_JS)
     env = dict(os.environ, NODE_PATH=str(PLAYWRIGHT / "node_modules"), FLOWJAM_CHROMIUM=CHROMIUM)
-    command = ["node", str(script), comfy.base, str(WORKFLOWS / "flowjam_text_live_jam.json"), str(SCREENSHOT)]
+    command = ["node", str(script), comfy.base, str(WORKFLOWS / TEXT_JAM), str(SCREENSHOT)]
     started = time.monotonic()
     process = subprocess.Popen(
         command,
@@ -862,8 +865,7 @@ def test_live_panel_shows_the_running_stream_in_the_browser(comfy, jam, tmp_path
     assert not [e for e in result["errors"] if "flowjam" in e], result["errors"]
     if before["overlaps"]:  # a layout problem of the workflow file, not of the panel: reported, not failed
         warnings.warn(
-            f"in flowjam_text_live_jam.json the Stream node (grown to {node['size']} to fit its panel) "
-            f"covers {before['overlaps']}",
+            f"in {TEXT_JAM} the Stream node (grown to {node['size']} to fit its panel) covers {before['overlaps']}",
             stacklevel=1,
         )
     assert comfy.session("jam")["knobs"]["velocity_scale"] == pytest.approx(0.9)  # the slider reached the stream
@@ -1069,7 +1071,7 @@ def test_a_panel_move_survives_a_requeue_from_the_browser(comfy, jam, tmp_path):
     if missing:
         pytest.skip(missing)
     started = time.monotonic()
-    result = _run_browser(comfy, _REQUEUE_PANEL_JS, tmp_path, str(WORKFLOWS / "flowjam_text_live_jam.json"))
+    result = _run_browser(comfy, _REQUEUE_PANEL_JS, tmp_path, str(WORKFLOWS / TEXT_JAM))
     print(f"\nbrowser re-queue: {time.monotonic() - started:.1f} s", file=sys.stderr)
     try:
         curve = result["curveDriven"]["velocity_scale"]
@@ -1090,7 +1092,7 @@ def test_a_panel_move_survives_a_requeue_from_the_browser(comfy, jam, tmp_path):
 
 def _lone_stream_prompt(name: str) -> dict:
     """The jam workflow's model, prompts and Stream only, as stream `name`."""
-    prompt = api_prompt("flowjam_text_live_jam.json")
+    prompt = api_prompt(TEXT_JAM)
     keep = {i for i, n in prompt.items() if n["class_type"] in ("FlowjamLoadModel", "FlowjamTextConditioning")}
     keep.add(node_id(prompt, "FlowjamStream"))
     lone = {i: prompt[i] for i in keep}
@@ -1108,7 +1110,7 @@ def test_the_panel_without_a_stream_is_disabled_backs_off_and_logs_nothing(comfy
     if missing:
         pytest.skip(missing)
     name = f"ghost_{uuid.uuid4().hex[:6]}"
-    workflow = json.loads((WORKFLOWS / "flowjam_text_live_jam.json").read_text())
+    workflow = json.loads((WORKFLOWS / TEXT_JAM).read_text())
     (stream,) = [n for n in workflow["nodes"] if n["type"] == "FlowjamStream"]
     stream["widgets_values"][stream["widgets_values"].index("jam")] = name
     paths = {"workflow": tmp_path / "ghost.json", "start": tmp_path / "start.json", "stop": tmp_path / "stop.json"}
@@ -1147,7 +1149,7 @@ def test_a_graph_with_an_osc_bridge_and_a_stream_stop_runs_clean(comfy):
     """Stream -> OSC bridge, and a Shared curve on another branch; a Stream stop chained after both runs last: the
     graph runs with no error and no traceback, the bridge's port is free again, and the same graph runs twice."""
     port = free_udp_port()
-    prompt = api_prompt("flowjam_prompt_blend_osc.json", osc_port=port)
+    prompt = api_prompt(BLEND_OSC, osc_port=port)
     stream = node_id(prompt, "FlowjamStream")
     prompt[stream]["inputs"]["session_id"] = "osc_stop"
     for capture in [i for i, n in prompt.items() if n["class_type"] in ("FlowjamStreamCapture", "PreviewAudio")]:

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import torch
-from flowjam.engine.audio.files import read_wav
+from flowjam.engine.audio.files import read_audio
 from flowjam.engine.audio.stitch import append_with_overlap, equal_power_ramps
 from flowjam.engine.demo import knob_script
 
@@ -23,7 +23,7 @@ def test_demo_cli_streams_the_requested_seconds_and_prints_tick_stats(tmp_path):
         "expected 7 ticks before the first latent (8 steps), then one 0.4 s window per tick"
     )
     assert "velocity wave" in result.stdout and "blend 1.00" in result.stdout
-    audio, rate = read_wav(out)
+    audio, rate = read_audio(out)
     assert rate == 48_000 and audio.shape == (2, 6 * 48_000)
     assert audio[:, 48_000:].std(dim=-1).min() > 1e-3
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flowjam.engine.audio.files import read_wav
+from flowjam.engine.audio.files import read_audio
 from flowjam.engine.params import KNOB_SPECS, KnobKind, KnobSpec
 from flowjam.live.app import LiveApp, LiveConfig
 from flowjam.live.bench import measure_latency
@@ -176,7 +176,7 @@ def test_stream_is_heard_through_jack_and_recorded_exactly(session, jack_server,
     shift = int(np.argmax(correlation))
     aligned = np.roll(expected, shift, axis=1)
     assert np.abs(aligned - window).max() < 1e-5, "the audio JACK received is not the loop buffer's content"
-    played, rate = read_wav(record)
+    played, rate = read_audio(record)
     assert rate == 48_000 and played.shape[1] > 3 * 48_000
 
 
@@ -315,7 +315,7 @@ def test_live_cli_exact_form_records_what_was_played(tmp_path):
     assert process.returncode == 0, err
     assert b"/flowjam/default/knob/velocity_scale" in got
     assert "underruns 0" in err and "playhead" in err
-    audio, rate = read_wav(record)
+    audio, rate = read_audio(record)
     assert rate == 48_000 and 5.5 * rate < audio.shape[1] < 7.0 * rate
 
 
@@ -392,7 +392,7 @@ def test_transport_stop_fades_to_silence_within_20_ms_and_play_resumes(session, 
             app.stop()
     assert b"/flowjam/default/transport" in echoes and b"stop" in echoes and b"play" in echoes, echoes
     assert stop_fade - before_stop <= 2 * 1024, "the fade must start within the next block or two after the command"
-    played, rate = read_wav(record)
+    played, rate = read_audio(record)
     played = played.numpy()
     assert rate == 48_000
     assert np.abs(played[:, stop_fade - 4800 : stop_fade]).max() > 1e-3, "before the stop the loop must be audible"
@@ -456,7 +456,7 @@ def test_a_burst_of_200_prompts_never_stalls_the_ticks_and_the_last_one_wins(ses
     assert burst.max() <= max(3 * np.median(calm), 0.1), (
         f"a tick waited {burst.max() * 1000:.0f} ms during the burst (median tick {np.median(calm) * 1000:.0f} ms)"
     )
-    played, _ = read_wav(record)
+    played, _ = read_audio(record)
     assert longest_exact_zero_run(played.numpy()) < 256, "the recording has an exact-zero gap inside the played span"
     assert app.runner.stats.errors == 0 and underruns == 0
 
@@ -508,12 +508,12 @@ def test_a_recording_survives_the_process_being_killed(tmp_path, signal_name):
         process.kill()
     if signal_name == "SIGKILL":
         assert not record.exists()
-        audio, rate = read_wav(record.with_name("take.wav.partial"))
+        audio, rate = read_audio(record.with_name("take.wav.partial"))
         assert audio.shape[1] / rate >= playhead - 1.0, f"{audio.shape[1] / rate:.2f} s kept of {playhead:.2f} s played"
         return
     assert process.returncode == 0, err
     assert "Traceback" not in err and not record.with_name("take.wav.partial").exists()
-    audio, rate = read_wav(record)
+    audio, rate = read_audio(record)
     frames_played = int(out.rsplit("(", 1)[1].split()[0])
     assert audio.shape[1] == frames_played and audio.shape[1] / rate >= playhead, out
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from flowjam.engine.audio.files import read_wav
+from flowjam.engine.audio.files import read_audio
 from flowjam.engine.lm.song import codes_for_seconds
 from flowjam.engine.models.lm import NUM_CODES
 from flowjam.engine.render import RenderRequest, render
@@ -108,7 +108,7 @@ def test_render_with_the_lm_writes_exactly_the_requested_length(tmp_path):
     args = ["render", "--prompt", "synthwave, driving bass", "--seconds", "4", "--lm", "--out", str(out), "--seed", "2"]
     done = subprocess.run([sys.executable, "-m", "flowjam", *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    audio, rate = read_wav(out)
+    audio, rate = read_audio(out)
     assert rate == 48_000 and audio.shape == (2, 4 * 48_000) and audio.abs().max() > 0
 
 

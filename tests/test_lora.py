@@ -4,16 +4,19 @@ tick, back bit for bit, no recompile), and bad files refused with the stream pla
 
 import copy
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from flowjam.engine.lora import LIVE_MODES, MAX_LORAS, LoraLinear, lora_set, merge, read_lora, unmerge
-from flowjam.engine.lora.formats import PEFT_CONFIG, PEFT_WEIGHTS
-from flowjam.engine.params import lora_knob
+from flowjam.engine.lora.formats import PEFT_CONFIG, PEFT_WEIGHTS, check_lora_path
+from flowjam.engine.params import lora_knob, parse_lora_option
 from flowjam.engine.session import Session
 from flowjam.engine.stream import StreamPipeline
 from flowjam.live.knobs import KnobRegistry
 from safetensors.torch import save_file
+from test_checkpoints import bad_safetensors
 
 peft = pytest.importorskip("peft", reason="peft is a test dependency (pip install -e .[test])")
 
@@ -380,3 +383,44 @@ def test_out_of_range_strength_and_unknown_names_are_refused(fresh_session, tmp_
     assert len(lora_set(decoder).attached) == 1 and MAX_LORAS >= 2
     fresh_session.unload_lora("style")
     assert not any(isinstance(m, LoraLinear) for m in decoder.modules()), "unloading left LoRA layers behind"
+
+
+def test_a_broken_lora_file_is_named_with_the_fix_and_the_loaded_loras_stay(fresh_session, tmp_path):
+    """A LoRA cut short by a download, or a web page saved under its name, gets one line naming the file, the same
+    from the header check a command runs before its model loads and from Session.load_lora (what a node calls),
+    never safetensors' own "header too large"."""
+    decoder = fresh_session.models.acestep.decoder
+    reference, config = peft_reference(decoder)
+    save_peft_folder(reference, config, tmp_path / "style")
+    fresh_session.load_lora(tmp_path / "style", strength=0.7)
+    cut_folder = Path(shutil.copytree(tmp_path / "style", tmp_path / "cut style"))
+    weights = cut_folder / PEFT_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-100])
+    broken = [*bad_safetensors(tmp_path).values(), (cut_folder, "is truncated")]
+    for path, expected in broken:
+        for refuse in (check_lora_path, fresh_session.load_lora):
+            with pytest.raises(ValueError) as error:
+                refuse(path)
+            message = str(error.value)
+            assert str(path) in message and expected in message, f"{refuse.__name__}({path.name}): {message}"
+            assert message.endswith("; download or export it again") and "\n" not in message, message
+    assert fresh_session.loras == {"style": (pytest.approx(0.7), "live")}
+
+
+def test_a_lora_option_reads_its_strength_or_says_what_is_wrong_with_it(tmp_path):
+    named_with_a_colon = tmp_path / "style:v2.safetensors"
+    named_with_a_colon.touch()
+    assert parse_lora_option("style.safetensors:0.7") == (Path("style.safetensors"), 0.7)
+    assert parse_lora_option("style.safetensors") == (Path("style.safetensors"), 1.0)
+    assert parse_lora_option("C:\\loras\\style.safetensors") == (Path("C:\\loras\\style.safetensors"), 1.0)
+    assert parse_lora_option("C:\\loras\\style.safetensors:0.5") == (Path("C:\\loras\\style.safetensors"), 0.5)
+    assert parse_lora_option(str(named_with_a_colon)) == (named_with_a_colon, 1.0)
+    for spec, expected in [
+        ("style.safetensors:abc", "strength 'abc' is not a number; write PATH:0.8"),
+        ("style.safetensors:", "strength '' is not a number"),
+        ("style.safetensors:2.5", "strength 2.5 is outside 0..2"),
+        ("style.safetensors:nan", "strength nan is outside 0..2"),
+    ]:
+        with pytest.raises(ValueError) as error:
+            parse_lora_option(spec)
+        assert expected in str(error.value), f"{spec}: {error.value}"

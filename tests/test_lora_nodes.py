@@ -108,6 +108,29 @@ def test_a_bad_lora_file_is_refused_and_the_stream_keeps_its_loras(model, prompt
         with_lora(model, str(tmp_path / "missing.safetensors"))
 
 
+def test_a_failed_swap_leaves_the_stream_the_loras_and_the_sound_it_had(model, prompt, tmp_path):
+    """A re-queue that replaced a stream's LoRA with a bad file used to unload the old one first: the stream lost
+    it, while its knob stayed listed and moving it only counted errors. Now every file is read and checked before
+    anything changes, and a swap that still fails (a ninth LoRA: a decoder holds eight) is undone."""
+    style = lora_file(model, tmp_path / "style.safetensors")
+    nine = model
+    for index in range(9):
+        nine = with_lora(nine, lora_file(model, tmp_path / f"extra{index}.safetensors", seed=10 + index))
+    broken = tmp_path / "broken.safetensors"
+    save_file({"diffusion_model.layers.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 64)}, str(broken))
+    app = run_stream(with_lora(model, style, strength=0.8), prompt, "lora-swap")
+    styled = settled_latent(app)
+    for chain, failure in ((with_lora(model, str(broken)), "lora_B / lora_up is missing"), (nine, "8 LoRAs are")):
+        with pytest.raises(NodeInputError, match=failure) as refused:
+            run_stream(chain, prompt, "lora-swap")
+        assert "\n" not in str(refused.value) and str(refused.value).endswith("nothing changed (LoRAs loaded: style)")
+        assert model.loras == {"style": (pytest.approx(0.8), "live")}
+        assert torch.equal(settled_latent(app), styled), f"after {failure!r} the stream no longer sounds as it did"
+    app.registry.set("lora/style", 0.0)
+    assert (settled_latent(app) - styled).abs().max() > 1e-3, "its lora/style knob no longer plays the LoRA"
+    assert app.runner.stats.errors == 0, app.runner.stats.last_error
+
+
 def test_nodes_make_their_state_outside_comfyuis_inference_mode(tmp_path):
     """ComfyUI runs nodes under torch.inference_mode; a model loaded there, a LoRA attached there and the strengths
     the live threads then write in place must be ordinary tensors (an inference tensor refuses in-place writes

@@ -5,10 +5,12 @@ on). Tiny preset on the CPU; streams play into a silent clock (audio_device "non
 import gc
 import inspect
 import math
+import re
 import socket
 import subprocess
 import sys
 import time
+import types
 import weakref
 from types import SimpleNamespace
 
@@ -16,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 from flowjam.live import performances
-from flowjam.nodes import NODE_SPECS
+from flowjam.live.app import NO_AUDIO_DEVICE
+from flowjam.nodes import NODE_SPECS, web_routes
 from flowjam.nodes.comfy_v1 import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from flowjam.nodes.spec import CATEGORY, SOCKET_TYPES, WIDGET_TYPES, NodeInputError
 from helpers import STREAM_DEFAULTS, TEXT_DEFAULTS, free_udp_port, generate, node, stream, text, wait_for, wait_ticks
@@ -62,7 +65,8 @@ def test_declaration_is_complete_and_consistent(spec):
     assert spec.description.strip()
     names = [p.name for p in spec.inputs]
     assert len(names) == len(set(names)) and all(n.isidentifier() for n in names)
-    assert list(inspect.signature(spec.function).parameters) == names, "spec.call passes exactly the declared inputs"
+    hidden = ["unique_id"] if spec.hidden_unique_id else []
+    assert list(inspect.signature(spec.function).parameters) == names + hidden, "spec.call passes the declared inputs"
     seen_optional = False
     for param in spec.inputs:
         where = f"{spec.node_id}.{param.name}"
@@ -107,6 +111,7 @@ def test_classic_class_is_well_formed(node_id):
     cls = NODE_CLASS_MAPPINGS[node_id]
     spec = cls.SPEC
     types = cls.INPUT_TYPES()
+    assert types.pop("hidden", None) == ({"unique_id": "UNIQUE_ID"} if spec.hidden_unique_id else None)
     assert set(types) == {"required", "optional"}
     assert list(types["required"]) + list(types["optional"]) == [p.name for p in spec.inputs]
     for param in spec.inputs:
@@ -240,7 +245,7 @@ def test_a_running_stream_keeps_its_model_and_lets_it_go_when_stopped():
     assert kept() is not None, "the graph let go of the model and the running stream lost it"
     wait_ticks(app)
     assert app.runner.alive and app.runner.stats.errors == 0, "the stream must keep playing"
-    assert node("FlowjamStreamStop").run(stream="held") == ("stopped held",)
+    assert node("FlowjamStreamStop").run(stream="held")["result"] == ("stopped held",)
     del app
     gc.collect()
     assert kept() is None, "a stopped stream still holds its model"
@@ -312,9 +317,9 @@ def test_requeued_stream_updates_the_running_session_in_place(model, prompt_a):
     wait_for(lambda: app.runner.stream.pipeline.depth == 3, 5, "depth 3 to apply")
     assert app.runner.stream.pipeline.shared_curves()["velocity_scale"].flatten().tolist() == [pytest.approx(1.3)]
     assert app.runner.stats.errors == 0
-    assert node("FlowjamStreamStop").run(stream="requeue") == ("stopped requeue",)
+    assert node("FlowjamStreamStop").run(stream="requeue")["result"] == ("stopped requeue",)
     assert performances.get("requeue") is None and not app.runner.alive
-    assert node("FlowjamStreamStop").run(stream="requeue") == (
+    assert node("FlowjamStreamStop").run(stream="requeue")["result"] == (
         "no running stream named 'requeue'; queue a flowjam Stream node with session_id 'requeue' first",
     )
 
@@ -432,8 +437,10 @@ def heard(app, loop: np.ndarray, what: str, timeout: float = 30.0) -> np.ndarray
 def test_stream_capture_returns_the_requested_length(model, prompt_a):
     stream(model, prompt_a, "capture", song_seconds=4.0)
     app = performances.get("capture")
-    early = node("FlowjamStreamCapture").run(stream="capture", seconds=2.0)[0]  # waits for the first audio
-    assert early["waveform"].shape[:2] == (1, 2) and 0 < early["waveform"].shape[2] < 2 * RATE, "what has played"
+    early = node("FlowjamStreamCapture").run(stream="capture", seconds=2.0)[0]  # queued with its Stream: it waits
+    assert early["waveform"].shape == (1, 2, 2 * RATE), "the first queue's capture was cut short by the start"
+    first_block = early["waveform"][..., : RATE // 20]
+    assert first_block.square().mean() > 1e-6, "the capture holds the silence before the first generation"
     wait_played(app, 2.3)
     for seconds in (2.0, 0.5, 0.1):
         audio, passed_on = node("FlowjamStreamCapture").run(stream="capture", seconds=seconds)
@@ -444,6 +451,68 @@ def test_stream_capture_returns_the_requested_length(model, prompt_a):
     wait_played(app, 2.0)
     capped, _ = node("FlowjamStreamCapture").run(stream="capture", seconds=30.0)
     assert 3.0 * RATE <= capped["waveform"].shape[2] < 4.0 * RATE, "capped at the loop minus the window being written"
+
+
+def test_a_requeue_that_cannot_apply_in_place_is_refused_and_the_stream_plays_on(model, prompt_a, prompt_b):
+    """A re-queue used to drop a new song_seconds or audio_device silently, and a second Stream node with the same
+    session_id "succeeded" and mixed its settings into the first one's stream. Each is now refused, naming the fix,
+    before anything changes; the node that started the stream still updates it, and once stopped the name is free."""
+    stream(model, prompt_a, "owned", unique_id="5")
+    app = performances.get("owned")
+    wait_ticks(app)
+    knobs = app.registry.values()
+    refusals = {
+        "song_seconds 3 cannot apply to the running stream 'owned', which loops 2 s; stop it (Stream stop)": dict(
+            unique_id="5", song_seconds=3.0
+        ),
+        "audio_device 'jack' cannot apply to the running stream 'owned', which plays on null (no audio device)": dict(
+            unique_id="5", audio_device="jack"
+        ),
+        "session_id 'owned' is already used by node #5; give this node another session_id": dict(unique_id="9"),
+    }
+    for message, values in refusals.items():
+        with pytest.raises(NodeInputError, match=re.escape(f"Stream: {message}")):
+            stream(model, prompt_b, "owned", seed=1, **values)
+    wait_ticks(app)
+    assert performances.get("owned") is app and app.runner.alive and app.runner.stats.errors == 0
+    assert app.registry.values() == knobs and app.runner._prompts["a"] is prompt_a, "a refused re-queue changed it"
+    stream(model, prompt_b, "owned", unique_id="5", seed=1, audio_device=" none ")
+    assert performances.get("owned") is app and app.registry.get("seed") == 1, "its own node updates it in place"
+    node("FlowjamStreamStop").run(stream="owned")
+    stream(model, prompt_a, "owned", unique_id="9", song_seconds=3.0)
+    assert performances.get("owned").runner.frames == 75, "a stopped stream's name is free for another node"
+
+
+def test_a_stream_with_no_audio_device_says_so_on_its_panel_and_keeps_generating(model, prompt_a, monkeypatch):
+    """With no output to open, a Stream with audio_device empty plays into a silent clock. It used to look as if it
+    played: the only hint was a server log line naming command-line flags that ComfyUI does not have."""
+    monkeypatch.setenv("JACK_DEFAULT_SERVER", "flowjam-no-such-server")  # a JACK server another test started
+    monkeypatch.setenv("JACK_NO_START_SERVER", "1")
+    probe = "import sounddevice as sd; print(sum(d['max_output_channels'] > 0 for d in sd.query_devices()))"
+    outputs = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
+    if outputs.strip() not in ("", "0"):
+        pytest.skip(f"this machine has {outputs.strip()} audio outputs: a Stream plays on them")
+    stream(model, prompt_a, "no-device", audio_device="")
+    app = performances.get("no-device")
+    wait_ticks(app)
+    _, status = web_routes.status_for("no-device")  # what the Stream node's live panel shows
+    assert status["output_warning"] == NO_AUDIO_DEVICE and NO_AUDIO_DEVICE.startswith("no audio device: playing")
+    assert "--" not in NO_AUDIO_DEVICE, "a ComfyUI user has no command-line flags"
+    audio, _ = node("FlowjamStreamCapture").run(stream="no-device", seconds=0.5)
+    assert audio["waveform"].shape == (1, 2, RATE // 2) and audio["waveform"].square().mean() > 1e-6
+    stream(model, prompt_a, "silent-on-purpose")
+    assert web_routes.status_for("silent-on-purpose")[1]["output_warning"] is None, "audio_device none is no warning"
+
+
+def test_a_wrong_audio_device_is_one_line_listing_the_outputs_there_are(model, prompt_a, jack_server):
+    """A misspelt audio_device used to show PlaybackError's type with the full file path of the pack's module."""
+    with pytest.raises(NodeInputError) as refused:
+        stream(model, prompt_a, "wrong-device", audio_device="no-such-output")
+    message = str(refused.value)
+    assert message.startswith("Stream: input 'audio_device' 'no-such-output': ") and "\n" not in message, message
+    assert re.search(r"Available outputs: \d+: [^;]+ \(JACK", message), f"the JACK outputs are not listed: {message}"
+    assert "--list-devices" not in message and "--no-audio" not in message, "a ComfyUI user has no command line"
+    assert performances.get("wrong-device") is None
 
 
 UNKNOWN_STREAM = "no running stream named 'stedy'; queue a flowjam Stream node with "
@@ -771,3 +840,65 @@ def test_a_stream_follows_an_lm_structure_until_it_is_disconnected(model, prompt
     wait_for(lambda: app.runner._hints_context is None, 10, "the disconnected structure to be dropped")
     assert performances.get("lm") is app and app.runner.stats.errors == 0
     node("FlowjamStreamStop").run(stream="lm")
+
+
+class Cancelled(Exception):
+    """What ComfyUI's throw_exception_if_processing_interrupted raises once Cancel was pressed."""
+
+
+@pytest.fixture
+def comfyui_progress(monkeypatch):
+    """ComfyUI's progress bar and Cancel as a node reaches them (comfy.utils.ProgressBar and
+    comfy.model_management.throw_exception_if_processing_interrupted): each bar keeps its total and its updates;
+    with `cancel_after` set, Cancel is pressed once the newest bar has had that many updates."""
+    hooks = SimpleNamespace(bars=[], cancel_after=None)
+
+    class ProgressBar:
+        def __init__(self, total, node_id=None):
+            self.total, self.updates = total, []
+            hooks.bars.append(self)
+
+        def update_absolute(self, value, total=None, preview=None):
+            self.updates.append((value, total))
+
+    def throw_exception_if_processing_interrupted():
+        if hooks.cancel_after is not None and len(hooks.bars[-1].updates) >= hooks.cancel_after:
+            raise Cancelled()
+
+    comfy = types.ModuleType("comfy")
+    comfy.utils = types.ModuleType("comfy.utils")
+    comfy.utils.ProgressBar = ProgressBar
+    comfy.model_management = types.ModuleType("comfy.model_management")
+    comfy.model_management.throw_exception_if_processing_interrupted = throw_exception_if_processing_interrupted
+    for module in (comfy, comfy.utils, comfy.model_management):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    return hooks
+
+
+def test_cancel_stops_lm_structure_at_its_next_code_and_its_bar_counts_the_codes(model, comfyui_progress):
+    """LM structure showed no progress and ran to its end whatever Cancel said (minutes with the real 1.7B/4B LM)."""
+    given = dict(bpm=120, key="C major", time_signature="4")  # no metadata to write: the bar is the codes'
+    lm_structure(model, seconds=10.0, **given)
+    (bar,) = comfyui_progress.bars
+    assert bar.total == 50 and bar.updates == [(done, 50) for done in range(1, 51)], "one update per code of 50"
+    comfyui_progress.cancel_after = 20
+    with pytest.raises(Cancelled):
+        lm_structure(model, seconds=120.0, **given)
+    bar = comfyui_progress.bars[-1]
+    assert bar.total == 600 and bar.updates[-1] == (20, 600) and len(bar.updates) == 20, (
+        f"Cancel after code 20 of 600 did not stop the LM there: {bar.updates[-3:]}"
+    )
+
+
+def test_stream_capture_waits_with_a_progress_bar_that_cancel_stops(model, prompt_a, comfyui_progress):
+    """The first queue of a live graph used to save a 0.02 s near-silent clip: Stream capture returned as soon as
+    the new stream's clock had played one block, before its first generation was even decoded."""
+    stream(model, prompt_a, "capture-wait", song_seconds=4.0)
+    comfyui_progress.cancel_after = 3
+    with pytest.raises(Cancelled):
+        node("FlowjamStreamCapture").run(stream="capture-wait", seconds=3.0)
+    (bar,) = comfyui_progress.bars
+    assert bar.total == 3 * RATE and len(bar.updates) == 3 and bar.updates[-1][0] < 3 * RATE
+    comfyui_progress.cancel_after = None
+    audio, _ = node("FlowjamStreamCapture").run(stream="capture-wait", seconds=3.0)
+    assert audio["waveform"].shape == (1, 2, 3 * RATE) and comfyui_progress.bars[-1].updates[-1] == (3 * RATE,) * 2

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flowjam.engine.audio.files import read_wav
+from flowjam.engine.audio.files import read_audio
 from flowjam.live.loop_buffer import PLAYED, LoopBuffer
 from flowjam.live.playback import Playback, PlaybackError, find_device, list_devices
 from helpers import JackRecorder
@@ -209,7 +209,7 @@ def test_recording_written_by_stop_equals_what_jack_heard(jack_server, loop, tmp
     time.sleep(1.0)
     captured = recorder.stop()
     playback.stop()
-    recorded, rate = read_wav(wav)
+    recorded, rate = read_audio(wav)
     recorded_pcm = np.round(recorded.numpy().T * 32768).astype(np.int32)
     assert rate == SR and len(recorded_pcm) == playback.playhead_frames, "the WAV does not hold every played frame"
     heard = captured[np.flatnonzero(np.any(captured != 0, axis=1))[0] :]
@@ -234,7 +234,7 @@ def test_null_mode_plays_in_real_time_and_records_exactly_what_it_played(loop, t
     played, elapsed_s = playback.playhead_frames - first, time.monotonic() - started
     playback.stop()
     assert abs(played / (elapsed_s * SR) - 1) < 0.1, f"null clock played {played} frames in {elapsed_s:.2f} s"
-    recorded, _ = read_wav(wav)
+    recorded, _ = read_audio(wav)
     assert recorded.shape[1] == playback.playhead_frames, "WAV length differs from the frames played"
     expected = np.round(loop_excerpt(loop.snapshot(), 0, recorded.shape[1]) * 32767)
     assert np.array_equal(np.round(recorded.numpy().T * 32768), expected), (
@@ -368,10 +368,12 @@ def test_a_recording_is_a_valid_wav_at_every_moment_and_a_cut_take_is_kept_aside
     wav = WavStream(partial_path(target), channels=2, sample_rate=SR)
     tone = (0.25 * np.sin(np.arange(SR) * 2 * np.pi * 440 / SR)).astype(np.float32)
     wav.append(np.stack([tone, tone], axis=1))
-    read, rate = read_wav(partial_path(target))  # the file is still open: as a SIGKILL would leave it
+    read, rate = read_audio(partial_path(target))  # the file is still open: as a SIGKILL would leave it
     assert rate == SR and read.shape == (2, SR)
     wav.append(np.zeros((100, 2), np.float32))
-    assert read_wav(partial_path(target))[0].shape == (2, SR + 100)
+    assert read_audio(partial_path(target))[0].shape == (2, SR + 100)
+    assert recover_partial(target) is None, "a take still being recorded was moved aside"
+    wav.close()  # its recorder is gone, as after a SIGKILL: the lock with it
     kept = recover_partial(target)
     assert kept is not None and kept.name.startswith("take.recovered-") and not partial_path(target).exists()
-    assert read_wav(kept)[0].shape == (2, SR + 100)
+    assert read_audio(kept)[0].shape == (2, SR + 100)

@@ -1,13 +1,15 @@
-"""Offline generation on the tiny preset: real WAV files, determinism by seed, covers from an input WAV."""
+"""Offline generation on the tiny preset: real WAV files, determinism by seed, covers from an input WAV or FLAC."""
 
 import hashlib
 import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import soundfile
 import torch
-from flowjam.engine.audio.files import read_wav, write_wav
+from flowjam.engine.audio.files import read_audio, write_wav
 from flowjam.engine.render import RenderRequest, render
 
 
@@ -36,7 +38,7 @@ def test_render_cli_writes_a_48k_stereo_wav_of_the_requested_length(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "8/8" in result.stderr  # the progress bar reached the last step
-    audio, rate = read_wav(out)
+    audio, rate = read_audio(out)
     assert rate == 48_000 and audio.shape == (2, 168_000)
     assert torch.isfinite(audio).all() and audio.abs().max() <= 1.0
     assert audio.std(dim=-1).min() > 1e-4, "rendered audio is silent"
@@ -60,7 +62,7 @@ def test_prompt_changes_the_output(session, tmp_path):
 def test_cover_of_a_mono_44k_wav_follows_denoise(session, tmp_path):
     t = torch.arange(44_100 * 3) / 44_100
     source_path = write_wav(tmp_path / "src.wav", (0.5 * torch.sin(2 * math.pi * 220 * t))[None], 44_100)
-    audio, rate = read_wav(source_path)
+    audio, rate = read_audio(source_path)
     source = session.prepare_source(audio, rate)
     assert source.latents.shape == (1, 75, 64) and source.hints.shape == (1, 75, 64)
     assert source.codes.shape == (1, 15) and int(source.codes.max()) < 64_000
@@ -74,8 +76,19 @@ def test_cover_of_a_mono_44k_wav_follows_denoise(session, tmp_path):
 
     assert distance(light) < distance(heavy), "a low denoise should stay closer to the source latents"
     out = render(session, RenderRequest("cover it", 4.0, tmp_path / "cover.wav", cover=source_path, denoise=0.5))
-    rendered, rate = read_wav(out)
+    rendered, rate = read_audio(out)
     assert rate == 48_000 and rendered.shape == (2, 192_000)
+
+
+def test_a_flac_cover_renders_the_same_file_as_the_wav_of_the_song(session, tmp_path):
+    t = np.arange(44_100 * 3) / 44_100
+    song = np.round(np.stack([np.sin(2 * np.pi * 220 * t), np.sin(2 * np.pi * 330 * t)], axis=1) * 0.4 * 32767)
+    rendered = []
+    for kind in ("wav", "flac"):
+        soundfile.write(tmp_path / f"song.{kind}", song.astype(np.int16), 44_100)
+        out, cover = tmp_path / f"from-{kind}.wav", tmp_path / f"song.{kind}"
+        rendered.append(digest(render(session, RenderRequest("cover it", 2.0, out, cover=cover, denoise=0.5))))
+    assert rendered[0] == rendered[1], "the same song as FLAC and as WAV gave different covers"
 
 
 def test_bad_requests_are_rejected_before_any_work(session, tmp_path):

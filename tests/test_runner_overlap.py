@@ -118,13 +118,13 @@ def test_new_audio_starts_at_playhead_plus_lead_not_at_the_next_latent_frame(ses
             runner.step()
         writes = runner.stats.writes
         buffer.counters[PLAYED] = 7 * hop + 333  # the playhead inside a latent frame
-        lead_s, window_s = runner.stats.lead_s, runner.stats.window_s  # what the next write uses (then adapts)
+        lead_s, patch_s = runner.stats.lead_s, runner.stats.patch_s  # what the next write uses (then adapts)
         while runner.stats.writes == writes:
             runner.step()
         start, audio = buffer.patches[-1]
         assert start == 7 * hop + 333 + int(lead_s * session.sample_rate) and start % hop != 0
         frame, skip = start // hop, start % hop
-        decoded = runner.session.decode(runner.latest, frame / 25, window_s, cyclic=True)
+        decoded = runner.session.decode(runner.latest, frame / 25, patch_s, cyclic=True)
         assert torch.equal(torch.as_tensor(audio), decoded[:, skip:])
     finally:
         runner.stop()

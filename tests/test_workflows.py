@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flowjam.engine.audio.files import read_wav, write_wav
+from flowjam.engine.audio.files import read_audio, write_wav
 from flowjam.live import performances
 from flowjam.nodes.spec import NodeInputError
 from helpers import free_udp_port, wait_for
 from pythonosc.osc_message import OscMessage
 from pythonosc.udp_client import SimpleUDPClient
 from workflow_runner import (
+    BADGE_BAND,
     CONTROL_VALUES,
     VIRTUAL_NODES,
     WorkflowRunner,
@@ -29,27 +30,28 @@ from workflow_runner import (
     min_body_height,
     overlaps,
     runs,
+    template_heading,
     to_api_format,
     with_widget,
 )
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
-NAMES = (
-    "flowjam_oneshot_render.json",
-    "flowjam_text_live_jam.json",
-    "flowjam_cover_live.json",
-    "flowjam_prompt_blend_osc.json",
-    "flowjam_lm_structure_render.json",
-    "flowjam_lora_live.json",
-)
+ONESHOT = "flowjam one-shot render.json"  # ComfyUI titles a pack's template by its file name
+TEXT_JAM = "flowjam live text jam.json"
+COVER = "flowjam live cover.json"
+BLEND_OSC = "flowjam prompt blend over OSC.json"
+LM_RENDER = "flowjam song structure from the 5 Hz LM.json"
+LORA = "flowjam live LoRA jam.json"
+NAMES = (ONESHOT, TEXT_JAM, COVER, BLEND_OSC, LM_RENDER, LORA)
 RATE = 48_000
-EXAMPLE = "flowjam_example.wav"
+EXAMPLE = "flowjam_example.wav"  # a user's own song in ComfyUI/input, for the cover graph with Load Audio
 EXAMPLE_SECONDS = 4.0
+SONG_SECONDS = 8.0  # the cover graph's Example song: 4 bars at 120 bpm
 
 
 @pytest.fixture(scope="module")
 def comfy_dirs(tmp_path_factory):
-    """ComfyUI's input/output/temp folders; the input holds the example song (a 4 s stereo chord at 44.1 kHz)."""
+    """ComfyUI's input/output/temp folders; the input holds a user's song (a 4 s stereo chord at 44.1 kHz)."""
     root = tmp_path_factory.mktemp("comfyui")
     t = torch.arange(int(44_100 * EXAMPLE_SECONDS)) / 44_100
     chord = 0.3 * torch.stack(
@@ -190,7 +192,7 @@ def test_workflow_converts_to_the_api_prompt_format(name, runner):
 
 
 def test_oneshot_render_graph(runner):
-    wf = workflow("flowjam_oneshot_render.json")
+    wf = workflow(ONESHOT)
     (generate,) = nodes_of(wf, "FlowjamGenerate")
     assert 6.0 <= widgets(runner, generate)["seconds"] <= 10.0
     assert source_of(wf, generate, "conditioning")["type"] == "FlowjamTextConditioning"
@@ -203,7 +205,7 @@ def test_oneshot_render_graph(runner):
 def test_lora_live_graph(runner):
     """Two chained LoRA nodes between Load model and the stream (set to 'none' as shipped: the tests have no LoRA
     files in a loras/ folder; the LoRA nodes' effect is tested in test_lora_nodes.py)."""
-    wf = workflow("flowjam_lora_live.json")
+    wf = workflow(LORA)
     (stream,) = nodes_of(wf, "FlowjamStream")
     second = source_of(wf, stream, "model")
     assert second["type"] == "FlowjamLora"
@@ -214,7 +216,7 @@ def test_lora_live_graph(runner):
 
 
 def test_lm_structure_render_graph(runner):
-    wf = workflow("flowjam_lm_structure_render.json")
+    wf = workflow(LM_RENDER)
     (generate,) = nodes_of(wf, "FlowjamGenerate")
     (lm,) = nodes_of(wf, "FlowjamLMStructure")
     assert source_of(wf, generate, "structure") is lm
@@ -223,7 +225,7 @@ def test_lm_structure_render_graph(runner):
 
 
 def test_text_live_jam_graph(runner):
-    wf = workflow("flowjam_text_live_jam.json")
+    wf = workflow(TEXT_JAM)
     (stream,) = nodes_of(wf, "FlowjamStream")
     values = widgets(runner, stream)
     assert (values["session_id"], values["audio_device"], values["song_seconds"], values["depth"]) == (
@@ -247,11 +249,13 @@ def test_text_live_jam_graph(runner):
 
 
 def test_cover_live_graph(runner):
-    wf = workflow("flowjam_cover_live.json")
-    (load,) = nodes_of(wf, "LoadAudio")
-    assert load["widgets_values"] == [EXAMPLE, ""]
+    """The song comes from Example song (no file to find); the note says how to cover your own."""
+    wf = workflow(COVER)
+    (song,) = nodes_of(wf, "FlowjamExampleSong")
+    assert widgets(runner, song) == {"bars": 4, "bpm": 120}
+    assert "connect a Load Audio instead" in wf["extra"]["note"]
     (prepare,) = nodes_of(wf, "FlowjamPrepareSource")
-    assert source_of(wf, prepare, "audio") is load and source_of(wf, prepare, "latent") is None
+    assert source_of(wf, prepare, "audio") is song and source_of(wf, prepare, "latent") is None
     (text,) = nodes_of(wf, "FlowjamTextConditioning")
     assert widgets(runner, text)["task"] == "cover"
     (stream,) = nodes_of(wf, "FlowjamStream")
@@ -265,7 +269,7 @@ def test_cover_live_graph(runner):
 
 
 def test_prompt_blend_osc_graph(runner):
-    wf = workflow("flowjam_prompt_blend_osc.json")
+    wf = workflow(BLEND_OSC)
     (stream,) = nodes_of(wf, "FlowjamStream")
     assert 0.0 < widgets(runner, stream)["prompt_blend"] < 1.0
     assert source_of(wf, stream, "conditioning_b")["type"] == "FlowjamTextConditioning"
@@ -332,7 +336,7 @@ def connect(wf: dict, source: dict, slot: int, target: dict, input_name: str) ->
 def test_a_stop_waits_for_a_second_branch_through_after(runner):
     """Two branches off one stream (OSC bridge; Stream capture): `stream` from one and `after` from the other put the
     stop after both."""
-    wf = armed(workflow("flowjam_prompt_blend_osc.json"))
+    wf = armed(workflow(BLEND_OSC))
     (stream,), (osc,), (capture,), (stop,) = (
         nodes_of(wf, kind)
         for kind in ("FlowjamStream", "FlowjamOscBridge", "FlowjamStreamCapture", "FlowjamStreamStop")
@@ -366,7 +370,7 @@ def test_no_two_nodes_overlap_and_every_node_shows_its_widgets(name, runner):
 
 def test_the_overlap_check_sees_a_node_over_another_one(runner):
     """The layout the LM structure graph shipped with: LM structure's title bar and widgets over Text conditioning."""
-    wf = workflow("flowjam_lm_structure_render.json")
+    wf = workflow(LM_RENDER)
     (lm,) = nodes_of(wf, "FlowjamLMStructure")
     lm["pos"], lm["size"] = [450, 460], [340, 420]
     (found,) = overlaps(wf, runner)
@@ -395,9 +399,38 @@ def test_template_thumbnail_is_a_square_jpeg_drawn_from_the_graph(name, tmp_path
     assert blocks.max() < 8.0, "stale thumbnail: run `.venv/bin/python tests/workflow_runner.py`"
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_template_card_title_is_the_file_name_and_reads_as_the_note_heading(name):
+    """ComfyUI's template browser titles (and describes) a pack's template by its file name alone: the name is the
+    note's heading, with no colon (not in Windows file names) and no underscore."""
+    stem = name.removesuffix(".json")
+    assert stem == template_heading(workflow(name)).replace(":", "") and "_" not in stem
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_thumbnail_leaves_its_top_band_to_the_node_graph_badge(name, tmp_path, runner):
+    """Frontend 1.58 lays a "Node graph" badge over the top-left corner of a template's card: nothing is drawn there,
+    and the title sits in the bottom band."""
+    Image = pytest.importorskip("PIL.Image")
+    draw_thumbnail(workflow(name), tmp_path / "thumbnail.jpg", runner)
+    pixels = np.asarray(Image.open(tmp_path / "thumbnail.jpg").convert("L"), dtype=np.float32)
+    band = round(BADGE_BAND * pixels.shape[0])
+    background = pixels[band // 2, pixels.shape[1] // 2]
+    assert np.abs(pixels[:band] - background).max() < 6, "something is drawn under the badge"
+    assert np.abs(pixels[-band:] - background).max() > 100, "the title is not in the bottom band"
+
+
+def test_the_lora_note_says_how_a_lora_knob_is_named():
+    """lora/<name>: the file name without .safetensors, a PEFT folder's name for its adapter_model.safetensors
+    (nodes/lora_nodes.py; web/widget_sync.js finds a LoRA node's strength by the same rule)."""
+    note = workflow(LORA)["extra"]["note"]
+    assert "lora/<name>: the file name without .safetensors" in note
+    assert "for a PEFT folder (adapter_model.safetensors) the folder's name" in note
+
+
 def test_runner_rejects_what_comfyui_would_reject(runner):
     """The checks above would catch a broken graph: each breakage is reported, naming what is wrong."""
-    good = workflow("flowjam_text_live_jam.json")
+    good = workflow(TEXT_JAM)
     assert runner.problems(good) == []
 
     def broken(change) -> list[str]:
@@ -453,10 +486,24 @@ def test_runner_rejects_what_comfyui_would_reject(runner):
     )
 
 
+def own_song(wf: dict) -> dict:
+    """The cover graph as its note tells a user to make it: a Load Audio of their song instead of Example song."""
+    wf = copy.deepcopy(wf)
+    (song,) = nodes_of(wf, "FlowjamExampleSong")
+    song.update(
+        type="LoadAudio",
+        outputs=[{**song["outputs"][0], "name": "AUDIO"}],
+        properties={"Node name for S&R": "LoadAudio"},
+        widgets_values=[EXAMPLE, ""],
+    )
+    song["size"][1] = 136
+    return wf
+
+
 @pytest.mark.parametrize("frontend", ["1.27", "1.58", "old"])
 def test_runner_accepts_the_layouts_real_frontends_save(frontend, runner):
     """Re-saved from the browser, the cover graph gets a few frontend-only values; it still loads and converts the same."""
-    shipped = workflow("flowjam_cover_live.json")
+    shipped = own_song(workflow(COVER))
     resaved = json.loads(json.dumps(shipped))
     load, stream, prepare = (
         nodes_of(resaved, kind)[0] for kind in ("LoadAudio", "FlowjamStream", "FlowjamPrepareSource")
@@ -482,7 +529,7 @@ def live(wf: dict, runner: WorkflowRunner) -> dict:
 
 
 def test_oneshot_render_runs_and_saves_8_seconds(runner, comfy_dirs):
-    wf = workflow("flowjam_oneshot_render.json")
+    wf = workflow(ONESHOT)
     run = runner.execute(wf)
     (save,) = nodes_of(wf, "SaveAudio")
     (preview,) = nodes_of(wf, "PreviewAudio")
@@ -493,14 +540,14 @@ def test_oneshot_render_runs_and_saves_8_seconds(runner, comfy_dirs):
     latent = run.outputs[generate["id"]][1]
     assert latent["type"] == "audio" and latent["samples"].shape == (1, 64, samples // 1920)
     (saved,) = run.ui[save["id"]]["audio"]
-    audio, rate = read_wav(comfy_dirs / "output" / saved["subfolder"] / saved["filename"])
+    audio, rate = read_audio(comfy_dirs / "output" / saved["subfolder"] / saved["filename"])
     assert rate == RATE and audio.shape == (2, samples) and saved["type"] == "output"
     (previewed,) = run.ui[preview["id"]]["audio"]
     assert previewed["type"] == "temp"
 
 
 def test_lm_structure_render_runs_and_the_codes_shape_the_song(runner, comfy_dirs):
-    wf = workflow("flowjam_lm_structure_render.json")
+    wf = workflow(LM_RENDER)
     run = runner.execute(wf)
     (generate,) = nodes_of(wf, "FlowjamGenerate")
     (lm,) = nodes_of(wf, "FlowjamLMStructure")
@@ -549,12 +596,9 @@ def captured(wf: dict, run, output_type: str):
 
 
 def test_text_live_jam_runs_and_captures_8_seconds(runner):
-    wf = live(workflow("flowjam_text_live_jam.json"), runner)
+    wf = live(workflow(TEXT_JAM), runner)
     first, second, app = run_live(wf, runner, "jam", played_s=8.3)
-    early = captured(wf, first, "PreviewAudio")
-    assert early["waveform"].shape[:2] == (1, 2) and early["waveform"].shape[2] < 8 * RATE, (
-        "only what has played so far"
-    )
+    assert_audio(captured(wf, first, "PreviewAudio"), samples=8 * RATE)  # the first queue waits for 8 s to play
     assert_audio(captured(wf, second, "PreviewAudio"), samples=8 * RATE)
     (text_a,) = [n for n in wf["nodes"] if n.get("title", "").endswith("(A)")]
     assert app.registry.get("velocity_scale") == 1.0 and app.registry.get("depth") == 4
@@ -564,19 +608,28 @@ def test_text_live_jam_runs_and_captures_8_seconds(runner):
     )
 
 
-def test_cover_live_runs_on_the_loaded_song(runner, comfy_dirs):
-    wf = live(workflow("flowjam_cover_live.json"), runner)
-    first, second, app = run_live(wf, runner, "cover", played_s=EXAMPLE_SECONDS + 0.3)
-    (load,) = nodes_of(wf, "LoadAudio")
-    loaded = second.outputs[load["id"]][0]
-    assert loaded["sample_rate"] == 44_100 and loaded["waveform"].shape == (1, 2, int(44_100 * EXAMPLE_SECONDS))
-    assert app.runner.frames == EXAMPLE_SECONDS * 25, "the loop is as long as the source"
-    # 8 s asked of a 4 s loop: capped at the loop minus the window the runner is writing (which grows on a slow CPU)
-    assert_audio(captured(wf, second, "SaveAudio"), minimum=int(1.5 * RATE), maximum=int(EXAMPLE_SECONDS * RATE) - 1)
+def test_cover_live_runs_on_the_example_song_with_no_file(runner, comfy_dirs):
+    wf = live(workflow(COVER), runner)
+    first, second, app = run_live(wf, runner, "cover", played_s=SONG_SECONDS + 0.3)
+    (song,) = nodes_of(wf, "FlowjamExampleSong")
+    assert_audio(second.outputs[song["id"]][0], samples=int(SONG_SECONDS * RATE))
+    assert app.runner.frames == SONG_SECONDS * 25, "the loop is as long as the source"
+    # 8 s asked of an 8 s loop: capped at the loop minus the window the runner is writing (which grows on a slow CPU)
+    assert_audio(captured(wf, second, "SaveAudio"), minimum=int(1.5 * RATE), maximum=int(SONG_SECONDS * RATE) - 1)
     (save,) = nodes_of(wf, "SaveAudio")
     files = [entry["filename"] for run in (first, second) for entry in run.ui[save["id"]]["audio"]]
     assert len(set(files)) == 2 and all((comfy_dirs / "output" / "audio" / f).is_file() for f in files)
     assert app.runner.stats.errors == 0
+
+
+def test_the_cover_graph_with_a_load_audio_covers_your_own_song(runner):
+    wf = live(own_song(workflow(COVER)), runner)
+    assert runner.problems(wf) == []
+    run = runner.execute(wf)
+    (load,) = nodes_of(wf, "LoadAudio")
+    loaded = run.outputs[load["id"]][0]
+    assert loaded["sample_rate"] == 44_100 and loaded["waveform"].shape == (1, 2, int(44_100 * EXAMPLE_SECONDS))
+    assert performances.get("cover").runner.frames == EXAMPLE_SECONDS * 25, "the loop is as long as your song"
 
 
 def armed(wf: dict) -> dict:
@@ -588,7 +641,7 @@ def armed(wf: dict) -> dict:
 
 
 def test_an_armed_stop_runs_after_the_osc_bridge_and_the_capture(runner):
-    shipped = live(workflow("flowjam_prompt_blend_osc.json"), runner)
+    shipped = live(workflow(BLEND_OSC), runner)
     shipped = with_widget(shipped, "FlowjamOscBridge", "port", free_udp_port(), runner)
     shipped = with_widget(shipped, "FlowjamOscBridge", "feedback", "", runner)
     wf = armed(shipped)
@@ -608,7 +661,7 @@ def test_an_armed_stop_runs_after_the_osc_bridge_and_the_capture(runner):
 
 def test_an_old_graph_with_a_full_size_preset_loads_and_names_the_fix(runner):
     """Saved before full-size presets were withdrawn: it still loads; without weights, Load model says what to pick."""
-    wf = with_widget(workflow("flowjam_oneshot_render.json"), "FlowjamLoadModel", "preset", "turbo-2b", runner)
+    wf = with_widget(workflow(ONESHOT), "FlowjamLoadModel", "preset", "turbo-2b", runner)
     assert runner.problems(wf) == []
     assert to_api_format(wf, runner)[str(nodes_of(wf, "FlowjamLoadModel")[0]["id"])]["inputs"]["preset"] == "turbo-2b"
     with pytest.raises(NodeInputError, match="input 'preset' 'turbo-2b' has no weights") as refused:
@@ -621,7 +674,7 @@ def test_prompt_blend_osc_runs_and_a_controller_can_play_it(runner):
     port, feedback = free_udp_port(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     feedback.bind(("127.0.0.1", 0))
     feedback.settimeout(5)
-    wf = live(workflow("flowjam_prompt_blend_osc.json"), runner)
+    wf = live(workflow(BLEND_OSC), runner)
     wf = with_widget(wf, "FlowjamOscBridge", "port", port, runner)  # 9000 may be taken on a CI machine
     wf = with_widget(wf, "FlowjamOscBridge", "feedback", f"127.0.0.1:{feedback.getsockname()[1]}", runner)
     with feedback:

@@ -196,9 +196,9 @@ def comfy_standins(input_dir: Path | None, output_dir: Path | None, temp_dir: Pa
             return {"required": {"audio": (files, {"audio_upload": True})}}
 
         def load(self, audio: str):
-            from flowjam.engine.audio.files import read_wav
+            from flowjam.engine.audio.files import read_audio
 
-            waveform, rate = read_wav(Path(input_dir) / audio)
+            waveform, rate = read_audio(Path(input_dir) / audio)
             return ({"waveform": waveform.unsqueeze(0), "sample_rate": int(rate)},)
 
     class SaveAudio:
@@ -552,6 +552,7 @@ WIDGET_HEIGHT = 20  # NODE_WIDGET_HEIGHT; computeSize adds 4 per widget, 8 below
 DOM_MIN_HEIGHT = 50  # a DOM widget (multiline textarea, audio player) that names no minimum height
 FLOWJAM_JS = Path(__file__).resolve().parent.parent / "web" / "flowjam.js"
 AUDIO_PLAYER_NODES = ("LoadAudio", "SaveAudio", "PreviewAudio")  # the frontend's Comfy.AudioWidget adds audioUI
+BADGE_BAND = 0.12  # a thumbnail's top and bottom bands, as a share of its height: empty, and the title
 LINK_COLOURS = {
     "FLOWJAM_MODEL": "#b39ddb",
     "FLOWJAM_CONDITIONING": "#ffa931",
@@ -624,7 +625,9 @@ def overlaps(workflow: dict, runner: WorkflowRunner | None = None) -> list[str]:
 
 def draw_thumbnail(workflow: dict, path: Path, runner: WorkflowRunner | None = None, pixels: int = 512) -> None:
     """A square JPEG of the graph (nodes as drawn, links by type, muted and bypassed nodes tinted as the frontend
-    tints them): what ComfyUI's template browser shows for `<name>.jpg` beside `<name>.json`. Needs Pillow."""
+    tints them), its title in the bottom band and nothing in the top one (frontend 1.58 lays a "Node graph" badge
+    over a card's top-left corner): what ComfyUI's template browser shows for `<name>.jpg` beside `<name>.json`.
+    Needs Pillow."""
     from PIL import Image, ImageDraw, ImageFont
 
     runner = runner or WorkflowRunner()
@@ -632,10 +635,10 @@ def draw_thumbnail(workflow: dict, path: Path, runner: WorkflowRunner | None = N
     nodes = {n["id"]: n for n in workflow["nodes"]}
     left, top = min(b[0] for b in boxes.values()), min(b[1] for b in boxes.values())
     right, bottom = max(b[2] for b in boxes.values()), max(b[3] for b in boxes.values())
-    margin, heading_height = pixels * 0.05, pixels * 0.12
-    scale = min((pixels - 2 * margin) / (right - left), (pixels - 2 * margin - heading_height) / (bottom - top))
+    margin, band = pixels * 0.05, round(pixels * BADGE_BAND)
+    scale = min((pixels - 2 * margin) / (right - left), (pixels - 2 * band) / (bottom - top))
     offset_x = (pixels - (right - left) * scale) / 2 - left * scale
-    offset_y = heading_height + (pixels - heading_height - (bottom - top) * scale) / 2 - top * scale
+    offset_y = band + (pixels - 2 * band - (bottom - top) * scale) / 2 - top * scale
 
     def at(x: float, y: float) -> tuple[float, float]:
         return offset_x + x * scale, offset_y + y * scale
@@ -645,7 +648,7 @@ def draw_thumbnail(workflow: dict, path: Path, runner: WorkflowRunner | None = N
     text, size = template_heading(workflow), round(pixels * 0.05)
     while size > 10 and draw.textlength(text, font=ImageFont.load_default(size=size)) > pixels - 2 * margin:
         size -= 1
-    draw.text((margin, margin), text, fill="#ffffff", font=ImageFont.load_default(size=size), anchor="lt")
+    draw.text((pixels / 2, pixels - margin), text, fill="#ffffff", font=ImageFont.load_default(size=size), anchor="md")
     font = ImageFont.load_default(size=max(9, round(TITLE_HEIGHT * scale * 0.6)))
     for _, source, source_slot, target, target_slot, link_type in workflow["links"]:
         start = at(boxes[source][2], nodes[source]["pos"][1] + (source_slot + 0.5) * SLOT_HEIGHT)

@@ -4,11 +4,14 @@
 // The server pushes every stream's status as a "flowjam.status" event (nodes/web_routes.py, about 4 a second while
 // a stream runs); GET /flowjam/session/<name> brings the specs, and is a slow fallback where no event comes.
 // Turning a knob posts it straight to the stream (no re-queue) and writes the same value into the widget that sets
-// that knob on a re-queue (the Stream node's own widget, or the `value` of a Shared curve node wired to this Stream
-// for that knob), so the graph re-queues what you hear. Colours come from ComfyUI's theme (its palette variables).
+// that knob on a re-queue (widget_sync.js: the Stream node's own widget, a wired Shared curve's `value`, a LoRA node's
+// `strength`); a knob the stream changed otherwise (OSC, MIDI, another browser) is written there too when its status
+// comes, so the graph re-queues what you hear. A Stream stop's result shows as a toast. Colours come from ComfyUI's
+// theme (its palette variables).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { choiceName, movedValue, panelRows, shownValue } from "./panel_rows.js";
+import { followStream, widgetNamed, writeWidgets } from "./widget_sync.js";
 
 const STATUS_EVENT = "flowjam.status"; // nodes/web_routes.py's STATUS_EVENT
 const FALLBACK_POLL_MS = 2000; // GET the status when no event came for this long (older ComfyUI, no stream)
@@ -16,6 +19,8 @@ const HAND_MS = 500; // a knob moved this recently keeps the hand's value (the s
 const PANEL_HEIGHT = 210; // the panel's least height: meters (two lines), playhead and about seven rows; more scroll
 const FIELD_SEPARATOR = " · ";
 const WAKE_EVENTS = ["execution_start", "execution_success"]; // a queued graph may have just started the stream
+const RESULT_KEY = "flowjam_result"; // nodes/spec.py's RESULT_UI_KEY: a node's result text to show
+const TOAST_MS = 6000;
 const CURVE_TITLE = "driven by a curve (Shared curve node): disconnect the curve to play it here";
 const ONE_LINE = "white-space: nowrap; overflow: hidden; text-overflow: ellipsis;";
 const CSS = {
@@ -84,7 +89,8 @@ function buildPanel(node) {
   const rowsBox = element("div", CSS.rows);
   root.append(meters, playhead, rowsBox);
   const times = { eventAt: 0, askedAt: 0, timer: null }; // the last event, the last specs asked for, the poll
-  return { node, root, lines, playhead, rowsBox, rows: {}, running: false, fetching: false, ...times };
+  const heard = {}; // the knob values the stream last reported (widget_sync.js's followStream)
+  return { node, root, lines, playhead, rowsBox, rows: {}, heard, running: false, fetching: false, ...times };
 }
 
 // Whether `byKnob` (specs or values, keyed by knob name) names exactly the knobs the panel has rows for.
@@ -106,56 +112,6 @@ function showLines(panel, first, second = "", title = "", css = "") {
   panel.lines[1].textContent = second;
   panel.lines[1].style.cssText = ONE_LINE + css;
   panel.lines[0].parentElement.title = title;
-}
-
-// ---- widgets that set a knob on a re-queue -----------------------------------------------------------------------
-
-function widgetNamed(node, name) {
-  return node.widgets?.find((w) => w.name === name);
-}
-
-function inputLinked(node, name) {
-  const named = (input) => input.name === name || input.widget?.name === name;
-  return node.inputs?.some((input) => named(input) && input.link != null) ?? false;
-}
-
-function upstreamStream(node) {
-  for (let hop = 0; node && hop < 16; hop++) {
-    if (node.type === "FlowjamStream") return node;
-    const slot = node.findInputSlot?.("stream") ?? -1;
-    node = node.getInputNode?.(slot >= 0 ? slot : 0); // a Reroute passes the stream through its one input
-  }
-  return null;
-}
-
-function sharedCurveWidgets(streamNode, knob) {
-  const graph = streamNode.graph ?? app.graph;
-  return (graph?.findNodesByType?.("FlowjamSharedCurve", []) ?? [])
-    .filter((n) => widgetNamed(n, "knob")?.value === knob && !inputLinked(n, "curve") && !inputLinked(n, "value"))
-    .filter((n) => upstreamStream(n) === streamNode)
-    .map((n) => widgetNamed(n, "value"))
-    .filter(Boolean);
-}
-
-// The widgets whose value sets `knob` when the graph is queued again. A widget fed by a link is left alone (the
-// link sets it); a Shared curve with a curve connected plays its curve on a re-queue, whatever the panel did.
-function knobWidgets(node, knob) {
-  const own = widgetNamed(node, knob);
-  if (own) return inputLinked(node, knob) ? [] : [own];
-  return sharedCurveWidgets(node, knob);
-}
-
-// Write `value` into those widgets; -> the value they hold after their own rounding (what the stream should get).
-function writeWidgets(node, knob, value) {
-  const widgets = knobWidgets(node, knob);
-  for (const widget of widgets) {
-    if (widget.value === value) continue;
-    widget.value = value;
-    widget.callback?.(value); // ComfyUI's number widgets round to their step here
-  }
-  if (!widgets.length) return value;
-  app.graph?.setDirtyCanvas?.(true, false);
-  return widgets[widgets.length - 1].value;
 }
 
 // ---- talking to the stream ---------------------------------------------------------------------------------------
@@ -208,6 +164,7 @@ function setRowValue(row, value) {
 function showAbsent(panel, sessions = []) {
   const name = streamName(panel.node);
   panel.running = false;
+  panel.heard = {}; // a stream started later is heard afresh
   const others = sessions.filter((s) => s !== name);
   const elsewhere = others.length ? `running here: ${others.join(", ")}` : "";
   showLines(panel, `no stream "${name}" — queue the graph`, elsewhere);
@@ -231,7 +188,10 @@ function meterLines(s) {
 function showRunning(panel, s) {
   panel.running = true;
   const [first, second] = meterLines(s);
-  showLines(panel, first, second, s.last_error ? `last error: ${s.last_error}` : "", s.errors ? CSS.error : "");
+  // no audio device: the stream plays silently, and the second line says so in place of its meters
+  const title = [s.output_warning, s.last_error && `last error: ${s.last_error}`].filter(Boolean).join("\n");
+  const css = s.errors || s.output_warning ? CSS.error : "";
+  showLines(panel, first, s.output_warning ?? second, title, css);
   panel.playhead.value = s.loop_s ? s.playhead_s / s.loop_s : 0;
   const knobs = s.knobs ?? {};
   if (!sameKnobs(panel, knobs) && Date.now() - panel.askedAt > FALLBACK_POLL_MS) {
@@ -239,14 +199,19 @@ function showRunning(panel, s) {
     fetchStatus(panel);
   }
   const curves = new Set(s.curves ?? []);
+  const held = new Set(); // knobs whose widgets stay as they are: in the hand now, or driven by a curve
   for (const [name, row] of Object.entries(panel.rows)) {
     const curve = curves.has(name);
     setRowEnabled(row, !curve, curve ? CURVE_TITLE : "");
     const typing = row.spec.control === "number" && document.activeElement === row.input;
-    if (Date.now() - row.movedAt < HAND_MS || typing || knobs[name] === undefined) continue;
+    const moving = Date.now() - row.movedAt < HAND_MS || typing;
+    if (moving || curve) held.add(name);
+    if (moving || knobs[name] === undefined) continue;
     setRowValue(row, knobs[name]);
     row.value.textContent = curve ? "curve" : shownValue(row.spec, knobs[name]);
   }
+  const specs = Object.fromEntries(Object.entries(panel.rows).map(([name, row]) => [name, row.spec]));
+  followStream(panel.node, specs, panel.heard, knobs, held);
 }
 
 // A stream's status from the route (with `specs`) or from an event (without; the rows stay as they are).
@@ -284,6 +249,13 @@ function onStatusEvent(event) {
     const status = sessions[streamName(panel.node)];
     if (status) showStatus(panel, status, Object.keys(sessions));
     else showAbsent(panel, Object.keys(sessions));
+  }
+}
+
+// A node's result text (a Stream stop's "stopped jam", or why nothing was stopped) as a toast.
+function onExecuted(event) {
+  for (const text of event.detail?.output?.[RESULT_KEY] ?? []) {
+    app.extensionManager?.toast?.add({ severity: "info", summary: "flowjam", detail: String(text), life: TOAST_MS });
   }
 }
 
@@ -326,6 +298,7 @@ app.registerExtension({
   setup() {
     api.addEventListener(STATUS_EVENT, onStatusEvent);
     for (const type of WAKE_EVENTS) api.addEventListener(type, onWake);
+    api.addEventListener("executed", onExecuted);
   },
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (nodeData.name !== "FlowjamStream") return;

@@ -1,20 +1,31 @@
-"""WAV files in and out (PCM 8/16/24/32-bit and float 32/64, no extra dependency) and band-limited resampling."""
+"""Audio files in (WAV, FLAC, OGG/Vorbis, MP3 through libsndfile) and out (16-bit WAV), and resampling (soxr)."""
 
 from __future__ import annotations
 
 import math
+import re
 import struct
 from pathlib import Path
 
 import numpy as np
+import soundfile
+import soxr
 import torch
-import torch.nn.functional as F
 
 from ..outputs import write_atomic
 
 SAMPLE_RATE = 48_000
-_PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
-_UNKNOWN_SIZE = 0xFFFFFFFF  # a data size streaming writers leave when they cannot seek back
+READ_FORMATS = "WAV, FLAC, OGG/Vorbis or MP3"
+MIN_RATE_HZ, MAX_RATE_HZ = 1_000, 768_000
+_PCM = 1
+_STREAMED_SIZE = 0xFFFFFFFF  # the data size a WAV writer leaves when it cannot seek back: the audio runs to the end
+# libsndfile's notes on a WAV (bytes) or an RF64 (frames) whose audio data is shorter than its header says
+_DATA_SIZE_LOG = re.compile(r"^data : (\d+) \(should be (\d+)\)$", re.MULTILINE)
+_DS64_FRAMES_LOG = re.compile(r"Calculated frame count (\d+) does not match value from 'ds64' chunk of (\d+)")
+_AGAIN = "export or copy it again"
+# the share of the frames a header promises that must decode: an MP3 without a Xing header has its length estimated
+# from the bitrate, a little off; a file that ends sooner is cut short
+_MIN_SHARE_READ = 0.99
 
 
 def write_wav(path: str | Path, audio: torch.Tensor | np.ndarray, sample_rate: int = SAMPLE_RATE) -> Path:
@@ -37,112 +48,74 @@ def write_wav(path: str | Path, audio: torch.Tensor | np.ndarray, sample_rate: i
     )
 
 
-def read_wav(path: str | Path) -> tuple[torch.Tensor, int]:
-    """-> (float32 audio [channels, samples] in [-1, 1], sample rate). A file that is malformed, truncated, in an
-    encoding we do not decode or without a single frame of audio is refused with a ValueError naming it."""
-    tag, channels, rate, bits, data = _parse_wav(Path(path))
-    frames = len(data) // (channels * bits // 8)
-    samples = _DECODERS[tag, bits](data)
-    return torch.from_numpy(samples.reshape(frames, channels).T.copy()), rate
+def read_audio(path: str | Path, seconds: float | None = None) -> tuple[torch.Tensor, int]:
+    """-> (float32 audio [channels, samples] in [-1, 1], the file's sample rate): its first `seconds` (all of it when
+    None); only those frames are decoded. A file `check_audio` refuses, or one whose audio ends early, is refused
+    with a ValueError naming it."""
+    path = Path(path)
+    frames, rate = check_audio(path)
+    if seconds is not None:
+        frames = min(frames, math.ceil(seconds * rate))
+    try:
+        data, _ = soundfile.read(path, frames=frames, dtype="float32", always_2d=True)
+    except soundfile.LibsndfileError as error:
+        raise ValueError(f"{path} is damaged or truncated ({error.error_string}); {_AGAIN}") from None
+    if len(data) < frames * _MIN_SHARE_READ:
+        raise ValueError(f"{path} is truncated (its audio ends at frame {len(data):,} of {frames:,}); {_AGAIN}")
+    return torch.from_numpy(np.ascontiguousarray(data.T)), rate
 
 
-def check_wav(path: str | Path) -> None:
-    """The checks `read_wav` makes, without decoding: a command refuses a bad file before it loads a model."""
-    _parse_wav(Path(path))
-
-
-def _parse_wav(path: Path) -> tuple[int, int, int, int, bytes]:
-    """(format tag, channels, sample rate, bits per sample, whole frames of sample data) of a WAV we can decode."""
+def check_audio(path: str | Path) -> tuple[int, int]:
+    """(frames, sample rate) of a file `read_audio` reads, from the header alone: a command refuses a bad file before
+    it loads a model."""
+    path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{path} is a folder; give a WAV file")
+        raise ValueError(f"{path} is a folder; give an audio file ({READ_FORMATS})")
     if not path.is_file():
         raise FileNotFoundError(f"audio file not found: {path}")
-    raw = path.read_bytes()
-    if raw[:4] != b"RIFF" or raw[8:12] != b"WAVE":
-        raise ValueError(f"{path} is not a WAV file (convert it to .wav first)")
-    fmt, data, pos = None, None, 12
-    while pos + 8 <= len(raw):
-        chunk_id, size = raw[pos : pos + 4], struct.unpack("<I", raw[pos + 4 : pos + 8])[0]
-        if chunk_id == b"data" and size == _UNKNOWN_SIZE:  # written to a pipe: the audio runs to the end
-            size = len(raw) - pos - 8
-        body = raw[pos + 8 : pos + 8 + size]
-        if chunk_id == b"fmt ":
-            fmt = body
-        elif chunk_id == b"data":
-            if len(body) < size:
-                raise ValueError(
-                    f"{path}: the file is truncated ({len(body)} of {size} bytes of audio data); "
-                    "export or copy it again"
-                )
-            data = body
-        pos += 8 + size + (size & 1)
-    if fmt is None or data is None:
-        raise ValueError(f"{path}: WAV without fmt or data chunk")
-    tag, channels, rate, bits = _check_format(fmt, path)
-    block = channels * bits // 8
-    frames = len(data) // block
-    if frames == 0:
-        raise ValueError(f"{path} holds no audio (0 frames); give a WAV with sound in it")
-    return tag, channels, rate, bits, data[: frames * block]
-
-
-def _check_format(fmt: bytes, path: Path) -> tuple[int, int, int, int]:
-    """(format tag, channels, sample rate, bits per sample) of a fmt chunk we can decode; ValueError otherwise."""
-    if len(fmt) < 16:
-        raise ValueError(f"{path}: malformed WAV (fmt chunk of {len(fmt)} bytes, at least 16 expected)")
-    tag, channels, rate, _, block, bits = struct.unpack("<HHIIHH", fmt[:16])
-    if tag == _EXTENSIBLE and len(fmt) >= 26:
-        tag = struct.unpack("<H", fmt[24:26])[0]
-    if channels < 1:
-        raise ValueError(f"{path}: malformed WAV (0 channels)")
-    if rate == 0:
-        raise ValueError(f"{path}: malformed WAV (sample rate 0 Hz)")
-    if (tag, bits) not in _DECODERS:
-        encoding = f"format tag {tag:#x}, {bits} bits"
-        raise ValueError(f"{path}: unsupported WAV encoding ({encoding}); use 8/16/24/32-bit PCM or 32/64-bit float")
-    if block != channels * bits // 8:
+    try:
+        info = soundfile.info(path)
+    except soundfile.LibsndfileError as error:
+        raise ValueError(_unreadable(path, error.error_string)) from None
+    if not MIN_RATE_HZ <= info.samplerate <= MAX_RATE_HZ:
         raise ValueError(
-            f"{path}: malformed WAV (block align {block}, but {channels} channels of {bits} bits need "
-            f"{channels * bits // 8})"
+            f"{path}: sample rate {info.samplerate:,} Hz is outside {MIN_RATE_HZ:,}..{MAX_RATE_HZ:,} Hz; "
+            "convert it first"
         )
-    return tag, channels, rate, bits
+    shortfall = _truncation(info.extra_info)
+    if shortfall:
+        raise ValueError(f"{path} is truncated ({shortfall}); {_AGAIN}")
+    if info.frames == 0:
+        raise ValueError(f"{path} holds no audio (0 frames); give a file with sound in it")
+    return info.frames, info.samplerate
 
 
-def _pcm24(data: bytes) -> np.ndarray:
-    b = np.frombuffer(data, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
-    value = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
-    return (np.where(value >= 1 << 23, value - (1 << 24), value) / float(1 << 23)).astype(np.float32)
+def _truncation(log: str) -> str:
+    """What libsndfile's header log says is missing from a WAV or RF64 cut short ("" when nothing is)."""
+    for declared, present in _DATA_SIZE_LOG.findall(log):
+        if int(declared) != _STREAMED_SIZE and int(declared) > int(present):
+            return f"{int(present):,} of {int(declared):,} bytes of audio data"
+    for present, declared in _DS64_FRAMES_LOG.findall(log):
+        if int(declared) > int(present):
+            return f"{int(present):,} of {int(declared):,} frames"
+    return ""
 
 
-_DECODERS = {
-    (_FLOAT, 32): lambda data: np.frombuffer(data, dtype="<f4").astype(np.float32),
-    (_FLOAT, 64): lambda data: np.frombuffer(data, dtype="<f8").astype(np.float32),
-    (_PCM, 8): lambda data: (np.frombuffer(data, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0,
-    (_PCM, 16): lambda data: np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0,
-    (_PCM, 24): _pcm24,
-    (_PCM, 32): lambda data: (np.frombuffer(data, dtype="<i4").astype(np.float64) / 2147483648.0).astype(np.float32),
-}
+def _unreadable(path: Path, reason: str) -> str:
+    """The one line for a file libsndfile cannot open, from its reason."""
+    if "SF_INFO struct incomplete" in reason:  # libsndfile's word for a header with no usable rate
+        return f"{path}: malformed header (sample rate 0 Hz or beyond 2,147,483,647 Hz); export it again"
+    if "Format not recognised" in reason or "not a regular file" in reason:  # the second: an MP3 decoder giving up
+        return f"{path} is not an audio file we read; give {READ_FORMATS} (convert it first)"
+    return f"{path}: malformed audio file ({reason.rstrip('.')}); export it again or convert it to {READ_FORMATS}"
 
 
-def resample(audio: torch.Tensor, from_rate: int, to_rate: int, taps_per_side: int = 32) -> torch.Tensor:
-    """Kaiser-windowed sinc polyphase resampling of [..., samples] audio (anti-aliased on downsampling)."""
+def resample(audio: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tensor:
+    """[..., samples] audio from one rate to another (soxr, high quality, anti-aliased); memory stays in proportion
+    to the input and output, whatever the ratio of the rates."""
     if from_rate == to_rate:
         return audio
-    g = math.gcd(from_rate, to_rate)
-    up, down = to_rate // g, from_rate // g
-    cutoff = min(1.0, up / down) * 0.97
-    width = taps_per_side * max(1, down // up if down > up else 1)
-    phases = torch.arange(up, dtype=torch.float64)[:, None] / up
-    offsets = torch.arange(-width, width + 1, dtype=torch.float64)[None, :]
-    x = (offsets - phases) * cutoff
-    window = torch.special.i0(8.0 * torch.sqrt(torch.clamp(1 - ((offsets - phases) / (width + 1)) ** 2, min=0.0)))
-    kernels = (cutoff * torch.sinc(x) * window / torch.special.i0(torch.tensor(8.0, dtype=torch.float64))).to(
-        audio.dtype
-    )
-    lead = audio.shape[:-1]
-    flat = audio.reshape(-1, 1, audio.shape[-1])
-    padded = F.pad(flat, (width, width + 1))
-    phased = F.conv1d(padded, kernels[:, None, :])  # [N, up, samples + 1]
-    interleaved = phased.transpose(1, 2).reshape(flat.shape[0], -1)
-    out_len = math.ceil(audio.shape[-1] * up / down)
-    return interleaved[:, ::down][:, :out_len].reshape(*lead, out_len)
+    samples = audio.shape[-1]
+    by_frame = audio.detach().reshape(-1, samples).T.float().cpu().numpy()
+    out = soxr.resample(by_frame, from_rate, to_rate, quality="HQ")
+    return torch.from_numpy(np.ascontiguousarray(out.T)).reshape(*audio.shape[:-1], -1).to(audio.device)

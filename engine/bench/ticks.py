@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,6 +20,8 @@ from ..models.text_encoder import Qwen3TextEncoder
 from ..models.vae import OobleckVAE
 from ..params import DEFAULT_PRECISION, LATENT_RATE_HZ
 from ..stream import RealtimeNeed, SlotRequest, StreamPipeline
+from ..stream.walker import WindowWalker
+from ..stream.windows import window_frames
 
 CONDITION_TOKENS = 256
 
@@ -230,20 +232,29 @@ def bench_tick(
     backend: str = "eager",
     profile: bool = False,
     before_tick: Callable[[int], None] | None = None,
+    window_s: float = 0.0,
+    endless: bool = False,
 ) -> TickReport:
     """Steady-state ticks of a StreamPipeline (a new request every tick) against the FLOP bound at the GEMM peak
-    measured in the same process. `before_tick(i)` runs before each tick (a knob moving every tick, say)."""
+    measured in the same process. `before_tick(i)` runs before each tick (a knob moving every tick, say).
+    `window_s`: requests walk with a playhead one latent frame per tick, windows of that many seconds placed on the
+    song's timeline (or an endless one) as a live stream places them (engine/stream/walker.py)."""
     dev = fixture.context.device
     pipeline = StreamPipeline(fixture.decoder, depth=depth, backend=backend)
     options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
     counter = iter(range(1 << 30))
+    walk = _walk(fixture, window_s, endless, steps)
 
     def submit_and_tick() -> list:
         seed = next(counter)
         if before_tick is not None:
             before_tick(seed)
-        pipeline.submit(SlotRequest(fixture.positive, fixture.context, seed=seed, steps=steps, **options))
-        return pipeline.tick()
+        request = SlotRequest(fixture.positive, fixture.context, seed=seed, steps=steps, **options)
+        pipeline.submit(request if walk is None else walk.request(request, seed))
+        finished = pipeline.tick()
+        if walk is not None and finished:
+            walk.land(finished, seed)
+        return finished
 
     warmup = 2 * (steps + depth)
     warmup_started = time.perf_counter()
@@ -270,7 +281,8 @@ def bench_tick(
     table = _profile(submit_and_tick, dev) if profile and dev.type == "cuda" else None
     total_s = sum(times_ms) / 1000.0
     ordered = sorted(times_ms)
-    row_flops = dit_row_flops(fixture.decoder.config, fixture.context.shape[1])
+    frames = fixture.context.shape[1] if walk is None else walk.walker.window
+    row_flops = dit_row_flops(fixture.decoder.config, frames)
     mean_rows = sum(rows) / len(rows)
     return TickReport(
         backend=backend,
@@ -282,12 +294,42 @@ def bench_tick(
         free_ms=free_ms,
         host_ms=statistics.median(host_ms),
         rows_per_tick=mean_rows,
-        audio_s_per_s=finished * fixture.seconds / total_s,
+        audio_s_per_s=finished * frames / LATENT_RATE_HZ / total_s,
         bound_ms=mean_rows * row_flops / (fixture.gemm_tflops * 1e12) * 1000.0,
         graphs=pipeline.stats()["graphs"],
         profile=table,
         precision=fixture.precision,
     )
+
+
+@dataclass
+class _Walk:
+    """A bench's requests walking with a playhead that moves one latent frame per tick."""
+
+    walker: WindowWalker
+    context: torch.Tensor
+    denoise: float = 0.7
+
+    def request(self, request: SlotRequest, tick: int) -> SlotRequest:
+        place = self.walker.place(tick, 1)  # the playhead in latent frames
+        inputs = self.walker.inputs(place, self.context, None, self.denoise, request.steps, request.shift)
+        denoise = self.denoise if "source_latents" in inputs else 1.0
+        return replace(request, denoise=denoise, **inputs)
+
+    def land(self, finished: list, tick: int) -> None:
+        self.walker.land(finished, tick)
+
+
+def _walk(fixture: TickFixture, window_s: float, endless: bool, steps: int) -> _Walk | None:
+    """The walk a windowed bench takes (None: whole-song requests). The fixture's context spans the song (the ring
+    when endless)."""
+    frames = window_frames(window_s, None if endless else fixture.context.shape[1])
+    if frames is None:
+        return None
+    context = fixture.context
+    channels = fixture.decoder.config.audio_acoustic_hidden_dim
+    walker = WindowWalker(context.shape[1], frames, channels, context.device, context.dtype, endless)
+    return _Walk(walker, context)
 
 
 KERNEL_KINDS = {

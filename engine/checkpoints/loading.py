@@ -131,11 +131,22 @@ def safetensors_header(path: Path) -> tuple[list[str], dict[str, str]]:
 
 
 def unreadable_safetensors(path: Path, error: Exception) -> CheckpointError:
-    """The error for a file safetensors refused, saying what is wrong with it: empty, not a .safetensors file at
-    all, or cut short (bytes of tensor data present of those its header describes)."""
+    """The error for a checkpoint file safetensors refused, saying what is wrong with it and the fix."""
+    problem = safetensors_problem(path)
+    if problem is None:
+        return CheckpointError(f"cannot read {path}: {error}; is it a complete .safetensors file?")
+    fix = (
+        "pass a .safetensors checkpoint or its folder" if problem.startswith("is not") else "copy or download it again"
+    )
+    return CheckpointError(f"{path} {problem}; {fix}")
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a file safetensors refused, to follow its path: empty, not a .safetensors file at all, or
+    cut short (bytes of tensor data present of those its header describes). None when none of these."""
     size = path.stat().st_size
     if size == 0:
-        return CheckpointError(f"{path} is empty (0 bytes); copy or download the checkpoint again")
+        return "is empty (0 bytes)"
     with path.open("rb") as handle:
         header_bytes = int.from_bytes(handle.read(8), "little") if size >= 8 else size
         try:
@@ -143,19 +154,15 @@ def unreadable_safetensors(path: Path, error: Exception) -> CheckpointError:
         except ValueError:
             header = None
     if not isinstance(header, dict):
-        return CheckpointError(
-            f"{path} is not a .safetensors file (no valid header); pass a .safetensors checkpoint or its folder"
-        )
+        return "is not a .safetensors file (no valid header)"
     try:
         needed = max((entry["data_offsets"][1] for k, entry in header.items() if k != "__metadata__"), default=0)
     except (KeyError, IndexError, TypeError):
         needed = 0
     present = size - 8 - header_bytes
     if present < needed:
-        return CheckpointError(
-            f"{path} is truncated ({present:,} of {needed:,} bytes of tensor data); copy or download it again"
-        )
-    return CheckpointError(f"cannot read {path}: {error}; is it a complete .safetensors file?")
+        return f"is truncated ({present:,} of {needed:,} bytes of tensor data)"
+    return None
 
 
 def read_sharded(folder: Path, stem: str = "model") -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ One call generates N sequences, each with its own prompt, length and seed:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -103,19 +103,28 @@ class CodeGenerator:
         return self.lm.model.embed_tokens.weight.device
 
     @torch.no_grad()
-    def generate(self, requests: Sequence[CodeRequest]) -> list[torch.Tensor]:
-        """-> one int64 CPU tensor of exactly `num_codes` codes (0..63,999) per request, in request order."""
+    def generate(
+        self, requests: Sequence[CodeRequest], on_code: Callable[[int, int], None] | None = None
+    ) -> list[torch.Tensor]:
+        """-> one int64 CPU tensor of exactly `num_codes` codes (0..63,999) per request, in request order.
+
+        `on_code(done, total)` runs on the host after each code step (`total` = the longest request's codes); it
+        may raise to stop the generation there (a host UI's Cancel), and it forces no device sync."""
         if not requests:
             raise ValueError("generate needs at least one CodeRequest")
         for request in requests:
             request.validate(self.guided)
+        total = max(r.num_codes for r in requests)
+        report = on_code or (lambda done, total: None)
         self._start(requests)
+        report(1, total)
         state = self.state
-        for step in range(1, max(r.num_codes for r in requests)):
+        for step in range(1, total):
             active = [i for i in state.active if requests[i].num_codes > step]
             if active != state.active:
                 self._compact(active)
             self._run_step(len(active), self._keys_end(step))
+            report(step + 1, total)
         codes = state.codes.cpu()  # the one host sync of the whole loop
         return [codes[i, : r.num_codes].clone() for i, r in enumerate(requests)]
 

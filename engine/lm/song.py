@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,8 +68,10 @@ class SongWriter:
         language: str | None = None,
         seeds: Sequence[int] = (0,),
         negative: str = "",
+        on_code: Callable[[int, int], None] | None = None,
     ) -> SongCodes:
-        """Codes for `duration_s` seconds of the described song, one row per seed (rows generated together)."""
+        """Codes for `duration_s` seconds of the described song, one row per seed (rows generated together).
+        `on_code(done, total)` runs after each code step of Phase 2 and may raise to stop (`CodeGenerator.generate`)."""
         if not caption.strip():
             raise ValueError("the prompt is empty: describe the music, e.g. 'ambient pads, slow'")
         low, high = DURATION_RANGE_S
@@ -94,7 +96,7 @@ class SongWriter:
         uncond = self._ids(codes_uncond_prompt(caption, lyrics, negative))
         num_codes = codes_for_seconds(duration_s)
         requests = [CodeRequest(prompt, num_codes, seed=seed, uncond_ids=uncond) for seed in seeds]
-        return SongCodes(torch.stack(self.generator.generate(requests)), metadata)
+        return SongCodes(torch.stack(self.generator.generate(requests, on_code)), metadata)
 
     def _ids(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text))

@@ -12,12 +12,12 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
+from ..params import LORA_STRENGTH_RANGE as STRENGTH_RANGE
 from .adapter import LoraAdapter, check_fits
 from .folded import FoldedLayer, FoldRunner, foldable_linear
 from .unmerged import LoraLinear
 
 MAX_LORAS = 8  # attached at once per decoder (slots of the strengths tensor)
-STRENGTH_RANGE = (0.0, 2.0)
 LIVE_MODES = ("live", "folded")  # unmerged low-rank GEMMs in every tick, or folded on the tick after a change
 
 

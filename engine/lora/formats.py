@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..checkpoints.loading import safetensors_problem
 from .adapter import Delta, Kronecker, LoraAdapter, LowRank
 
 PREFIXES = (
@@ -49,26 +50,43 @@ def read_lora(path: str | Path, module_paths: set[str], name: str | None = None)
     """Read a PEFT folder or a single .safetensors LoRA; `module_paths` are the decoder's module names (to read
     underscored keys back into dotted paths)."""
     path = Path(path)
-    if path.suffix in PICKLED:
-        raise ValueError(f"{path}: LoRAs are read from .safetensors only (pickled .bin/.pt files can run code)")
-    if not path.exists():
-        raise FileNotFoundError(f"LoRA not found: {path} (give a PEFT adapter folder or a .safetensors file)")
+    check_lora_path(path)
     name = name or (path.name if path.is_dir() else path.stem)
     if path.is_dir():
         return _read_peft_folder(path, module_paths, name)
     if path.name == PEFT_WEIGHTS and (path.parent / PEFT_CONFIG).exists():  # a PEFT folder picked by its file
         return _read_peft_folder(path.parent, module_paths, name if name != path.stem else path.parent.name)
-    if path.suffix != ".safetensors":
-        raise ValueError(f"{path}: not a .safetensors file; give a PEFT adapter folder or a .safetensors LoRA")
     tensors, metadata = _load(path)
     return _from_tensors(tensors, module_paths, name, str(path), metadata_config(metadata))
 
 
+def check_lora_path(path: Path) -> None:
+    """Refuse, with one line naming the path and the fix, what cannot be a LoRA: a pickled file, a missing path, a
+    folder that is no PEFT adapter, a file that is not a whole .safetensors file. Reads file headers only, so a
+    command runs it before its model loads; read_lora runs it too, so every caller says the same."""
+    if path.suffix in PICKLED:
+        raise ValueError(f"{path}: LoRAs are read from .safetensors only (pickled .bin/.pt files can run code)")
+    if not path.exists():
+        raise FileNotFoundError(
+            f"LoRA not found: no such file or folder {path}; give a PEFT adapter folder or a .safetensors file"
+        )
+    if path.is_dir():
+        missing = [name for name in (PEFT_CONFIG, PEFT_WEIGHTS) if not (path / name).exists()]
+        if missing:
+            raise ValueError(f"{path}: not a PEFT adapter folder, {' and '.join(missing)} missing")
+        path = path / PEFT_WEIGHTS
+    elif path.suffix != ".safetensors":
+        raise ValueError(f"{path}: not a .safetensors file; give a PEFT adapter folder or a .safetensors LoRA")
+    try:
+        with safe_open(str(path), framework="pt"):  # reads and checks the header, not the tensors
+            pass
+    except Exception as error:  # safetensors raises its own SafetensorError for a broken file
+        problem = safetensors_problem(path) or f"is not a valid .safetensors file ({error})"
+        raise ValueError(f"LoRA file {path} {problem}; download or export it again") from None
+
+
 def _read_peft_folder(folder: Path, module_paths: set[str], name: str) -> LoraAdapter:
     config_path, weights_path = folder / PEFT_CONFIG, folder / PEFT_WEIGHTS
-    missing = [p.name for p in (config_path, weights_path) if not p.exists()]
-    if missing:
-        raise ValueError(f"{folder}: not a PEFT adapter folder, {' and '.join(missing)} missing")
     config = json.loads(config_path.read_text())
     tensors, _ = _load(weights_path)
     return _from_tensors(tensors, module_paths, name, str(folder), config)

@@ -6,10 +6,9 @@ from functools import lru_cache
 
 import torch
 
-from ..params import DEFAULT_SHIFT
+from ..params import DEFAULT_SHIFT, MAX_STEPS
 
 DENOISE_MIN = 1e-6
-MAX_STEPS = 200
 
 
 def shift_time(t: float, shift: float) -> float:

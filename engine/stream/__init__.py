@@ -7,6 +7,8 @@ here. One job per module:
 - `lanes.py`: slots and lanes (a session's share of the ring), admission control, `StreamLane`.
 - `batch.py`: a tick's rows, their layout by condition, per-lane LoRA strengths.
 - `graph_step.py`, `tick_graph.py`: the CUDA-graph path (static tensors, tick plans) and its capture and replay.
+- `windows.py`: windows on a timeline (a request placed at the playhead, the timeline of written latents);
+  `walker.py`: a stream's requests walking with the playhead on it.
 - `backends.py`: how the DiT runs (eager, compiled, graphs); `pinned.py`: host-to-device copies.
 
 Each slot's step (guidance, solver, x0 target) is model-free and lives in `engine/sampling/step.py`."""
@@ -14,6 +16,7 @@ Each slot's step (guidance, solver, x0 target) is model-free and lives in `engin
 from .lanes import MAX_DEPTH, MAX_LANES, AdmissionRefused, RealtimeNeed, StreamLane
 from .pipeline import StreamPipeline
 from .requests import DCW, ExtraCondition, Finished, SlotRequest, seeded_noise, step_seed
+from .windows import Timeline, WindowPlace, place_window
 
 __all__ = [
     "DCW",
@@ -26,6 +29,9 @@ __all__ = [
     "SlotRequest",
     "StreamLane",
     "StreamPipeline",
+    "Timeline",
+    "WindowPlace",
+    "place_window",
     "seeded_noise",
     "step_seed",
 ]

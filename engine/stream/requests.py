@@ -15,6 +15,7 @@ import torch
 from ..conditioning import Conditioning
 from ..params import CFG_MODES, DCW_MODES, DEFAULT_SHIFT, DEFAULT_STEPS, GUIDANCE_METHODS, SOLVERS
 from ..sampling.curves import Curve
+from .windows import WindowPlace
 
 MAIN_LANE = "main"  # the lane a pipeline's own submit/set_depth/set_shared_curve reach
 FINITE_CHECKS_KEPT = 64
@@ -85,6 +86,7 @@ class SlotRequest:
     primary_step_range: tuple[float, float] | None = None
     extra_conditions: tuple[ExtraCondition, ...] = ()
     dcw: DCW | None = None
+    window: WindowPlace | None = None  # where the request's frames lie on a windowed stream's timeline
     tag: Any = None
 
     @property

@@ -1,0 +1,97 @@
+"""The window walker: a stream's requests placed on a timeline at the playhead (`windows.py`), so a tick costs the
+window, not the loop, and a loop can be any length or endless. The live runner (live/runner.py) and `bench tick
+--window-seconds` walk with it.
+
+Each request covers W frames whose generated part starts where the writer is expected to write when it is delivered
+(playhead + lead + its steps' ticks); the frames before are kept, held by the latent mask. Frames the timeline has
+no latent for yet start from noise; the rest is denoised from the timeline (the feedback loop a whole-loop stream
+runs on the whole loop). Delivered windows are merged after the frozen frontier, and the writer decodes the
+timeline. Loop-length inputs (the source's hints, LM structure, x0 target, per-frame shared curves) are read at
+each window's place, cyclically: an endless stream repeats its structure every loop of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..sampling.curves import frame_view
+from ..sampling.schedule import timestep_schedule
+from .requests import Finished
+from .windows import Timeline, WindowPlace, cyclic_crop, place_window
+
+
+class WindowWalker:
+    def __init__(self, ring: int, window: int, channels: int, device: torch.device, dtype: torch.dtype, endless: bool):
+        """`ring`: the loop's frames (or an endless stream's ring); `window`: W frames."""
+        self.window, self.endless = window, endless
+        self.timeline = Timeline(ring, channels, device, dtype, endless)
+        self._inputs: tuple[tuple, dict[str, Any]] | None = None  # the last window's tensors, by what made them
+        self._frame_curves: dict[str, torch.Tensor] = {}  # per-frame shared curves over the loop
+        self._curves_at: WindowPlace | None = None  # the place they were last read at
+
+    def place(self, write_sample: int, hop: int) -> WindowPlace:
+        """The window whose generated part starts at the latent frame holding audio sample `write_sample`."""
+        return place_window(-(-write_sample // hop), self.window)
+
+    def inputs(
+        self,
+        place: WindowPlace,
+        context: torch.Tensor,
+        target: torch.Tensor | None,
+        denoise: float,
+        steps: int,
+        shift: float,
+    ) -> dict[str, Any]:
+        """A window's request fields: context, x0 target, and (once the timeline holds any of its frames) the
+        source, latent mask and starting noise. Made again only when something they depend on changed: a stream
+        checks each new tensor once for NaN."""
+        timeline = self.timeline
+        key = (place, timeline.version, id(context), id(target), denoise, steps, shift)
+        if self._inputs is not None and self._inputs[0] == key:
+            return self._inputs[1]
+        inputs: dict[str, Any] = {
+            "context_latents": cyclic_crop(context, place.start, place.frames),
+            "x0_target": None if target is None else cyclic_crop(target, place.start, place.frames),
+            "window": place,
+        }
+        held = timeline.holds(place)
+        if held.any():
+            kept = (torch.arange(place.frames) < place.keep) & held
+            inputs["source_latents"] = timeline.window(place)
+            inputs["latent_mask"] = (~kept).float()
+            if not held.all():  # frames never generated start from noise, the others at the schedule's start
+                start_t = timestep_schedule(steps, shift, denoise)[0]
+                inputs["initial_noise"] = torch.where(held, torch.tensor(start_t), torch.tensor(1.0))
+        self._inputs = (key, inputs)
+        return inputs
+
+    def land(self, finished: list[Finished], frozen_frame: int) -> torch.Tensor:
+        """Merge delivered windows into the timeline after `frozen_frame` (whose audio is written and never changes
+        again); -> the timeline the writer decodes from now on (a copy: merges go on meanwhile)."""
+        self.timeline.freeze(frozen_frame)
+        for delivered in finished:
+            self.timeline.merge(delivered.latent, delivered.request.window)
+        return self.timeline.snapshot()
+
+    def fill(self, latents: torch.Tensor) -> None:
+        """A loop's source: the timeline starts from its latents."""
+        self.timeline.fill(latents)
+
+    def set_frame_curve(self, name: str, curve: torch.Tensor) -> None:
+        """A per-frame shared curve over the loop, read at each window's place (`crop_frame_curves`)."""
+        self._frame_curves[name] = frame_view(curve).to(self.timeline.latents.device)
+        self._curves_at = None
+
+    def drop_frame_curve(self, name: str) -> None:
+        self._frame_curves.pop(name, None)
+
+    def crop_frame_curves(self, place: WindowPlace, set_shared: Callable[[str, torch.Tensor], None]) -> None:
+        """Per-frame shared curves at the newest window's place (the windows in flight lie within a few ticks'
+        advance of it)."""
+        if not self._frame_curves or self._curves_at == place:
+            return
+        for name, curve in self._frame_curves.items():
+            set_shared(name, cyclic_crop(curve, place.start, place.frames))
+        self._curves_at = place

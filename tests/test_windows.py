@@ -1,0 +1,218 @@
+"""Windowed generation (issue "Any length at the cost of a window"): requests of W frames placed at the playhead on a
+timeline, kept frames held bit for bit, frozen frames never rewritten, endless play, and lanes of different loop
+lengths sharing one ring. Real pipeline and tiny-preset model throughout; the playhead is moved by hand so that
+placements, and so the latents, are reproducible."""
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from flowjam.engine.audio.files import read_audio
+from flowjam.engine.stream import StreamPipeline
+from flowjam.engine.stream.walker import WindowWalker
+from flowjam.engine.stream.windows import Timeline, WindowPlace, cyclic_crop, place_window, ring_frames, window_frames
+from flowjam.live.knobs import KnobRegistry
+from flowjam.live.loop_buffer import PLAYED, LoopBuffer
+from flowjam.live.runner import LiveRunner, RunnerConfig
+from helpers import free_udp_port
+from pythonosc.udp_client import SimpleUDPClient
+
+W = 250  # frames (10 s): batch-size-invariant CPU GEMMs, as the shared-ring tests use
+STEPS = 4
+ADVANCE = 8  # latent frames the playhead moves per tick
+
+
+# ---- placement and the timeline, pure -------------------------------------------------------------------------
+
+
+def test_a_window_keeps_half_behind_the_write_point_and_less_at_the_start():
+    assert place_window(100, 40) == WindowPlace(start=80, frames=40, keep=20)
+    assert place_window(5, 40) == WindowPlace(start=0, frames=40, keep=5)
+    assert place_window(100, 40).write_frame == 100
+
+
+def test_window_lengths_and_their_errors():
+    assert window_frames(20.0, 1500) == 500
+    assert window_frames(60.0, 1500) is None, "a window as long as the loop is whole-loop generation"
+    assert window_frames(0.0, 1500) is None
+    assert window_frames(20.0, None) == 500
+    assert ring_frames(500, None) > 500 and ring_frames(500, 1500) == 1500
+    for bad in (2.0, -1.0, float("nan"), 601.0):
+        with pytest.raises(ValueError, match="window"):
+            window_frames(bad, 1500)
+    with pytest.raises(ValueError, match="endless play needs a window"):
+        window_frames(0.0, None)
+
+
+def test_the_timeline_merges_after_the_frozen_frontier_and_wraps_the_loop():
+    timeline = Timeline(10, 2, torch.device("cpu"), torch.float32, endless=False)
+    place = WindowPlace(start=6, frames=6, keep=2)  # frames 6..11: wraps at 10
+    latent = torch.arange(12, dtype=torch.float32).reshape(1, 6, 2)
+    assert timeline.merge(latent, place) == 4  # the kept frames 6, 7 are not written
+    assert timeline.holds(place).tolist() == [False, False, True, True, True, True]
+    assert torch.equal(timeline.window(place)[:, 2:], latent[:, 2:])
+    timeline.freeze(9)
+    assert timeline.merge(latent + 100, WindowPlace(start=6, frames=6, keep=0)) == 3  # 9, 10 and 11 (= 0, 1)
+    assert torch.equal(timeline.latents[:, 8], latent[:, 2]), "a frozen frame never changes"
+    assert torch.equal(timeline.latents[:, 0], latent[:, 4] + 100)
+    assert torch.equal(cyclic_crop(torch.arange(10).reshape(1, 10, 1), 8, 4).flatten(), torch.tensor([8, 9, 0, 1]))
+
+
+def test_an_endless_timeline_holds_a_frame_only_for_the_lap_it_was_written_in():
+    timeline = Timeline(8, 1, torch.device("cpu"), torch.float32, endless=True)
+    timeline.merge(torch.ones(1, 4, 1), WindowPlace(start=2, frames=4, keep=0))
+    assert timeline.holds(WindowPlace(start=2, frames=4, keep=0)).all()
+    assert not timeline.holds(WindowPlace(start=10, frames=4, keep=0)).any(), "frame 10 is not frame 2"
+
+
+# ---- the walker on a real pipeline ----------------------------------------------------------------------------
+
+
+class Walk:
+    """A lane of a pipeline walking a timeline with a playhead moved by hand: one latent frame per tick."""
+
+    def __init__(self, session, pipeline, lane, ring: int, endless: bool, condition, seed: int):
+        self.session, self.lane = session, lane
+        channels = session.models.config.audio_acoustic_hidden_dim
+        self.walker = WindowWalker(ring, W, channels, session.device, session.dtype, endless)
+        self.context = session.context_latents(ring, None)
+        self.condition, self.seed = condition, seed
+        self.delivered: list = []  # (request, latent, timeline frames its kept region held at submit)
+        self.snapshots: list[tuple[int, torch.Tensor]] = []
+
+    def submit(self, tick: int) -> None:
+        place = self.walker.place((tick + STEPS) * ADVANCE, 1)  # the generated part starts where it is delivered
+        inputs = self.walker.inputs(place, self.context, None, 0.7, STEPS, 3.0)
+        denoise = 0.7 if "source_latents" in inputs else 1.0
+        request = self.session.make_request(
+            self.condition, W / 25, seed=self.seed, steps=STEPS, denoise=denoise, **inputs
+        )
+        self.lane.submit(request)
+
+    def land(self, finished, tick: int) -> None:
+        if not finished:
+            return
+        for item in finished:
+            self.delivered.append((item.request, item.latent, self.walker.timeline.frozen))
+        self.walker.land(finished, tick * ADVANCE)
+        self.snapshots.append((self.walker.timeline.frozen, self.walker.timeline.latents.clone()))
+
+
+def _run(session, condition, walks_spec, ticks: int) -> list[Walk]:
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=2)
+    walks = []
+    for name, ring, endless, seed in walks_spec:
+        walks.append(Walk(session, pipeline, pipeline.add_lane(name, depth=2), ring, endless, condition, seed))
+    for tick in range(ticks):
+        for walk in walks:
+            walk.submit(tick)
+        finished = pipeline.tick()
+        for walk in walks:
+            walk.land([f for f in finished if f.lane == walk.lane.name], tick)
+    return walks
+
+
+@pytest.fixture(scope="module")
+def walked(session, prompts):
+    """A 60 s loop and an endless song, alone and together on one ring."""
+    condition = prompts[0]
+    loop, endless = ("loop", 1500, False, 5), ("endless", ring_frames(W, None), True, 9)
+    alone = [_run(session, condition, [spec], 45)[0] for spec in (loop, endless)]
+    together = _run(session, condition, [loop, endless], 45)
+    return alone, together
+
+
+def test_kept_frames_equal_the_timeline_bit_for_bit_and_frozen_frames_never_change(walked):
+    alone, _ = walked
+    for walk in alone:
+        assert len(walk.delivered) > 10
+        kept_any = 0
+        for request, latent, _ in walk.delivered:
+            if request.latent_mask is None:
+                continue
+            kept = request.latent_mask == 0
+            kept_any += int(kept.sum())
+            assert torch.equal(latent[:, kept], request.source_latents[:, kept]), "kept frames changed"
+        assert kept_any > 0
+        for (frozen, before), (_, after) in zip(walk.snapshots, walk.snapshots[1:]):
+            ring = before.shape[1]
+            if frozen >= ring:  # endless: only the last ring's frames are on it
+                continue
+            assert torch.equal(before[:, :frozen], after[:, :frozen]), "a frozen frame was rewritten"
+        assert walk.walker.timeline.frozen > W, "the walk moved past its first window"
+
+
+def test_lanes_of_different_lengths_share_a_ring_each_bit_for_bit_as_alone(walked):
+    alone, together = walked
+    for single, shared in zip(alone, together):
+        assert len(single.delivered) == len(shared.delivered)
+        for (_, a, _), (_, b, _) in zip(single.delivered, shared.delivered):
+            assert torch.equal(a, b)
+        assert torch.equal(single.walker.timeline.latents, shared.walker.timeline.latents)
+
+
+# ---- the live runner --------------------------------------------------------------------------------------------
+
+
+def _runner_latents(session, window_s: float, ticks: int = 10) -> list[torch.Tensor]:
+    hop = session.models.vae.hop_samples
+    buffer = LoopBuffer(8 * 25 * hop, 2, session.sample_rate)
+    registry = KnobRegistry()
+    registry.set("steps", STEPS)
+    runner = LiveRunner(session, registry, buffer, "pads", config=RunnerConfig(window_s=window_s))
+    finished = []
+    real_tick = runner.stream.tick
+
+    def tick():
+        out = real_tick()
+        finished.extend(item.latent for item in out)
+        return out
+
+    runner.stream.tick = tick
+    try:
+        for _ in range(ticks):
+            runner.tick()
+            buffer.counters[PLAYED] += hop
+    finally:
+        runner.stop()
+        buffer.unlink()
+    return finished
+
+
+def test_a_window_as_long_as_the_loop_is_todays_stream_bit_for_bit(session):
+    whole = _runner_latents(session, 0.0)
+    assert whole, "latents were delivered"
+    for a, b in zip(whole, _runner_latents(session, 8.0), strict=True):
+        assert torch.equal(a, b)
+    assert _runner_latents(session, 4.0, ticks=6)[0].shape[1] == 100, "a shorter window generates W frames"
+
+
+def test_endless_live_records_a_continuous_take_longer_than_the_window_under_a_knob_storm(tmp_path):
+    osc_port = free_udp_port()
+    record = tmp_path / "take.wav"
+    command = [sys.executable, "-m", "flowjam", "live", "--preset", "tiny", "--endless", "--window-seconds", "4"]
+    command += ["--seconds", "9", "--no-audio", "--record", str(record), "--osc-port", str(osc_port)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = SimpleUDPClient("127.0.0.1", osc_port)
+    values = np.linspace(0.5, 1.5, 7)
+    sent = 0
+    while process.poll() is None and sent < 4000:
+        try:
+            client.send_message("/flowjam/default/knob/velocity_scale", float(values[sent % 7]))
+            client.send_message("/flowjam/default/knob/denoise", float(0.4 + 0.1 * (sent % 5)))
+        except OSError:  # the CLI's OSC port is not open yet
+            pass
+        sent += 1
+        time.sleep(0.005)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "song" in err and "underruns 0" in err
+    assert "errors" not in err.lower() or "errors 0" in err
+    audio, rate = read_audio(record)
+    assert audio.shape[1] > 5 * rate, "longer than the 4 s window (and its ring's first lap)"
+    blocks = audio[:, : audio.shape[1] // 2400 * 2400].reshape(2, -1, 2400).abs().amax(dim=(0, 2))
+    first = int(torch.nonzero(blocks > 0)[0])
+    assert (blocks[first:] > 0).all(), f"an exact-zero block after the first generation: {blocks[first:].tolist()}"
