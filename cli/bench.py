@@ -157,6 +157,8 @@ def add_stream(parser: argparse.ArgumentParser, song_seconds: float, cfg: str) -
     """The live stream a latency, sessions or soak bench plays: depth, song length, guidance, backend."""
     add_depth(parser)
     add_song_seconds(parser, song_seconds, help="loop latent length (s)")
+    add_window_seconds(parser)
+    parser.add_argument("--endless", action="store_true", help="no loop: an endless song (needs a window)")
     add_cfg_mode(parser, cfg)
     add_backend(parser)
 

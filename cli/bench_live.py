@@ -24,7 +24,15 @@ def bench_latency(args: argparse.Namespace) -> int:
         f"{'knob':>16} {'kind':>8} {'knob->tick ms (median / p95)':>30} {'knob->written ms':>17} "
         f"{'knob->ear ms (median / p95)':>30} {'first touch ->ear ms':>21}"
     )
-    summaries, status = measure_latency(session, args.trials, args.song_seconds, args.depth, cfg_mode=args.cfg)
+    summaries, status = measure_latency(
+        session,
+        args.trials,
+        args.song_seconds,
+        args.depth,
+        cfg_mode=args.cfg,
+        window_s=args.window_seconds,
+        endless=args.endless,
+    )
     for s in summaries:
         print(
             f"{s.knob:>16} {s.kind:>8} {s.tick_ms_median:17.1f} / {s.tick_ms_p95:8.1f} {s.written_ms_median:17.1f} "
@@ -39,7 +47,16 @@ def bench_soak(args: argparse.Namespace) -> int:
 
     session = load_session(args)
     session.backend = args.backend
-    r = soak(session, args.minutes, args.song_seconds, args.depth, cfg_mode=args.cfg, report=print)
+    r = soak(
+        session,
+        args.minutes,
+        args.song_seconds,
+        args.depth,
+        cfg_mode=args.cfg,
+        report=print,
+        window_s=args.window_seconds,
+        endless=args.endless,
+    )
     print(
         f"soak {r.minutes:g} min: {r.ticks} ticks, {r.knob_sets} knob sets, {r.prompt_swaps} prompt swaps, "
         f"{r.errors} runner errors"

@@ -48,7 +48,17 @@ def bench_sessions(args: argparse.Namespace) -> int:
     host = RingHost(session, latent_interval_ms=args.interval_ms)  # one host: admission learns from every count
     try:
         for count in args.sessions:
-            r = measure_sessions(host, count, args.song_seconds, args.depth, args.cfg, args.trials, lora)
+            r = measure_sessions(
+                host,
+                count,
+                args.song_seconds,
+                args.depth,
+                args.cfg,
+                args.trials,
+                lora,
+                window_s=args.window_seconds,
+                endless=args.endless,
+            )
             report_sessions(r, count, args)
     finally:
         host.close()

@@ -174,7 +174,7 @@ def add_lora_arguments(parser: argparse.ArgumentParser, help: str = LORA_HELP, m
 
 def add_window_seconds(parser: argparse.ArgumentParser, default: float | None = None) -> None:
     """--window-seconds (default: DEFAULT_WINDOW_SECONDS)."""
-    from ..engine.stream.windows import DEFAULT_WINDOW_SECONDS, MIN_WINDOW_SECONDS
+    from ..engine.params import DEFAULT_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 
     parser.add_argument(
         "--window-seconds",

@@ -8,7 +8,15 @@ import os
 import sys
 from pathlib import Path
 
-from .flags import add_backend, add_lora_arguments, add_model_arguments, check_port, lora_option
+from .flags import (
+    add_backend,
+    add_lora_arguments,
+    add_model_arguments,
+    add_window_seconds,
+    check_port,
+    check_window,
+    lora_option,
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,6 +45,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="ORIGIN",
         help="a web page origin allowed to call it, e.g. https://my.app (default: none, browsers are kept out)",
     )
+    add_window_seconds(parser)  # a session's create may give its own (window_seconds), or ask for endless play
     add_model_arguments(parser)
     add_backend(parser, default=None)
     add_lora_arguments(
@@ -50,6 +59,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     check_port("--port", args.port, "any free port")
+    check_window(args.window_seconds)
     from ..serve.access import AccessPolicy, read_key
     from ..serve.host import HostOptions
 
@@ -71,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         backend=args.backend,
         precision=args.precision,
         loras=tuple((str(path), strength) for path, strength in loras),
+        window_seconds=args.window_seconds,
     )
     if not args.local:
         from ..serve.deployment import run_on_ray

@@ -224,6 +224,8 @@ def lora_knob(name: str) -> KnobSpec:
 
 MAX_SONG_SECONDS = 600.0  # ACE-Step 1.5 generates at most 10 minutes (its silence latent and captions stop there)
 MIN_SONG_SECONDS = 1 / LATENT_RATE_HZ  # one latent frame
+DEFAULT_WINDOW_SECONDS = 20.0  # generated per request (engine/stream/windows.py): ACE-Step's phrases span 10-20 s
+MIN_WINDOW_SECONDS = 4.0  # below this a window keeps under 2 s of context: too little to continue a phrase
 
 
 def song_frames(seconds: float, option: str = "seconds") -> int:

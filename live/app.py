@@ -324,7 +324,7 @@ class LiveApp:
         s = self.status()
         return (
             f"tick {s['tick_ms']:6.1f} ms  decode {s['decode_ms']:5.1f} ms  lead {s['lead_s']:.2f} s  "
-            f"{'song' if s['endless'] else 'playhead'} {s['song_s' if s['endless'] else 'playhead_s']:6.2f} s  underruns {s['underruns']}  latents {s['latents']}  "
+            f"{'song' if s['endless'] else 'playhead'} {s['song_s' if s['endless'] else 'playhead_s']:6.2f} s  underruns {s['underruns']}  errors {s['errors']}  latents {s['latents']}  "
             f"osc rejected {sum(s.get('osc', {}).get('rejected', {}).values())}  last {s.get('last_osc') or '-'}"
             + ("  RECORDING STOPPED" if s["recording_error"] else "")
         )

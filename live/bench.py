@@ -12,9 +12,11 @@ from pathlib import Path
 
 import torch
 
+from ..engine.params import DEFAULT_WINDOW_SECONDS
 from ..engine.session import Session
 from .app import LiveApp, LiveConfig
 from .knobs import KnobRegistry
+from .runner import RunnerConfig
 
 
 def _rss_mb() -> float:
@@ -81,6 +83,8 @@ def measure_latency(
     depth: int = 4,
     playback_mode: str = "null-process",
     cfg_mode: str = "off",
+    window_s: float = DEFAULT_WINDOW_SECONDS,
+    endless: bool = False,
 ) -> tuple[list[LatencySummary], dict]:
     """Turn a shared-curve knob (velocity_scale) and a per-request knob (denoise) `trials` times each; follow every
     change to the first tick that used it and to the moment the playhead reaches audio made with it. Returns the
@@ -92,7 +96,13 @@ def measure_latency(
     registry = _registry(depth, cfg_mode)
     app = LiveApp(
         session,
-        LiveConfig(prompt="latency probe", song_seconds=song_seconds, playback_mode=playback_mode, osc_port=None),
+        LiveConfig(
+            prompt="latency probe",
+            song_seconds=song_seconds,
+            playback_mode=playback_mode,
+            osc_port=None,
+            runner=RunnerConfig(window_s=window_s, endless=endless),
+        ),
         registry,
     )
     app.start()
@@ -143,6 +153,8 @@ def soak(
     seed: int = 0,
     cfg_mode: str = "off",
     report: Callable[[str], None] | None = None,
+    window_s: float = DEFAULT_WINDOW_SECONDS,
+    endless: bool = False,
 ) -> SoakReport:
     """Play for `minutes` under a knob storm (~200 sets/s over every knob but steps, depth and cfg_mode) with a
     prompt swap every 5 s; `report` gets a progress line every 30 s."""
@@ -151,7 +163,12 @@ def soak(
     app = LiveApp(
         session,
         LiveConfig(
-            prompt="soak a", prompt_b="soak b", song_seconds=song_seconds, playback_mode=playback_mode, osc_port=None
+            prompt="soak a",
+            prompt_b="soak b",
+            song_seconds=song_seconds,
+            playback_mode=playback_mode,
+            osc_port=None,
+            runner=RunnerConfig(window_s=window_s, endless=endless),
         ),
         registry,
     )

@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 from ..engine.conditioning import Conditioning
-from ..engine.params import KNOBS_BY_NAME, LATENT_RATE_HZ, LORA_KNOB_PREFIX, KnobKind
+from ..engine.params import DEFAULT_WINDOW_SECONDS, KNOBS_BY_NAME, LATENT_RATE_HZ, LORA_KNOB_PREFIX, KnobKind
 from ..engine.sampling.curves import frame_view
 from ..engine.session import Session, Source
 from ..engine.stream import Finished, SlotRequest
 from ..engine.stream.walker import WindowWalker
-from ..engine.stream.windows import DEFAULT_WINDOW_SECONDS, window_frames
+from ..engine.stream.windows import window_frames
 from .knobs import KnobRegistry
 from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
@@ -47,6 +47,7 @@ class RunnerConfig:
     backend: str | None = None  # None: the session's own backend
     window_s: float = DEFAULT_WINDOW_SECONDS  # generation window (engine/stream/windows.py); 0: the whole loop
     endless: bool = False  # no loop: the buffer is a ring that rolls forward and the window walks without end
+    ahead_s: float | None = None  # a window's write point past the playhead; None: lead + its steps' measured ticks
     patch_s: float = 0.4  # audio kept per write
     stop_timeout_s: float = 10.0  # how long stop() waits for a tick in progress (a heavy one may take longer)
     min_lead_s: float = 0.03  # the writer's margin alone; the measured write time and its jitter come on top
@@ -299,6 +300,11 @@ class LiveRunner:
         _started.discard(self)
 
     @property
+    def request_frames(self) -> int:
+        """T of this stream's requests: its window, or the whole loop (the ring it plays on needs one T)."""
+        return self.frames if self._walker is None else self._walker.window
+
+    @property
     def current_source(self) -> Source | None:
         return self._source
 
@@ -544,7 +550,9 @@ class LiveRunner:
     def _window_request(self, condition: Conditioning, options: dict[str, Any]) -> SlotRequest:
         """The request for the window at the playhead (live/walker.py)."""
         walker, knobs = self._walker, self.registry
-        ahead_s = self.stats.lead_s + options["steps"] * self.stats.loop_s  # when it is delivered, from now
+        ahead_s = self.config.ahead_s
+        if ahead_s is None:  # when it is delivered, from now
+            ahead_s = self.stats.lead_s + options["steps"] * self.stats.loop_s
         place = walker.place(self.buffer.playhead_frames + int(ahead_s * self.buffer.sample_rate), self._hop)
         denoise = knobs.get("denoise")
         options.update(

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..engine.params import (
     CFG_MODES,
+    DEFAULT_WINDOW_SECONDS,
     KNOBS_BY_NAME,
     LATENT_RATE_HZ,
     MAX_SONG_SECONDS,
@@ -120,6 +121,8 @@ def stream_start(
     structure: float,
     audio_device: str,
     cfg_mode: str,
+    window_seconds: float = DEFAULT_WINDOW_SECONDS,
+    endless: bool = False,
     conditioning_b=None,
     source=None,
     lm_structure=None,
@@ -136,12 +139,13 @@ def stream_start(
     if not name:
         raise NodeInputError("Stream: input 'session_id' is empty; name the stream (e.g. 'default')")
     check_range("Stream", "song_seconds", song_seconds, 1.0, MAX_SONG_SECONDS)
+    window = check_window("Stream", window_seconds, endless, source is not None or lm_structure is not None)
     knobs = StreamKnobs(depth, steps, denoise, seed, shift, prompt_blend, structure, cfg_mode)
     if lm_structure is not None and source is not None:
         raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
     running = performances.get(name)
     if running is not None:
-        check_requeue(running, unique_id, song_seconds, audio_device, source)
+        check_requeue(running, unique_id, song_seconds, audio_device, source, window)
     model = with_loras("Stream", model, None if running is None else running.registry)
     comfy_models.use(model)
     frames = running.runner.frames if running is not None else seconds_to_frames(song_seconds)
@@ -149,7 +153,7 @@ def stream_start(
     sockets = StreamSockets(conditioning, conditioning_b or conditioning, negative, source, lm_structure, context)
     try:
         app, created = performances.start_or_get(
-            name, partial(new_stream, model, name, song_seconds, audio_device, knobs, sockets)
+            name, partial(new_stream, model, name, song_seconds, audio_device, knobs, sockets, window)
         )
     except PlaybackError as error:  # a named output that is not there: the message lists those that are
         reason = " ".join(str(error).replace(LIST_HINT, "").split()).rstrip(". ")
@@ -165,7 +169,24 @@ def stream_start(
     return (name,)
 
 
-def check_requeue(app, unique_id: str | None, song_seconds: float, audio_device: str, source) -> None:
+def check_window(node: str, window_seconds: float, endless: bool, has_structure: bool) -> tuple[float, bool]:
+    """(window_seconds, endless) of a Stream node, or one line naming the input and the fix."""
+    from ..engine.stream.windows import check_window_seconds
+
+    try:
+        check_window_seconds(window_seconds, "input 'window_seconds'")
+    except ValueError as error:
+        raise NodeInputError(f"{node}: {error}") from None
+    if endless and window_seconds == 0:
+        raise NodeInputError(f"{node}: endless play needs a window: set input 'window_seconds', e.g. 20")
+    if endless and has_structure:
+        raise NodeInputError(f"{node}: endless play is text-only: disconnect 'source' / 'lm_structure', or loop")
+    return float(window_seconds), bool(endless)
+
+
+def check_requeue(
+    app, unique_id: str | None, song_seconds: float, audio_device: str, source, window: tuple[float, bool]
+) -> None:
     """Refuse, before anything changes, a Stream node that cannot update the running stream `app` in place: another
     Stream node's (two nodes, one session_id), or one asking for another loop length or output device (only a new
     stream has those, and a restart cuts the sound until its first generation: the user stops it when they choose)."""
@@ -176,7 +197,13 @@ def check_requeue(app, unique_id: str | None, song_seconds: float, audio_device:
             f"Stream: session_id {name!r} is already used by node #{owner}; give this node another session_id "
             "(or stop that stream first)"
         )
-    if source is None and seconds_to_frames(song_seconds) != frames:
+    running_window = (app.config.runner.window_s, app.config.runner.endless)
+    if window != running_window:
+        raise NodeInputError(
+            f"Stream: window_seconds/endless {window[0]:g}/{window[1]} cannot apply to the running stream {name!r} "
+            f"({running_window[0]:g}/{running_window[1]}); stop it (Stream stop), then queue again"
+        )
+    if source is None and not window[1] and seconds_to_frames(song_seconds) != frames:
         raise NodeInputError(
             f"Stream: song_seconds {song_seconds:g} cannot apply to the running stream {name!r}, which loops "
             f"{frames / LATENT_RATE_HZ:g} s; stop it (Stream stop), then queue again to start it at the new length"
@@ -194,11 +221,20 @@ def output(audio_device: str) -> tuple[str | None, str]:
     return (None if device in ("", "none", "default") else device), ("null" if device == "none" else "process")
 
 
-def new_stream(model, name: str, song_seconds: float, audio_device: str, knobs: StreamKnobs, sockets: StreamSockets):
+def new_stream(
+    model,
+    name: str,
+    song_seconds: float,
+    audio_device: str,
+    knobs: StreamKnobs,
+    sockets: StreamSockets,
+    window: tuple[float, bool] = (DEFAULT_WINDOW_SECONDS, False),
+):
     """A LiveApp for a new stream, not started: knobs, negative and structure are in place before its runner starts,
     so its first generation uses them."""
     from ..live.app import LiveApp, LiveConfig
     from ..live.knobs import KnobRegistry
+    from ..live.runner import RunnerConfig
 
     registry = KnobRegistry()
     keep_played(name, registry)
@@ -206,7 +242,13 @@ def new_stream(model, name: str, song_seconds: float, audio_device: str, knobs: 
     seconds = song_seconds if sockets.source is None else sockets.source.frames / LATENT_RATE_HZ
     device, mode = output(audio_device)
     config = LiveConfig(
-        prompt="", song_seconds=seconds, session_name=name, audio_device=device, playback_mode=mode, osc_port=None
+        prompt="",
+        song_seconds=seconds,
+        session_name=name,
+        audio_device=device,
+        playback_mode=mode,
+        osc_port=None,
+        runner=RunnerConfig(window_s=window[0], endless=window[1]),
     )
     app = LiveApp(
         model, config, registry, initial_conditionings=(sockets.prompt_a, sockets.prompt_b), source=sockets.source
@@ -437,6 +479,23 @@ NODES = (
                 "",
             ),
             knob_param("cfg_mode", CFG_MODE_TOOLTIP),
+            Param(
+                "window_seconds",
+                "FLOAT",
+                "Seconds generated per request, placed at the playhead: a tick costs the window, not the loop; 0 or "
+                "at least the loop = the whole loop each time; fixed once the stream plays",
+                DEFAULT_WINDOW_SECONDS,
+                0.0,
+                MAX_SONG_SECONDS,
+                1.0,
+            ),
+            Param(
+                "endless",
+                "BOOLEAN",
+                "No loop: the song goes on while it plays, a window ahead of the playhead (text-only; song_seconds "
+                "unused); fixed once the stream plays",
+                False,
+            ),
             Param("conditioning_b", CONDITIONING, "Prompt B for prompt_blend", optional=True),
             Param("source", SOURCE, "Audio to cover in a loop", optional=True),
             Param(

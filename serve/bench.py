@@ -9,6 +9,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
+from ..engine.params import DEFAULT_WINDOW_SECONDS
 from ..live.bench import LatencySummary, summarize_latency
 from ..live.shared_ticker import CyclePhases
 from .errors import SessionRefused
@@ -96,6 +97,8 @@ def measure_sessions(
     cfg_mode: str = "full",
     trials: int = 8,
     lora: str | None = None,
+    window_s: float = DEFAULT_WINDOW_SECONDS,
+    endless: bool = False,
 ) -> SessionsReport:
     """Start `sessions` sessions on `host` (admission control may refuse some: the host learns its tick cost from
     the sessions before), wait for every loop to be written and the ring's tick graphs to settle, then turn each knob
@@ -112,7 +115,10 @@ def measure_sessions(
             if lora is not None:
                 knobs[f"lora/{lora}"] = round(0.5 + 0.1 * index, 2)
             try:
-                host.create(f"s{index}", SessionSpec(f"session {index}", seconds=song_seconds, knobs=knobs))
+                spec = SessionSpec(
+                    f"session {index}", seconds=song_seconds, knobs=knobs, window_seconds=window_s, endless=endless
+                )
+                host.create(f"s{index}", spec)
             except SessionRefused as error:
                 refused = str(error)
                 break

@@ -57,10 +57,13 @@ class Client:
         seconds: float | None = None,
         knobs: dict[str, float | str] | None = None,
         name: str | None = None,
+        window_seconds: float | None = None,
+        endless: bool | None = None,
     ) -> dict[str, Any]:
         """Start a session -> {"session": name, "replica": id, "status": {...}, "token": its token}; the client
-        keeps the token for its later calls on the session."""
+        keeps the token for its later calls on the session. `window_seconds`, `endless`: see SessionSpec."""
         given = {"prompt_b": prompt_b, "negative": negative, "seconds": seconds, "knobs": knobs, "name": name}
+        given |= {"window_seconds": window_seconds, "endless": endless}
         body = {"prompt": prompt, **{key: value for key, value in given.items() if value is not None}}
         created = self._call("POST", "/sessions", body, self.key)
         self.tokens[created["session"]] = created["token"]

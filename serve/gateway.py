@@ -39,6 +39,7 @@ log = logging.getLogger("flowjam.serve")
 SESSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 CREATE_FIELDS = {"prompt": (str,), "prompt_b": (str, type(None)), "negative": (str, type(None))}
 CREATE_FIELDS |= {"seconds": (int, float), "knobs": (dict,), "name": (str,)}
+CREATE_FIELDS |= {"window_seconds": (int, float), "endless": (bool,)}
 POLL_S = 0.25  # the longest wait for a chunk: a stream that closes frees its poller thread within this
 POLLERS = 64
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_UNKNOWN_SESSION = 1000, 1008, 1011, 4404
@@ -77,7 +78,8 @@ def check_create(body: dict[str, Any]) -> dict[str, Any]:
     if "prompt" not in body:
         raise ValueError('a session needs a prompt, e.g. {"prompt": "lofi hip hop, mellow piano"}')
     for field, types in CREATE_FIELDS.items():
-        if field in body and (not isinstance(body[field], types) or isinstance(body[field], bool)):
+        wrong_bool = isinstance(body.get(field), bool) and bool not in types  # True is an int to isinstance
+        if field in body and (not isinstance(body[field], types) or wrong_bool):
             wanted = " or ".join("null" if kind is type(None) else kind.__name__ for kind in types)
             raise ValueError(f"{field!r} must be {wanted}, got {type(body[field]).__name__} {body[field]!r}")
     for field in ("prompt", "prompt_b", "negative"):

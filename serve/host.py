@@ -11,15 +11,22 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..engine.params import DEFAULT_PRECISION, LATENT_RATE_HZ, REALTIME_LATENT_INTERVAL_MS, song_frames
+from ..engine.params import (
+    DEFAULT_PRECISION,
+    DEFAULT_WINDOW_SECONDS,
+    LATENT_RATE_HZ,
+    REALTIME_LATENT_INTERVAL_MS,
+    song_frames,
+)
 from ..engine.session import Session
 from ..engine.stream import MAX_LANES, AdmissionRefused
+from ..engine.stream.windows import check_window_seconds, ring_frames, window_frames
 from ..live.app import add_lora_knobs
 from ..live.knobs import KnobRegistry
 from ..live.loop_buffer import LoopBuffer
@@ -41,6 +48,8 @@ class SessionSpec:
     prompt_b: str | None = None
     negative: str | None = None
     seconds: float = 30.0  # loop length
+    window_seconds: float | None = None  # generated per request at the playhead (0: the whole loop); None: the host's
+    endless: bool = False  # no loop: the song goes on, a window ahead of the playhead
     knobs: dict[str, float | str] = field(default_factory=dict)  # initial values, validated as set_knobs does
 
 
@@ -56,6 +65,7 @@ class HostOptions:
     precision: str = DEFAULT_PRECISION
     latent_interval_ms: float = REALTIME_LATENT_INTERVAL_MS
     loras: tuple[tuple[str, float], ...] = ()  # (file, strength a new session starts at), attached live
+    window_seconds: float = DEFAULT_WINDOW_SECONDS  # a session's window unless its create gives one (--window-seconds)
 
     def build(self) -> RingHost:
         """The host; ValueError or FileNotFoundError naming the LoRA file that does not load."""
@@ -73,7 +83,7 @@ class HostOptions:
                 session.load_lora(path, strength, mode="live")
             except (ValueError, FileNotFoundError) as error:
                 raise type(error)(f"LoRA {path}: {error}") from None
-        return RingHost(session, latent_interval_ms=self.latent_interval_ms)
+        return RingHost(session, latent_interval_ms=self.latent_interval_ms, window_seconds=self.window_seconds)
 
 
 class AudioSubscription:
@@ -133,8 +143,11 @@ class RingHost:
         session: Session,
         latent_interval_ms: float = REALTIME_LATENT_INTERVAL_MS,
         block_frames: int = BLOCK_FRAMES,
+        window_seconds: float = DEFAULT_WINDOW_SECONDS,
     ):
+        """`window_seconds`: a session's window when its create gives none."""
         self.session = session
+        self.window_seconds = check_window_seconds(window_seconds)
         self.ticker = SharedTicker(session, latent_interval_ms=latent_interval_ms)
         self.block_frames = block_frames
         self._sessions: dict[str, HostedSession] = {}
@@ -152,7 +165,9 @@ class RingHost:
         real time with it, ValueError for a bad spec."""
         if not isinstance(spec.prompt, str) or not spec.prompt.strip():
             raise ValueError("a session needs a prompt: a non-empty text such as 'lofi hip hop, mellow piano'")
-        frames = song_frames(spec.seconds, "seconds")
+        if spec.window_seconds is None:
+            spec = replace(spec, window_seconds=self.window_seconds)
+        frames, request_frames = _session_frames(spec)
         registry = KnobRegistry()
         add_lora_knobs(registry, self.session)  # a lora/<name> knob per LoRA of the host, this session's own
         for knob, value in spec.knobs.items():
@@ -167,12 +182,12 @@ class RingHost:
                 raise SessionRefused(
                     f"this host plays {MAX_LANES} sessions already: end one, or create it on another replica"
                 )
-            playing = {hosted.buffer.frames // hop for hosted in self._sessions.values()}
-            if playing and frames not in playing:
+            playing = {hosted.runner.request_frames for hosted in self._sessions.values()}
+            if playing and request_frames not in playing:
                 seconds = playing.pop() / LATENT_RATE_HZ
                 raise ValueError(
-                    f"this host plays {seconds:g} s loops (one ring, one loop length): create the session with "
-                    f"seconds={seconds:g}, or on another replica"
+                    f"this host generates {seconds:g} s per request (one ring, one request length): create the "
+                    f"session with window_seconds={seconds:g} (or a loop that long), or on another replica"
                 )
             self._starting.add(name)
         try:  # built outside the lock: the clock keeps playing the other sessions meanwhile
@@ -184,7 +199,7 @@ class RingHost:
                     buffer,
                     spec.prompt,
                     spec.prompt_b,
-                    config=RunnerConfig(),
+                    config=RunnerConfig(window_s=spec.window_seconds, endless=spec.endless),
                     negative=spec.negative,
                     ticker=self.ticker,
                     name=name,
@@ -334,3 +349,17 @@ def _knob_value(registry: KnobRegistry, name: str) -> float | str:
     spec = registry.specs[name]
     value = registry.get(name)
     return spec.choice(value) if spec.choices else value
+
+
+def _session_frames(spec: SessionSpec) -> tuple[int, int]:
+    """(frames of the session's playback buffer, T of its requests): a loop and its window (the loop itself when
+    the window covers it), or an endless song's ring and its window. ValueError, naming the field, otherwise."""
+    check_window_seconds(spec.window_seconds, "window_seconds")
+    if spec.endless:
+        if spec.window_seconds == 0:
+            raise ValueError("endless play needs a window: give window_seconds, e.g. 20")
+        window = window_frames(spec.window_seconds, None)
+        return ring_frames(window, None), window
+    frames = song_frames(spec.seconds, "seconds")
+    window = window_frames(spec.window_seconds, frames)
+    return frames, frames if window is None else window

@@ -160,6 +160,18 @@ CASES = {
         "live", lambda f: ["--osc-port", str(f.busy_port)], "the port is in use by another program"
     ),
     "live --osc-port 70000": Case("live", lambda f: ["--osc-port", "70000"], "--osc-port 70000 is outside 0..65535"),
+    "live --window-seconds 2": Case(
+        "live", lambda f: ["--window-seconds", "2"], "--window-seconds 2 is outside 4..600 s; use 0 for the whole loop"
+    ),
+    "live --endless without a window": Case(
+        "live", lambda f: ["--endless", "--window-seconds", "0"], "--endless needs a window: give --window-seconds"
+    ),
+    "live --endless with --source": Case(
+        "live", lambda f: ["--endless", "--source", "song.flac"], "--endless is text-only: --source and --lm"
+    ),
+    "bench tick --endless without a window": Case(
+        "bench", lambda f: ["tick", "--endless"], "--endless needs a window: give --window-seconds"
+    ),
     "live --osc-host 999.1.1.1": Case(
         "live",
         lambda f: ["--osc-port", str(f.free_port), "--osc-host", "999.1.1.1"],

@@ -483,6 +483,26 @@ def test_a_requeue_that_cannot_apply_in_place_is_refused_and_the_stream_plays_on
     assert performances.get("owned").runner.frames == 75, "a stopped stream's name is free for another node"
 
 
+def test_a_stream_node_walks_a_window_or_plays_endless_and_refuses_what_cannot_apply(model, prompt_a):
+    """window_seconds and endless reach the running stream (its requests cover the window, not the loop); a window
+    that cannot apply to the running stream, an endless cover, and a window under the minimum are refused."""
+    stream(model, prompt_a, "walking", song_seconds=12.0, window_seconds=4.0)
+    app = performances.get("walking")
+    wait_for(lambda: app.runner.latest is not None, 60, "the first window")
+    assert app.runner.request_frames == 100 and app.runner.frames == 300
+    assert app.status()["window_s"] == 4.0
+    with pytest.raises(NodeInputError, match=re.escape("Stream: window_seconds/endless 6/False cannot apply")):
+        stream(model, prompt_a, "walking", song_seconds=12.0, window_seconds=6.0)
+    node("FlowjamStreamStop").run(stream="walking")
+    stream(model, prompt_a, "endless", window_seconds=4.0, endless=True)
+    endless = performances.get("endless")
+    wait_for(lambda: endless.runner.latest is not None, 60, "the first endless window")
+    assert endless.status()["endless"] and endless.runner.request_frames == 100
+    node("FlowjamStreamStop").run(stream="endless")
+    with pytest.raises(NodeInputError, match="input 'window_seconds' 2 is outside 4"):
+        stream(model, prompt_a, "short", window_seconds=2.0)
+
+
 def test_a_stream_with_no_audio_device_says_so_on_its_panel_and_keeps_generating(model, prompt_a, monkeypatch):
     """With no output to open, a Stream with audio_device empty plays into a silent clock. It used to look as if it
     played: the only hint was a server log line naming command-line flags that ComfyUI does not have."""

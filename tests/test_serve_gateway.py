@@ -58,7 +58,8 @@ def new_session(client):
 
     def create(**options) -> str:
         knobs = {"depth": 2, **options.pop("knobs", {})}
-        name = client.create("lofi hip hop, mellow piano", seconds=4.0, knobs=knobs, **options)["session"]
+        options.setdefault("seconds", 4.0)
+        name = client.create("lofi hip hop, mellow piano", knobs=knobs, **options)["session"]
         created.append(name)
         return name
 
@@ -116,6 +117,24 @@ def test_two_sessions_stream_their_own_audio_with_increasing_sample_indices(clie
             assert all(chunk.frames == 2400 and chunk.audio.shape == (2400, 2) for chunk in received)
             assert rms(received[-10:]) > 0.005, "the session's audio is silent"
             assert [chunk.position for chunk in received] == [chunk.sample % (4 * SAMPLE_RATE) for chunk in received]
+
+
+def test_a_long_loop_and_an_endless_song_share_the_ring_when_their_window_matches(client, new_session):
+    """Rows of one ring share T: a 12 s loop and an endless song with 4 s windows play on one host; an 8 s window is
+    refused with the window that fits."""
+    long_loop = new_session(seconds=12.0, window_seconds=4.0)
+    endless = new_session(window_seconds=4.0, endless=True)
+    for name, window, endless_flag in ((long_loop, 4.0, False), (endless, 4.0, True)):
+        status = client.status(name)
+        assert (status["window_s"], status["endless"]) == (window, endless_flag), status
+    for name in (long_loop, endless):
+        with client.stream(name) as stream:
+            received = chunks(stream, 30)
+            assert_contiguous(received)
+            assert rms(received[-10:]) > 0.005, f"{name}'s audio is silent"
+    with pytest.raises(ServerError) as refused:
+        client.create("drums", seconds=30.0, window_seconds=8.0, knobs={"depth": 2})
+    assert refused.value.status == 400 and "window_seconds=4" in refused.value.message
 
 
 def test_knob_changes_reach_the_status_and_the_audio(client, new_session):

@@ -61,9 +61,10 @@ class WindowWalker:
             kept = (torch.arange(place.frames) < place.keep) & held
             inputs["source_latents"] = timeline.window(place)
             inputs["latent_mask"] = (~kept).float()
-            if not held.all():  # frames never generated start from noise, the others at the schedule's start
-                start_t = timestep_schedule(steps, shift, denoise)[0]
-                inputs["initial_noise"] = torch.where(held, torch.tensor(start_t), torch.tensor(1.0))
+            # frames never generated start from noise, the others at the schedule's start; always given, held frames
+            # or not, so every window request has the same curves (one tick plan, not one per mix of windows)
+            start_t = timestep_schedule(steps, shift, denoise)[0]
+            inputs["initial_noise"] = torch.where(held, torch.tensor(start_t), torch.tensor(1.0))
         self._inputs = (key, inputs)
         return inputs
 

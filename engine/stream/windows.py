@@ -18,10 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..params import LATENT_RATE_HZ, MAX_SONG_SECONDS
+from ..params import DEFAULT_WINDOW_SECONDS, LATENT_RATE_HZ, MAX_SONG_SECONDS, MIN_WINDOW_SECONDS
 
-DEFAULT_WINDOW_SECONDS = 20.0  # ACE-Step's phrases span 10-20 s; a tick at 20 s costs what a 20 s loop does
-MIN_WINDOW_SECONDS = 4.0  # below this the kept context is under 2 s: too little to continue a phrase
 KEEP_FRACTION = 0.5  # of a window: context kept behind the write point; the rest reaches ahead of the playhead
 ENDLESS_HEADROOM_SECONDS = 10.0  # endless ring beyond the window: the audio behind the window's start still playing
 
