@@ -17,7 +17,6 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +32,16 @@ from ..engine.stream.windows import window_frames
 from .knobs import KnobRegistry
 from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
+from .messages import (
+    CurveOverride,
+    Message,
+    PromptConditioning,
+    SourceSwap,
+    StructureSwap,
+    TargetCapture,
+    TargetClear,
+)
+from .prompt_encoder import PromptEncoder
 from .realtime import raise_thread_priority
 from .shared_ticker import SharedTicker
 from .writer import EMA_WEIGHT, AheadWriter
@@ -52,108 +61,6 @@ class RunnerConfig:
     stop_timeout_s: float = 10.0  # how long stop() waits for a tick in progress (a heavy one may take longer)
     min_lead_s: float = 0.03  # the writer's margin alone; the measured write time and its jitter come on top
     max_lead_s: float = 2.0
-
-
-# ---- messages: what other threads ask of the runner; applied between ticks, in order ---------------------------
-
-
-@dataclass(frozen=True)
-class PromptConditioning:
-    """An already encoded condition for a prompt slot (None for the negative: back to the null condition)."""
-
-    slot: str
-    conditioning: Conditioning | None
-
-
-@dataclass(frozen=True)
-class CurveOverride:
-    """A per-frame shared curve for every in-flight slot; None falls back to the knob's value."""
-
-    name: str
-    curve: torch.Tensor | None
-
-
-@dataclass(frozen=True)
-class SourceSwap:
-    source: Source | None
-
-
-@dataclass(frozen=True)
-class StructureSwap:
-    context: torch.Tensor | None  # [1, frames, 128] context latents, or None for plain text2music
-
-
-@dataclass(frozen=True)
-class TargetCapture:
-    """Make the loop as it sounds now the x0 target (`x0_target_strength` pulls toward it)."""
-
-
-@dataclass(frozen=True)
-class TargetClear:
-    """Back to the default target: the source's latents, or none for a text-only loop."""
-
-
-Message = PromptConditioning | CurveOverride | SourceSwap | StructureSwap | TargetCapture | TargetClear
-
-
-# ---- prompt encoding, off the runner thread ---------------------------------------------------------------------
-
-
-class PromptEncoder:
-    """Encodes prompt texts on a thread of its own, so a burst of prompts never stops the ticks; of several texts
-    waiting for one slot only the newest is encoded. Each result reaches the runner as a PromptConditioning."""
-
-    def __init__(
-        self,
-        encode: Callable[[str], Conditioning],
-        deliver: Callable[[Message], None],
-        on_error: Callable[[Exception], None],
-    ):
-        self._encode, self._deliver, self._on_error = encode, deliver, on_error
-        self._pending: dict[str, str] = {}
-        self._busy = False
-        self._ready = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-
-    def submit(self, slot: str, text: str) -> None:
-        with self._ready:
-            self._pending[slot] = text
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="flowjam-prompt-encoder", daemon=True)
-                self._thread.start()
-            self._ready.notify()
-
-    @property
-    def idle(self) -> bool:
-        """Nothing waiting and nothing being encoded (every submitted text has been delivered)."""
-        with self._ready:
-            return not self._pending and not self._busy
-
-    def stop(self) -> None:
-        with self._ready:
-            self._stopping = True
-            self._ready.notify()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._pending and not self._stopping:
-                    self._ready.wait()
-                if self._stopping:
-                    return
-                slot, text = self._pending.popitem()
-                self._busy = True
-            try:
-                empty_negative = slot == "negative" and not text.strip()
-                self._deliver(PromptConditioning(slot, None if empty_negative else self._encode(text)))
-            except Exception as error:  # a bad prompt must not stop later ones
-                self._on_error(error)
-            finally:
-                with self._ready:
-                    self._busy = False
 
 
 class LiveRunner:
@@ -410,7 +317,8 @@ class LiveRunner:
         if self._walker is None:
             return finished[-1].latent
         hop, rate = self.session.models.vae.hop_samples, self.buffer.sample_rate
-        return self._walker.land(finished, (self.buffer.playhead_frames + int(self.stats.lead_s * rate)) // hop)
+        self._walker.land(finished, (self.buffer.playhead_frames + int(self.stats.lead_s * rate)) // hop)
+        return self._walker.timeline.snapshot()  # a copy for the writer's thread: merges go on here meanwhile
 
     def _drain_messages(self) -> None:
         """Apply every waiting message in order."""

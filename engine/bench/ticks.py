@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -20,8 +20,7 @@ from ..models.text_encoder import Qwen3TextEncoder
 from ..models.vae import OobleckVAE
 from ..params import DEFAULT_PRECISION, LATENT_RATE_HZ
 from ..stream import RealtimeNeed, SlotRequest, StreamPipeline
-from ..stream.walker import WindowWalker
-from ..stream.windows import window_frames
+from .walk import Walk
 
 CONDITION_TOKENS = 256
 
@@ -243,7 +242,7 @@ def bench_tick(
     pipeline = StreamPipeline(fixture.decoder, depth=depth, backend=backend)
     options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
     counter = iter(range(1 << 30))
-    walk = _walk(fixture, window_s, endless, steps)
+    walk = Walk.of(fixture.decoder, fixture.context, window_s, endless)
 
     def submit_and_tick() -> list:
         seed = next(counter)
@@ -300,36 +299,6 @@ def bench_tick(
         profile=table,
         precision=fixture.precision,
     )
-
-
-@dataclass
-class _Walk:
-    """A bench's requests walking with a playhead that moves one latent frame per tick."""
-
-    walker: WindowWalker
-    context: torch.Tensor
-    denoise: float = 0.7
-
-    def request(self, request: SlotRequest, tick: int) -> SlotRequest:
-        place = self.walker.place(tick, 1)  # the playhead in latent frames
-        inputs = self.walker.inputs(place, self.context, None, self.denoise, request.steps, request.shift)
-        denoise = self.denoise if "source_latents" in inputs else 1.0
-        return replace(request, denoise=denoise, **inputs)
-
-    def land(self, finished: list, tick: int) -> None:
-        self.walker.land(finished, tick)
-
-
-def _walk(fixture: TickFixture, window_s: float, endless: bool, steps: int) -> _Walk | None:
-    """The walk a windowed bench takes (None: whole-song requests). The fixture's context spans the song (the ring
-    when endless)."""
-    frames = window_frames(window_s, None if endless else fixture.context.shape[1])
-    if frames is None:
-        return None
-    context = fixture.context
-    channels = fixture.decoder.config.audio_acoustic_hidden_dim
-    walker = WindowWalker(context.shape[1], frames, channels, context.device, context.dtype, endless)
-    return _Walk(walker, context)
 
 
 KERNEL_KINDS = {

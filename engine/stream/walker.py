@@ -68,13 +68,12 @@ class WindowWalker:
         self._inputs = (key, inputs)
         return inputs
 
-    def land(self, finished: list[Finished], frozen_frame: int) -> torch.Tensor:
+    def land(self, finished: list[Finished], frozen_frame: int) -> None:
         """Merge delivered windows into the timeline after `frozen_frame` (whose audio is written and never changes
-        again); -> the timeline the writer decodes from now on (a copy: merges go on meanwhile)."""
+        again)."""
         self.timeline.freeze(frozen_frame)
         for delivered in finished:
             self.timeline.merge(delivered.latent, delivered.request.window)
-        return self.timeline.snapshot()
 
     def fill(self, latents: torch.Tensor) -> None:
         """A loop's source: the timeline starts from its latents."""
