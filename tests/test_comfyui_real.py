@@ -2,7 +2,10 @@
 
 Skipped unless FLOWJAM_COMFYUI names a ComfyUI checkout (a V3-capable one, 0.3.6x) whose Python is
 $FLOWJAM_COMFYUI/.venv/bin/python or FLOWJAM_COMFYUI_PYTHON, with flowjam's runtime packages installed into it;
-also skipped whenever CI is set, so it never runs in CI. Run it as
+also skipped whenever CI is set, so it never runs in CI. ComfyUI's own nodes must all import (SaveAudio, PreviewAudio
+and LoadAudio need torchaudio; its model code imports torchvision): on a CPU-only machine, torch 2.9.1 with
+torchvision 0.24.1 and torchaudio 2.9.1 in ComfyUI's venv, then ComfyUI's requirements.txt. The websocket checks use
+`websockets` from the test venv. Run it as
 
     FLOWJAM_COMFYUI=/path/to/ComfyUI .venv/bin/pytest -q tests/test_comfyui_real.py
 
@@ -27,12 +30,14 @@ if not COMFY_ROOT:
 if os.environ.get("CI"):
     pytest.skip("the real-ComfyUI test never runs in CI", allow_module_level=True)
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
@@ -51,16 +56,19 @@ REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / "workflows"
 ONESHOT = "flowjam one-shot render.json"
 TEXT_JAM = "flowjam live text jam.json"
+COVER = "flowjam live cover.json"
+LM_WORKFLOW = "flowjam song structure from the 5 Hz LM.json"
 BLEND_OSC = "flowjam prompt blend over OSC.json"
 LORA_WORKFLOW = "flowjam live LoRA jam.json"
 WORKFLOW_NAMES = (
     ONESHOT,
     TEXT_JAM,
-    "flowjam live cover.json",
+    COVER,  # its Example song node makes the song in code: no file in the input folder
     BLEND_OSC,
-    "flowjam song structure from the 5 Hz LM.json",
+    LM_WORKFLOW,
 )
 LORA_FILE = "flowjam_test_style.safetensors"  # written into the fixture's own loras folder
+BROKEN_LORA = "flowjam_test_broken.safetensors"  # written, and removed again, by the failed-swap test only
 FIVE_CHANNELS = "flowjam_test_5ch.wav"
 LOW_RATE = "flowjam_test_4khz.wav"
 PLAYWRIGHT = Path(os.environ.get("FLOWJAM_PLAYWRIGHT", "/tmp/pw"))
@@ -217,6 +225,41 @@ def execution_error(entry: dict) -> dict | None:
         if kind == "execution_error":
             return data
     return None
+
+
+class Events:
+    """ComfyUI's websocket as one client: every JSON message it gets, with the time it came, read by a thread. Queue
+    with `self.client_id` to get a prompt's own events (progress, executing); broadcasts come either way."""
+
+    def __init__(self, comfy: Comfy):
+        client = pytest.importorskip("websockets.sync.client", reason="the websocket checks need `websockets`")
+        self.client_id = str(uuid.uuid4())
+        self._stack = contextlib.ExitStack()  # websockets wants its connection used as a context manager
+        url = f"ws://127.0.0.1:{comfy.port}/ws?clientId={self.client_id}"
+        self.socket = self._stack.enter_context(client.connect(url, max_size=None))
+        self.messages: list[tuple[float, str, dict]] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, name="comfyui-events", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for message in self.socket:
+                if isinstance(message, str):  # binary frames are previews
+                    event = json.loads(message)
+                    with self._lock:
+                        self.messages.append((time.monotonic(), event.get("type"), event.get("data") or {}))
+        except Exception:  # noqa: BLE001 - the socket closed, by us or by the server going down
+            pass
+
+    def of(self, kind: str, since: float = 0.0) -> list[tuple[float, dict]]:
+        """-> [(arrival time, data)] of every `kind` event that came at or after `since` (time.monotonic)."""
+        with self._lock:
+            return [(at, data) for at, k, data in self.messages if k == kind and at >= since]
+
+    def close(self) -> None:
+        self._stack.close()
+        self._thread.join(5)
 
 
 def api_prompt(name: str, osc_port: int | None = None) -> dict:
@@ -407,7 +450,7 @@ def test_object_info_lists_every_flowjam_node_as_declared(comfy):
             if param.type == "COMBO":
                 listed = (spec.node_id, param.name) == ("FlowjamLora", "lora")  # the fixture's loras folder
                 assert options["options"] == (["none", LORA_FILE] if listed else list(param.choices()))
-    assert len([n for n in info if n.startswith("Flowjam")]) == len(NODE_SPECS) == 18
+    assert len([n for n in info if n.startswith("Flowjam")]) == len(NODE_SPECS) == 19  # Example song is the 19th
     generate = info["FlowjamGenerate"]
     assert generate["output"] == ["AUDIO", "LATENT"]
     assert list(generate["input"]["optional"]) == ["source", "velocity_scale", "structure"]
@@ -429,6 +472,12 @@ def test_shipped_workflow_runs(comfy, name):
     assert len(files) == len(savers)
     for path in files:
         assert path.is_file() and path.stat().st_size > 0, path
+    if name == COVER:  # the song comes from the Example song node, not from a file the user has to find
+        kinds = {n["class_type"] for n in prompt.values()}
+        assert "FlowjamExampleSong" in kinds and "LoadAudio" not in kinds, kinds
+        songs = [p.name for p in comfy.dirs["input"].rglob("*") if p.suffix.lower() in (".wav", ".flac", ".mp3")]
+        assert sorted(songs) == sorted((FIVE_CHANNELS, LOW_RATE)), f"an example song file in the input folder: {songs}"
+        assert comfy.session("cover")["loop_s"] == pytest.approx(8.0, abs=0.5), "4 bars at 120 bpm: an 8 s loop"
     if name == ONESHOT:
         saved = [p for p in files if comfy.dirs["output"] in p.parents]
         assert saved and saved[0].name.startswith("flowjam_render") and saved[0].parent.name == "audio"
@@ -477,6 +526,50 @@ def test_the_lora_workflow_plays_a_lora_from_the_loras_folder(comfy):
     assert status["playing"] and status["errors"] == 0, status
     assert status["knobs"][knob] == pytest.approx(0.7), status["knobs"]
     comfy.run_ok(stop_prompt(stream))
+
+
+def test_a_failed_lora_swap_keeps_the_running_streams_loras(comfy):
+    """A re-queue of a playing LoRA stream with the LoRA node on a broken file fails with one line naming the file,
+    and the stream keeps the LoRA it had: its lora/<name> knob is still listed, at its strength, still turns, and the
+    stream plays on."""
+    prompt = api_prompt(LORA_WORKFLOW)
+    first = sorted(i for i, n in prompt.items() if n["class_type"] == "FlowjamLora")[0]
+    prompt[first]["inputs"].update(lora=LORA_FILE, strength=0.7)
+    (stream,) = [n["inputs"]["session_id"] for n in prompt.values() if n["class_type"] == "FlowjamStream"]
+    knob = "lora/" + LORA_FILE.removesuffix(".safetensors")
+    broken = comfy.dirs["root"] / "models" / "loras" / BROKEN_LORA
+    comfy.run_ok(prompt)
+    try:
+        before = comfy.session(stream)
+        assert before["playing"] and before["knobs"][knob] == pytest.approx(0.7), before["knobs"]
+        broken.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header" + bytes(range(256)) * 4)
+        combo = comfy.get("/object_info/FlowjamLora")["FlowjamLora"]["input"]["required"]["lora"][1]["options"]
+        assert BROKEN_LORA in combo, combo  # ComfyUI lists it: the failure comes from reading it, not from validation
+        swap = json.loads(json.dumps(prompt))
+        swap[first]["inputs"]["lora"] = BROKEN_LORA
+        entry = comfy.run(swap)
+        error = execution_error(entry)
+        assert error is not None, f"the swap to a broken LoRA ran: {entry['status']}"
+        message = error["exception_message"].strip()
+        print(f"\nfailed LoRA swap ({error['node_type']}): {message}", file=sys.stderr)
+        assert BROKEN_LORA in message and "\n" not in message, message
+        assert "Traceback" not in message and len(message) < 500, message
+
+        ticks = comfy.session(stream)["ticks"]
+        wait_for(
+            lambda: comfy.session(stream)["ticks"] > ticks + 10, 10, f"the {stream} stream to keep ticking", POLL_S
+        )
+        after = comfy.session(stream)
+        assert after["playing"] and after["running"] and after["errors"] == before["errors"], after
+        assert after["knobs"][knob] == pytest.approx(0.7), f"the stream lost its LoRA: {after['knobs']}"
+        assert knob in after["specs"] and not [k for k in after["knobs"] if "broken" in k], after["knobs"]
+        status, body = comfy.request("POST", f"/flowjam/session/{stream}/knob", {"name": knob, "value": 0.4})
+        assert status == 200 and body["value"] == pytest.approx(0.4), body  # the kept LoRA still plays, and turns
+        assert comfy.session(stream)["knobs"][knob] == pytest.approx(0.4)
+    finally:
+        broken.unlink(missing_ok=True)
+        comfy.run(stop_prompt(stream), timeout=30)
+    assert stream not in comfy.sessions()
 
 
 def _lora_render_prompt(checkpoint: str, strength: float | None, prefix: str) -> dict:
@@ -601,6 +694,35 @@ def test_knob_route_changes_the_stream_without_queueing(comfy, jam):
     assert np.abs(audio).max() > 0.01
 
 
+def test_a_knob_moved_from_outside_shows_in_the_status_the_panel_receives(comfy, jam):
+    """Point 5, the server side of the panel's write-back: a knob moved outside the graph (the knob route, as OSC or a
+    script would) is in the `flowjam.status` event the server pushes to every browser within a second, and in the
+    status the panel polls; no prompt is queued for it."""
+    events = Events(comfy)
+    try:
+        wait_for(lambda: events.of("flowjam.status"), 5, "a first flowjam.status push", POLL_S)
+        moved = time.monotonic()
+        status, body = comfy.request("POST", "/flowjam/session/jam/knob", {"name": "prompt_blend", "value": 0.37})
+        assert status == 200 and body["value"] == pytest.approx(0.37), body
+
+        def pushed():
+            for at, data in events.of("flowjam.status", since=moved):
+                knobs = data.get("sessions", {}).get("jam", {}).get("knobs", {})
+                if knobs.get("prompt_blend") == pytest.approx(0.37):
+                    return at
+            return None
+
+        at = wait_for(pushed, 5, "a flowjam.status push with the moved prompt_blend", 0.05)
+        print(f"\nthe moved knob was pushed {1000 * (at - moved):.0f} ms after the move", file=sys.stderr)
+        assert at - moved < 2.0  # pushed every 0.25 s; a loaded 2-core machine adds to that
+        polled = comfy.session("jam")
+        assert polled["knobs"]["prompt_blend"] == pytest.approx(0.37) and polled["running"], polled["knobs"]
+        assert comfy.get("/queue")["queue_running"] == []
+    finally:
+        events.close()
+        comfy.request("POST", "/flowjam/session/jam/knob", {"name": "prompt_blend", "value": 0.0})
+
+
 def test_knob_route_refuses_a_malformed_body_with_400(comfy, jam):
     assert comfy.request("POST", "/flowjam/session/jam/knob", raw=b"not json")[0] == 400
     assert comfy.request("POST", "/flowjam/session/jam/knob", [1, 2])[0] == 400
@@ -647,6 +769,87 @@ def _generate_prompt(seconds: float = 0.4, **model_changes) -> dict:
     }
 
 
+def _lm_prompt(seconds: float, seed: int) -> dict:
+    """LM structure (the tiny LM) over `seconds` -> a short Generate following it -> Preview Audio."""
+    prompt = _generate_prompt(seconds=0.4)
+    prompt["5"] = {
+        "class_type": "FlowjamLMStructure",
+        "inputs": {
+            "model": ["1", 0],
+            "caption": "test tone",
+            "seconds": seconds,
+            "lyrics": "",
+            "bpm": 90,
+            "key": "C major",
+            "time_signature": "4",
+            "seed": seed,
+            "cfg": 2.0,
+            "temperature": 0.85,
+            "top_p": 0.9,
+            "lm_checkpoint": "none",
+            "lm_preset": "tiny",
+        },
+    }
+    prompt["3"]["inputs"]["structure"] = ["5", 0]
+    return prompt
+
+
+def test_cancel_stops_the_lm_structure_node_within_seconds(comfy):
+    """Cancel (POST /interrupt) while LM structure writes 600 s of codes: its progress bar moved before, and the
+    prompt ends as interrupted within seconds, long before the whole generation would have. Streams are stopped first
+    (the jam fixture starts jam again): on a loaded 2-core CPU a playing stream slows the LM to a code every few
+    seconds, and Cancel waits for the code in hand."""
+    for name in comfy.sessions():
+        comfy.run_ok(stop_prompt(name))
+    events = Events(comfy)
+    try:
+        prompt = _lm_prompt(600.0, seed=int(uuid.uuid4().int % 2**31))  # a seed of its own: no cached result
+        status, body = comfy.request("POST", "/prompt", {"prompt": prompt, "client_id": events.client_id})
+        assert status == 200, body
+        prompt_id = body["prompt_id"]
+
+        def progress() -> list[tuple[float, dict]]:
+            return [
+                (at, data)
+                for at, data in events.of("progress")
+                if data.get("prompt_id") == prompt_id and data.get("node") == "5"
+            ]
+
+        wait_for(lambda: len(progress()) >= 2, 90, "progress events from LM structure", POLL_S)
+        time.sleep(1.0)
+        seen = progress()
+        interrupted = time.monotonic()
+        assert comfy.request("POST", "/interrupt", {"prompt_id": prompt_id})[0] == 200
+        deadline = interrupted + 60
+        while True:
+            entry = comfy.get(f"/history/{prompt_id}").get(prompt_id)
+            if entry and entry.get("status", {}).get("status_str") in ("success", "error"):
+                break
+            assert time.monotonic() < deadline, "the interrupted prompt did not end within 60 s"
+            time.sleep(0.05)
+        ended = time.monotonic() - interrupted
+        (first_at, first), (last_at, last) = seen[0], seen[-1]
+        rate = (last["value"] - first["value"]) / max(last_at - first_at, 1e-3)  # codes per second
+        left_s = (last["max"] - last["value"]) / max(rate, 1e-3)
+        print(
+            f"\nLM structure: {len(seen)} progress events up to {last['value']}/{last['max']} codes "
+            f"({rate:.0f} codes/s, {left_s:.0f} s left); the prompt ended {ended:.2f} s after Cancel",
+            file=sys.stderr,
+        )
+        kinds = [kind for kind, _ in entry["status"]["messages"]]
+        assert entry["status"]["status_str"] == "error" and "execution_interrupted" in kinds, entry["status"]
+        stopped = dict(entry["status"]["messages"])["execution_interrupted"]
+        assert stopped["node_id"] == "5" and stopped["node_type"] == "FlowjamLMStructure", stopped
+        assert execution_error(entry) is None, "Cancel is an interruption, not an error"
+        assert ended < 5.0, f"the prompt ended {ended:.1f} s after Cancel"
+        assert last["max"] >= 3000 and last["value"] < last["max"] and left_s > 3 * ended, (last, left_s)
+        assert [d for _, d in events.of("execution_interrupted") if d.get("prompt_id") == prompt_id]
+        assert "3" not in entry.get("outputs", {}) and "4" not in entry.get("outputs", {})
+    finally:
+        events.close()
+    comfy.run_ok(_generate_prompt(seconds=0.4))  # the server runs the next prompt as usual
+
+
 def _source_prompt(file_name: str) -> dict:
     return {
         "1": _model(),
@@ -669,6 +872,8 @@ def _source_prompt(file_name: str) -> dict:
                 "structure": 1.0,
                 "audio_device": "none",
                 "cfg_mode": "off",
+                "window_seconds": 20.0,
+                "endless": False,
             },
         },
         "5": {
