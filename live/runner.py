@@ -316,8 +316,8 @@ class LiveRunner:
         finished windows merged in (after the frames whose audio is already written, which never change)."""
         if self._walker is None:
             return finished[-1].latent
-        hop, rate = self.session.models.vae.hop_samples, self.buffer.sample_rate
-        self._walker.land(finished, (self.buffer.playhead_frames + int(self.stats.lead_s * rate)) // hop)
+        frozen = (self.buffer.playhead_frames + int(self.stats.lead_s * self.buffer.sample_rate)) // self._hop
+        self._walker.land(finished, frozen)
         return self._walker.timeline.snapshot()  # a copy for the writer's thread: merges go on here meanwhile
 
     def _drain_messages(self) -> None:

@@ -25,7 +25,7 @@ from .windows import Timeline, WindowPlace, cyclic_crop, place_window
 class WindowWalker:
     def __init__(self, ring: int, window: int, channels: int, device: torch.device, dtype: torch.dtype, endless: bool):
         """`ring`: the loop's frames (or an endless stream's ring); `window`: W frames."""
-        self.window, self.endless = window, endless
+        self.window = window
         self.timeline = Timeline(ring, channels, device, dtype, endless)
         self._inputs: tuple[tuple, dict[str, Any]] | None = None  # the last window's tensors, by what made them
         self._frame_curves: dict[str, torch.Tensor] = {}  # per-frame shared curves over the loop
