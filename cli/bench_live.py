@@ -22,7 +22,7 @@ def bench_latency(args: argparse.Namespace) -> int:
     )
     print(
         f"{'knob':>16} {'kind':>8} {'knob->tick ms (median / p95)':>30} {'knob->written ms':>17} "
-        f"{'knob->ear ms (median / p95)':>30} {'first touch ->ear ms':>21}"
+        f"{'knob->ear ms (median / p95)':>30} {'first touch ->ear ms':>21} {'its new-plan ticks':>19}"
     )
     summaries, status = measure_latency(
         session,
@@ -36,9 +36,9 @@ def bench_latency(args: argparse.Namespace) -> int:
     for s in summaries:
         print(
             f"{s.knob:>16} {s.kind:>8} {s.tick_ms_median:17.1f} / {s.tick_ms_p95:8.1f} {s.written_ms_median:17.1f} "
-            f"{s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f} {s.first_touch_ear_ms:21.1f}"
+            f"{s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f} {s.first_touch_ear_ms:21.1f} {s.first_touch_plan_ticks:19d}"
         )
-    print("runner at the end: " + ", ".join(f"{key} {status[key]}" for key in RUNNER_TIMINGS))
+    print("runner at the end: " + ", ".join(f"{key} {status[key]}" for key in (*RUNNER_TIMINGS, "tick_graphs")))
     return 0
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..live.midi import MIDI_BACKENDS
+from ..live.playback import DEFAULT_BLOCKSIZE
 from .flags import (
     CommandError,
     add_audio_device,
@@ -57,6 +58,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_backend(parser)
     add_audio_device(parser)
     parser.add_argument("--no-audio", action="store_true", help="no sound card: advance in real time and only record")
+    parser.add_argument(
+        "--blocksize",
+        type=int,
+        default=DEFAULT_BLOCKSIZE,
+        help=f"frames the sound card plays per callback (default {DEFAULT_BLOCKSIZE}); larger if it underruns, at the "
+        "cost of knob latency (the writer stays one block ahead)",
+    )
     parser.add_argument(
         "--playback", default="process", choices=("process", "thread"), help="where the audio callback runs"
     )
@@ -113,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         song_seconds=args.song_seconds,
         session_name=args.session,
         audio_device=args.audio_device,
+        blocksize=args.blocksize,
         playback_mode=("null-process" if args.playback == "process" else "null") if args.no_audio else args.playback,
         record=args.record,
         osc_host=args.osc_host or LiveConfig.osc_host,
@@ -180,6 +189,8 @@ def check_live_args(args: argparse.Namespace) -> None:
         raise CommandError("--endless is text-only: --source and --lm set a song's length (they loop); drop one")
     check_knob_flag("depth", args.depth)
     check_knob_flag("steps", args.steps)
+    if not 32 <= args.blocksize <= 8192:
+        raise CommandError(f"--blocksize must be 32..8192 frames (default {DEFAULT_BLOCKSIZE}), got {args.blocksize}")
     check_port("--osc-port", args.osc_port, "no OSC")
     if not args.osc_port and (args.osc_host or args.osc_feedback or args.osc_allow):
         raise CommandError("--osc-host, --osc-feedback and --osc-allow need OSC, which --osc-port 0 turns off")

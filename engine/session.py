@@ -25,6 +25,9 @@ from .lora.folded import FOLDABLE_DTYPES
 from .models.fp8 import check_fp8_device, to_fp8
 from .params import DEFAULT_PRECISION, DEFAULT_SHIFT, DEFAULT_STEPS, LORA_MODES, PRECISIONS, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
+from .stream.walker import WindowWalker
+from .stream.windowed import WindowedStream
+from .stream.windows import Timeline, ring_frames, window_frames
 
 CAPTION_MAX_TOKENS = 256
 DECODE_MARGIN_FRAMES = 12
@@ -364,13 +367,35 @@ class Session:
                 return finished[0].latent
         raise RuntimeError("generation did not finish within its schedule")
 
-    def stream(self, depth: int = 4, backend: str | None = None, paced: bool = False) -> StreamHandle:
+    def stream(
+        self,
+        depth: int = 4,
+        backend: str | None = None,
+        paced: bool = False,
+        window_s: float = 0.0,
+        song_seconds: float | None = None,
+        endless: bool = False,
+    ) -> StreamHandle:
         """A live pipeline on this session's decoder; feed it requests from `make_request` (`paced`: see
-        StreamPipeline)."""
+        StreamPipeline). `window_s` W with `song_seconds` (or `endless`): a windowed stream (`WindowedStream`) whose
+        requests, made for the whole song (endless: for `timeline.ring` frames, read cyclically), run on W seconds at
+        the write point given to `submit`, so a tick costs W, not the song; W = 0 or W >= the song: every request
+        runs whole, as without a window."""
         pipeline = StreamPipeline(
             self.models.acestep.decoder, depth=depth, backend=backend or self.backend, paced=paced
         )
-        return StreamHandle(self, pipeline)
+        handle = StreamHandle(self, pipeline)
+        if not window_s and not endless:
+            return handle
+        if song_seconds is None and not endless:
+            raise ValueError("a windowed stream needs song_seconds (the loop's length) or endless=True")
+        song = None if endless else seconds_to_frames(song_seconds)
+        window = window_frames(window_s, song)
+        if window is None:
+            return handle
+        channels = self.models.config.audio_acoustic_hidden_dim
+        walker = WindowWalker(ring_frames(window, song), window, channels, self.device, self.dtype, endless)
+        return WindowedStreamHandle(self, pipeline, WindowedStream(pipeline, walker))
 
     # ---- decoding --------------------------------------------------------------------------------------------
 
@@ -446,3 +471,26 @@ class StreamHandle:
 
     def decode(self, latent: torch.Tensor, t_start: float, window_s: float, cyclic: bool = True) -> torch.Tensor:
         return self.session.decode(latent, t_start, window_s, cyclic=cyclic)
+
+
+class WindowedStreamHandle(StreamHandle):
+    """A session's windowed stream (`Session.stream(window_s=W, ...)`): `submit(request, at_frame=...)` places the
+    song-long request on the window at that write point, `tick(frozen_frame)` merges what it delivers into
+    `timeline`."""
+
+    def __init__(self, session: Session, pipeline: StreamPipeline, windowed: WindowedStream):
+        super().__init__(session, pipeline)
+        self.windowed = windowed
+
+    @property
+    def timeline(self) -> Timeline:
+        return self.windowed.timeline
+
+    def submit(
+        self, request: SlotRequest, supersedes: bool = False, at_frame: int = 0, denoise: float | None = None
+    ) -> None:
+        """See `WindowedStream.submit`."""
+        self.windowed.submit(request, supersedes, at_frame, denoise)
+
+    def tick(self, frozen_frame: int = 0) -> list[Finished]:
+        return self.windowed.tick(frozen_frame)

@@ -20,7 +20,7 @@ from ..engine.stream.windows import ring_frames, window_frames
 from .knobs import KnobRegistry
 from .loop_buffer import LoopBuffer
 from .osc import TRANSPORT_COMMANDS, OscBridge, OscConfig
-from .playback import Playback
+from .playback import DEFAULT_BLOCKSIZE, Playback
 from .runner import LiveRunner, RunnerConfig
 
 log = logging.getLogger("flowjam.live")
@@ -39,6 +39,7 @@ class LiveConfig:
     song_seconds: float = 30.0
     session_name: str = "default"
     audio_device: str | int | None = None
+    blocksize: int = DEFAULT_BLOCKSIZE  # frames per output callback; the writer's lead covers one
     playback_mode: str = "process"  # process | thread | null | null-process (no audio device; see playback.py)
     record: Path | None = None
     osc_host: str = "127.0.0.1"
@@ -107,6 +108,7 @@ class LiveApp:
             self.playback = Playback(
                 self.buffer,
                 device=config.audio_device,
+                blocksize=config.blocksize,
                 mode=config.playback_mode,
                 record_path=None if config.record is None else str(config.record),
             )
@@ -268,7 +270,10 @@ class LiveApp:
                 "no audio output (%s); running without sound%s", error, ", recording only" if self.config.record else ""
             )
             self.playback = Playback(
-                self.buffer, mode="null", record_path=None if self.config.record is None else str(self.config.record)
+                self.buffer,
+                blocksize=self.config.blocksize,
+                mode="null",
+                record_path=None if self.config.record is None else str(self.config.record),
             )
             self.playback.start()
             self.output_warning = NO_AUDIO_DEVICE

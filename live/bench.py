@@ -35,6 +35,24 @@ def _wait(predicate, timeout_s: float) -> bool:
     return False
 
 
+def settle_plans(runner, quiet_ticks: int, timeout_s: float = 30.0) -> int:
+    """Wait until `quiet_ticks` ticks in a row made no new tick plan; -> the ticks it took (0 without CUDA graphs).
+    A shared knob's first move off its default makes a new plan for each place the slots take in their schedules,
+    each captured once; trials after it measure the steady stream, and this count says what the first move cost."""
+    start = runner.stats.ticks
+    graphs = runner.stream.stats()["graphs"]
+    if graphs is None:
+        return 0
+    plans, quiet_from = graphs["new_plans"], start
+    deadline = time.monotonic() + timeout_s
+    while runner.stats.ticks - quiet_from < quiet_ticks and time.monotonic() < deadline:
+        time.sleep(0.002)
+        now = runner.stream.stats()["graphs"]["new_plans"]
+        if now != plans:
+            plans, quiet_from = now, runner.stats.ticks
+    return quiet_from - start
+
+
 @dataclass(frozen=True)
 class LatencySummary:
     knob: str
@@ -46,9 +64,10 @@ class LatencySummary:
     ear_ms_median: float
     ear_ms_p95: float
     first_touch_ear_ms: float  # the knob's first move off its default, before the trials (see measure_latency)
+    first_touch_plan_ticks: int  # ticks after the first move that still made new tick plans (settle_plans)
 
 
-def summarize_latency(knob: str, kind: str, records, first_touch) -> LatencySummary:
+def summarize_latency(knob: str, kind: str, records, first_touch, plan_ticks: int = 0) -> LatencySummary:
     ticks = sorted(r.knob_to_tick_ms for r in records)
     ears = sorted(r.knob_to_ear_ms for r in records)
     written = statistics.median(r.knob_to_written_ms for r in records)
@@ -66,6 +85,7 @@ def summarize_latency(knob: str, kind: str, records, first_touch) -> LatencySumm
         statistics.median(ears),
         p95(ears),
         first_touch.knob_to_ear_ms,
+        plan_ticks,
     )
 
 
@@ -91,8 +111,9 @@ def measure_latency(
     summaries and the runner's status at the end (tick, decode, interval between writes, lead).
 
     Each knob is moved once off its default before its trials and that first touch is reported on its own: a
-    shared knob off its default makes a new tick plan (run plain once, captured the next time), a one-off cost of
-    a knob's first move that the steady trials would otherwise average in."""
+    shared knob off its default makes new tick plans (one per place of the slots in their schedules, each captured
+    once), a one-off cost of a knob's first move that the steady trials would otherwise average in; the trials
+    start once the plans have settled (`settle_plans`), and the ticks that took are reported."""
     registry = _registry(depth, cfg_mode)
     app = LiveApp(
         session,
@@ -119,9 +140,12 @@ def measure_latency(
             return next(r for r in app.runner.stats.latencies if r.change.seq == change.seq)
 
         summaries = []
+        quiet = 2 * int(registry.get("steps"))  # every place of every slot in its schedule, twice
         for knob, values in (("velocity_scale", (1.3, 0.7)), ("denoise", (0.5, 0.8))):
-            records = [follow(knob, values[trial % 2]) for trial in range(-1, trials)]
-            summaries.append(summarize_latency(knob, registry.specs[knob].kind.value, records[1:], records[0]))
+            first_touch = follow(knob, values[1])
+            plan_ticks = settle_plans(app.runner, quiet)
+            records = [follow(knob, values[trial % 2]) for trial in range(trials)]
+            summaries.append(summarize_latency(knob, registry.specs[knob].kind.value, records, first_touch, plan_ticks))
         return summaries, app.runner.status()
     finally:
         app.stop()

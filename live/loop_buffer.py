@@ -29,6 +29,7 @@ RUNNING = 7  # 1 while an output stream plays this buffer
 STOP = 8  # set by Playback to ask the output process to stop
 RECORDED = 9  # frames written to the recording ring since the recording started
 FADE_STARTED = 10  # PLAYED at the first frame of the newest transport fade (stop or play), -1 before any
+BLOCK = 11  # frames the output renders per callback (the playhead moves in these steps); 0 before it starts
 # Slots of LoopBuffer.reals (float64).
 GAIN = 0  # target volume, linear
 APPLIED_GAIN = 1  # volume the callback used at the end of its last block (it ramps from here to GAIN)
@@ -152,6 +153,12 @@ class LoopBuffer:
             return np.ascontiguousarray(self.data.T)
 
     # --- clock and meters --------------------------------------------------------------------------------------
+
+    @property
+    def block_frames(self) -> int:
+        """Frames the output renders per callback (0 before playback starts): audio within one block past the
+        playhead may already be read."""
+        return self._counter(BLOCK)
 
     @property
     def playhead_frames(self) -> int:

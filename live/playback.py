@@ -43,6 +43,7 @@ from ..engine.outputs import check_output_path
 from .loop_buffer import (
     APPLIED_GAIN,
     APPLIED_TRANSPORT,
+    BLOCK,
     CALLBACKS,
     FADE_STARTED,
     GAIN,
@@ -60,6 +61,7 @@ from .realtime import acquire_realtime, log_refusal, promote_callback_thread, se
 from .recording import RING_SECONDS, RecordingDrain
 
 MODES = ("process", "thread", "null", "null-process")
+DEFAULT_BLOCKSIZE = 512  # 10.7 ms at 48 kHz: the writer's lead covers one block (see writer.py)
 SPAWNED = ("process", "null-process")  # the modes whose output runs in its own process
 NULL_DEVICE_NAME = "null (no audio device)"
 LIST_HINT = "run with --list-devices to see the outputs, or --no-audio to run without sound"
@@ -360,7 +362,7 @@ class Playback:
         self,
         buffer: LoopBuffer,
         device: str | int | None = None,
-        blocksize: int = 1024,
+        blocksize: int = DEFAULT_BLOCKSIZE,
         mode: str = "process",
         record_path: str | None = None,
     ):
@@ -401,6 +403,7 @@ class Playback:
             self.mode = "thread" if self.mode == "process" else "null"
         counters = self.buffer.counters
         counters[[STOP, RECORDED, UNDERRUNS, CALLBACKS, RUNNING]] = 0
+        counters[BLOCK] = self.blocksize
         self.buffer.reals[LATENCY_S] = 0.0
         self.buffer.reals[APPLIED_GAIN] = self.buffer.reals[GAIN]  # no fade-in from a stale volume
         self.buffer.reals[APPLIED_TRANSPORT] = self.buffer.reals[TRANSPORT]

@@ -59,7 +59,7 @@ class RunnerConfig:
     ahead_s: float | None = None  # a window's write point past the playhead; None: lead + its steps' measured ticks
     patch_s: float = 0.4  # audio kept per write
     stop_timeout_s: float = 10.0  # how long stop() waits for a tick in progress (a heavy one may take longer)
-    min_lead_s: float = 0.03  # the writer's margin alone; the measured write time and its jitter come on top
+    min_lead_s: float = 0.015  # the lead's floor; it follows the write time, its jitter and the output's block
     max_lead_s: float = 2.0
 
 
@@ -352,6 +352,9 @@ class LiveRunner:
                     "target capture ignored: the first generation has not finished yet; capture again in a moment"
                 )
             self._captured_target = self._latest
+            if self._walker is not None:  # the loop as heard: frames no window has reached yet are silence
+                silence = self._silence_context[..., : self._walker.timeline.latents.shape[-1]]
+                self._captured_target = self._walker.timeline.snapshot(unwritten=silence)
         elif isinstance(message, TargetClear):
             self._captured_target = None
 

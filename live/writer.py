@@ -4,7 +4,8 @@ It runs on a thread of its own and, on a GPU, on a high-priority CUDA stream of 
 (one per window shape), so the decode of a new latent overlaps the next tick instead of following it. Between new
 latents it re-decodes the newest one at the moving playhead (gap-fill) before the last window runs out, so the
 region about to play is always the freshest audio there is. The lead follows the measured time from reading the
-playhead to the patch being in the buffer, and its jitter.
+playhead to the patch being in the buffer, its jitter, and the output's block (audio within a block past the
+playhead may already be read).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from .loop_buffer import LoopBuffer
 from .realtime import raise_thread_priority
 
 FADE_FRAMES = 480  # 10 ms equal-gain edges on every patch
-LEAD_MARGIN_S = 0.03  # beyond the measured write time: the playback's own block and a late wake-up
+WAKE_MARGIN_S = 0.008  # beyond the measured write time and the output's block: a late wake-up
+UNKNOWN_BLOCK_S = 0.022  # the block the lead covers before the output has said its own (1024 frames at 48 kHz)
 JITTER_COVER = 4.0  # mean absolute deviations of the write time the lead covers
 EMA_WEIGHT = 0.2
 WINDOW_STEP_S = 0.2  # windows are whole multiples of this, so a few captured window shapes serve every write
@@ -187,7 +189,9 @@ class AheadWriter:
             stats.write_jitter_s += EMA_WEIGHT * (abs(write_s - stats.write_s) - stats.write_jitter_s)
             stats.write_s += EMA_WEIGHT * (write_s - stats.write_s)
         low, high = self._lead_range_s
-        stats.lead_s = min(high, max(low, stats.write_s + JITTER_COVER * stats.write_jitter_s + LEAD_MARGIN_S))
+        block = self.buffer.block_frames
+        margin = (block / self.buffer.sample_rate if block else UNKNOWN_BLOCK_S) + WAKE_MARGIN_S
+        stats.lead_s = min(high, max(low, stats.write_s + JITTER_COVER * stats.write_jitter_s + margin))
         song_s = self.buffer.frames / self.buffer.sample_rate
         wanted = max(self._min_patch_s, stats.lead_s + 2 * stats.interval_s)
         stats.patch_s = min(song_s, WINDOW_STEP_S * math.ceil(wanted / WINDOW_STEP_S - 1e-9))

@@ -153,6 +153,7 @@ CASES = {
     "live --prompt ''": Case("live", lambda f: ["--prompt", ""], "the prompt is empty"),
     "live --depth 99": Case("live", lambda f: ["--depth", "99"], "--depth 99 is outside 1..8"),
     "live --depth 0": Case("live", lambda f: ["--depth", "0"], "--depth 0 is outside 1..8"),
+    "live --blocksize 0": Case("live", lambda f: ["--blocksize", "0"], "--blocksize must be 32..8192 frames"),
     "live --steps 1000": Case("live", lambda f: ["--steps", "1000"], "--steps 1000 is outside 1..50"),
     "live --source truncated": Case("live", lambda f: ["--source", str(f.wavs["truncated"])], "truncated"),
     "live --audio-device bogus": Case("live", lambda f: ["--audio-device", "bogus"], "cannot open audio output"),

@@ -8,6 +8,11 @@ that never touched a knob delivers the same latent over and over, and "set back"
 the default denoise of 0.7 each generation starts from the previous one, so no later output of a run that moved a
 knob can equal the untouched run's.) Numbers in the CPU matmuls depend on which rows share a tick's batch, so the
 restored latent is taken once the ring has turned over: the (depth + 1)-th generation made after the reset.
+
+Every test that plays a loop also runs windowed ("windowed": 4 s windows on a 6 s loop, each written from the
+playhead, which the hand-stepped runner never moves, so that placements repeat as in tests/test_windows.py). There the generation compared is the delivered window: `runner.latest` is the timeline,
+whose frames before the frozen frontier keep whatever they held when the frontier last moved; that the window
+landed on the timeline after the frontier is checked on every one.
 """
 
 from __future__ import annotations
@@ -19,15 +24,19 @@ import pytest
 import torch
 from flowjam.engine.params import KNOB_SPECS, KnobKind
 from flowjam.engine.session import Session
+from flowjam.engine.stream.windows import cyclic_crop
 from flowjam.live.app import LiveApp, LiveConfig
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import PLAYED, LoopBuffer
 from flowjam.live.playback import BlockRenderer
-from flowjam.live.runner import LiveRunner
+from flowjam.live.runner import LiveRunner, RunnerConfig
 from helpers import wait_for
 from pythonosc.udp_client import SimpleUDPClient
 
 SONG_SECONDS = 1.0
+WINDOW_S = 4.0  # the windowed runs: the shortest window (MIN_WINDOW_SECONDS)
+WINDOWED_SONG_SECONDS = 6.0  # their loop, longer than the window (the tiny preset keeps the ticks cheap)
+WINDOWS = pytest.mark.parametrize("window_s", [0.0, WINDOW_S], ids=["whole-loop", "windowed"])
 MIN_RELATIVE_CHANGE = 1e-3  # a moved knob changes the next affected latent by at least 0.1 % (relative L2)
 MAX_STEPS = 200
 
@@ -64,40 +73,99 @@ CASES = {
 }
 
 
+def song_seconds(window_s: float) -> float:
+    return SONG_SECONDS if window_s == 0 else WINDOWED_SONG_SECONDS
+
+
+def runner_config(window_s: float) -> RunnerConfig:
+    """Whole-loop generation, or windows whose write point is the playhead itself (a fixed place)."""
+    return RunnerConfig(window_s=window_s, ahead_s=0.0)
+
+
 @pytest.fixture(scope="module")
 def noise_source(session):
-    """A cover source for the `structure` knob: SONG_SECONDS of seeded stereo noise."""
-    noise = torch.Generator().manual_seed(3)
-    audio = 0.3 * torch.randn(2, int(SONG_SECONDS * session.sample_rate), generator=noise)
-    return session.prepare_source(audio, session.sample_rate)
+    """A cover source for the `structure` knob, one per loop length: seeded stereo noise."""
+    made = {}
+
+    def make(seconds: float):
+        if seconds not in made:
+            noise = torch.Generator().manual_seed(3)
+            audio = 0.3 * torch.randn(2, int(seconds * session.sample_rate), generator=noise)
+            made[seconds] = session.prepare_source(audio, session.sample_rate)
+        return made[seconds]
+
+    return make
 
 
-def latent_after(runner: LiveRunner, seq: int, nth: int = 1) -> torch.Tensor:
+class Delivered:
+    """The newest latent a runner's stream delivered (its real tick, watched): the whole loop (`runner.latest`), or
+    the newest window, checked against the timeline the writer decodes."""
+
+    def __init__(self, runner: LiveRunner):
+        self.runner = runner
+        self.item = None
+        real_tick = runner.stream.tick
+
+        def tick():
+            finished = real_tick()
+            if finished:
+                self.item = finished[-1]
+            return finished
+
+        runner.stream.tick = tick
+
+    def latest(self) -> torch.Tensor:
+        runner, item = self.runner, self.item
+        place = item.request.window
+        if place is None:
+            assert item.latent is runner.latest
+            return runner.latest.clone()
+        assert item.latent.shape[1] == runner.request_frames < runner.latest.shape[1], "a window of the timeline"
+        # the window lands after the frozen frontier (the frames whose audio is written keep it) and after its kept
+        # frames; from there the timeline the writer decodes holds it bit for bit
+        landed = max(place.keep, runner._walker.timeline.frozen - place.start)
+        assert landed < place.frames, f"the window landed nowhere: {place}, frozen at {runner._walker.timeline.frozen}"
+        on_timeline = cyclic_crop(runner.latest, place.start, place.frames)
+        assert torch.equal(on_timeline[:, landed:], item.latent[:, landed:]), "the window is not on the timeline"
+        return item.latent.clone()
+
+
+def latent_after(delivered: Delivered, seq: int, nth: int = 1) -> torch.Tensor:
     """Step the runner until the `nth` latent whose request was made after registry change `seq`; returns it."""
+    runner = delivered.runner
     seen = 0
     for _ in range(MAX_STEPS):
-        delivered = runner.stats.latents
+        count = runner.stats.latents
         runner.step()
-        if runner.stats.latents > delivered and runner.latest_seq >= seq:
+        if runner.stats.latents > count and runner.latest_seq >= seq:
             seen += 1
             if seen == nth:
-                return runner.latest.clone()
+                return delivered.latest()
     pytest.fail(f"no latent made after change {seq} within {MAX_STEPS} ticks")
 
 
 class Rig:
     """A runner on a loop buffer, stepped in this thread; the audio callback's renderer reads the same buffer."""
 
-    def __init__(self, session: Session, case: KnobCase, source):
+    def __init__(self, session: Session, case: KnobCase, source, window_s: float):
         self.registry = KnobRegistry()
         self.registry.set("denoise", 1.0, origin="test")
         for name, value in case.setting.items():
             self.registry.set(name, value, origin="test")
-        frames = round(SONG_SECONDS * 25) * session.models.vae.hop_samples
+        seconds = song_seconds(window_s)
+        frames = round(seconds * 25) * session.models.vae.hop_samples
         self.buffer = LoopBuffer(frames, channels=2, sample_rate=session.sample_rate)
         self.runner = LiveRunner(
-            session, self.registry, self.buffer, "knob probe a", "knob probe b", source if case.source else None
+            session,
+            self.registry,
+            self.buffer,
+            "knob probe a",
+            "knob probe b",
+            source(seconds) if case.source else None,
+            config=runner_config(window_s),
         )
+        assert (self.runner.request_frames < self.runner.frames) == (window_s > 0)
+        self.delivered = Delivered(self.runner)
         self.renderer = BlockRenderer(self.buffer, 1024, None)
         if case.target_seed is not None:  # OSC /target/capture while another seed plays, then back to the default seed
             self.registry.set("seed", case.target_seed, origin="test")
@@ -106,7 +174,7 @@ class Rig:
             self.registry.reset("seed")
 
     def latent_after(self, seq: int, nth: int = 1) -> torch.Tensor:
-        return latent_after(self.runner, seq, nth)
+        return latent_after(self.delivered, seq, nth)
 
     def latents_in(self, ticks: int) -> int:
         delivered = self.runner.stats.latents
@@ -133,8 +201,8 @@ class Rig:
 def rig(request, session, noise_source):
     rigs = []
 
-    def make(case: KnobCase) -> Rig:
-        rigs.append(Rig(session, case, noise_source))
+    def make(case: KnobCase, window_s: float) -> Rig:
+        rigs.append(Rig(session, case, noise_source, window_s))
         return rigs[-1]
 
     yield make
@@ -150,10 +218,11 @@ def test_every_registry_knob_has_an_effect_test():
     assert set(CASES) == {spec.name for spec in KNOB_SPECS}, "add a KnobCase for every knob (or remove the knob)"
 
 
+@WINDOWS
 @pytest.mark.parametrize("knob", [spec.name for spec in KNOB_SPECS if spec.name not in ("depth", "volume")])
-def test_knob_changes_the_next_generation_and_restores_it_bit_for_bit(rig, knob):
+def test_knob_changes_the_next_generation_and_restores_it_bit_for_bit(rig, knob, window_s):
     case = CASES[knob]
-    run = rig(case)
+    run = rig(case, window_s)
     depth = int(run.registry.get("depth"))
     start = run.registry.seq
     original = run.latent_after(start, nth=depth + 1)
@@ -167,13 +236,14 @@ def test_knob_changes_the_next_generation_and_restores_it_bit_for_bit(rig, knob)
     assert torch.equal(restored, original), f"{knob} set back: max difference {(restored - original).abs().max():.2e}"
 
 
+@WINDOWS
 @pytest.mark.parametrize("knob", [spec.name for spec in KNOB_SPECS if spec.kind is KnobKind.SHARED])
-def test_shared_knob_reaches_the_generations_already_in_flight(rig, knob):
+def test_shared_knob_reaches_the_generations_already_in_flight(rig, knob, window_s):
     """Generations submitted BEFORE the change and delivered after it differ: every one that still had a step to
     take after the change. A slot in its last step is exempt for two knobs: ode_noise adds noise only at t' > 0,
     and sde_denoise's last step mixes toward the previous loop, which an unchanged run's last step already equals."""
     case = CASES[knob]
-    run = rig(case)
+    run = rig(case, window_s)
     depth = int(run.registry.get("depth"))
     original = run.latent_after(run.registry.seq, nth=depth + 1)
     moved = run.registry.set(knob, case.changed, origin="osc")
@@ -184,7 +254,7 @@ def test_shared_knob_reaches_the_generations_already_in_flight(rig, knob):
         if run.runner.stats.latents > delivered:
             if run.runner.latest_seq >= moved.seq:
                 break
-            in_flight.append(relative_change(run.runner.latest, original))
+            in_flight.append(relative_change(run.delivered.latest(), original))
     assert len(in_flight) >= depth - 1, (
         f"expected the {depth} in-flight generations to finish first, got {len(in_flight)}"
     )
@@ -192,8 +262,9 @@ def test_shared_knob_reaches_the_generations_already_in_flight(rig, knob):
     assert all(change > MIN_RELATIVE_CHANGE for change in in_flight[exempt:]), f"{knob}: in-flight changes {in_flight}"
 
 
-def test_depth_changes_how_often_a_generation_arrives_and_restores(rig):
-    run = rig(CASES["depth"])
+@WINDOWS
+def test_depth_changes_how_often_a_generation_arrives_and_restores(rig, window_s):
+    run = rig(CASES["depth"], window_s)
     original = run.latent_after(run.registry.seq, nth=5)
     per_16_ticks = run.latents_in(16)
     run.registry.set("depth", CASES["depth"].changed, origin="osc")
@@ -206,8 +277,9 @@ def test_depth_changes_how_often_a_generation_arrives_and_restores(rig):
     assert torch.equal(restored, original), "depth set back: the generations must be the untouched run's"
 
 
-def test_volume_scales_what_is_played_and_restores_it_bit_for_bit(rig):
-    run = rig(CASES["volume"])
+@WINDOWS
+def test_volume_scales_what_is_played_and_restores_it_bit_for_bit(rig, window_s):
+    run = rig(CASES["volume"], window_s)
     run.latent_after(run.registry.seq, nth=2)  # the loop now holds generated audio
     loop, played = run.played_block()
     assert np.abs(loop).max() > 1e-3, "the loop must hold audible audio for this test"
@@ -223,21 +295,27 @@ def test_volume_scales_what_is_played_and_restores_it_bit_for_bit(rig):
     assert np.array_equal(played, loop * 0.8), "volume set back must play exactly what an untouched run plays"
 
 
-def test_osc_cfg_mode_guidance_negative_prompt_and_target_capture_change_the_sound(session):
+@WINDOWS
+def test_osc_cfg_mode_guidance_negative_prompt_and_target_capture_change_the_sound(session, window_s):
     """The knobs that did nothing before: played over OSC (python-osc as the controller), felt in the latents."""
     registry = KnobRegistry()
     registry.set("denoise", 1.0, origin="test")
-    app = LiveApp(
-        session,
-        LiveConfig(prompt="knob probe a", song_seconds=SONG_SECONDS, playback_mode="null", osc_port=0),
-        registry,
+    config = LiveConfig(
+        prompt="knob probe a",
+        song_seconds=song_seconds(window_s),
+        playback_mode="null",
+        osc_port=0,
+        runner=runner_config(window_s),
     )
+    app = LiveApp(session, config, registry)
     app.osc.start()
     client = SimpleUDPClient("127.0.0.1", app.osc.address[1])
     run = app.runner
+    assert (run.request_frames < run.frames) == (window_s > 0)
+    delivered = Delivered(run)
 
     def after(seq: int) -> torch.Tensor:
-        return latent_after(run, seq, nth=5)
+        return latent_after(delivered, seq, nth=5)
 
     def applied(count: int) -> None:
         wait_for(lambda: app.osc.stats()["applied"] >= count, 10, f"{count} OSC messages applied")

@@ -1,4 +1,8 @@
-"""The live layer end to end on the tiny preset: audio through JACK, OSC from real clients, latency, bad input."""
+"""The live layer end to end on the tiny preset: audio through JACK, OSC from real clients, latency, bad input.
+
+The tests that play a loop run twice where generating it in windows could change what they see: the whole loop per
+request ("whole-loop"), and 4 s windows on a 6 s loop placed at the playhead as the runner measures it ("windowed"),
+where only the window ahead of the playhead is written and the rest of the loop keeps its audio."""
 
 import json
 import logging
@@ -20,10 +24,28 @@ from flowjam.live.app import LiveApp, LiveConfig
 from flowjam.live.bench import measure_latency
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.layout import OPEN_STAGE_CONTROL_FILE, open_stage_control_session
+from flowjam.live.runner import RunnerConfig
 from helpers import free_udp_port, wait_for
 from pythonosc.udp_client import SimpleUDPClient
 
 SONG_SECONDS = 4.0
+WINDOW_S = 4.0  # the windowed runs: the shortest window (MIN_WINDOW_SECONDS)
+WINDOWED_SONG_SECONDS = 6.0  # their loop, longer than the window
+WINDOWS = pytest.mark.parametrize("window_s", [0.0, WINDOW_S], ids=["whole-loop", "windowed"])
+
+
+def loop_config(window_s: float, song_seconds: float = SONG_SECONDS, stop_timeout_s: float = 10.0, **options):
+    """A LiveConfig whose loop is generated whole (`window_s` 0) or in windows (then a loop longer than the window)."""
+    seconds = song_seconds if window_s == 0 else max(song_seconds, WINDOWED_SONG_SECONDS)
+    runner = RunnerConfig(window_s=window_s, stop_timeout_s=stop_timeout_s)
+    return LiveConfig(song_seconds=seconds, runner=runner, **options)
+
+
+def assert_generation(app: LiveApp, window_s: float) -> None:
+    """The runner generates the whole loop, or windows shorter than it, as the test's parameter says."""
+    assert (app.runner.request_frames < app.runner.frames) == (window_s > 0)
+    assert app.status()["window_s"] == window_s
+
 
 _RECORDER_PROCESS = r"""
 import mmap, sys
@@ -135,6 +157,7 @@ class JackRecorderProcess:
         return self.audio[: self.written].copy()
 
 
+# whole-loop only: it checks the path from the loop buffer to JACK, which plays the buffer however it was written
 def test_stream_is_heard_through_jack_and_recorded_exactly(session, jack_server, tmp_path):
     record = tmp_path / "played.wav"
     app = LiveApp(
@@ -180,7 +203,8 @@ def test_stream_is_heard_through_jack_and_recorded_exactly(session, jack_server,
     assert rate == 48_000 and played.shape[1] > 3 * 48_000
 
 
-def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
+@WINDOWS
+def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session, window_s):
     if shutil.which("oscsend") is None or shutil.which("oscdump") is None:
         print("SKIPPED: liblo-tools (oscsend/oscdump) not installed; .ci/run installs it", file=sys.stderr)
         pytest.skip("liblo-tools not installed")
@@ -188,14 +212,15 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
     dump = subprocess.Popen(["oscdump", "-L", str(feedback_port)], stdout=subprocess.PIPE, text=True, bufsize=1)
     app = LiveApp(
         session,
-        LiveConfig(
+        loop_config(
+            window_s,
             prompt="osc check",
-            song_seconds=SONG_SECONDS,
             playback_mode="null",
             osc_port=0,
             osc_feedback=("127.0.0.1", feedback_port),
         ),
     )
+    assert_generation(app, window_s)
     app.start()
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(dump.stdout.readline, "")), daemon=True)
@@ -233,8 +258,10 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session):
     assert app.runner.stats.errors == 0, app.runner.stats.last_error
 
 
-def test_bad_osc_input_and_a_flood_never_stop_the_music(session):
-    app = LiveApp(session, LiveConfig(prompt="flood", song_seconds=SONG_SECONDS, playback_mode="null", osc_port=0))
+@WINDOWS
+def test_bad_osc_input_and_a_flood_never_stop_the_music(session, window_s):
+    app = LiveApp(session, loop_config(window_s, prompt="flood", playback_mode="null", osc_port=0))
+    assert_generation(app, window_s)
     shared_memory_file = Path("/dev/shm") / app.buffer.name.lstrip("/")
     assert shared_memory_file.exists()
     app.start()
@@ -268,8 +295,11 @@ def test_bad_osc_input_and_a_flood_never_stop_the_music(session):
     assert not shared_memory_file.exists(), "the loop buffer's shared memory leaked"
 
 
-def test_latency_benchmark_orders_shared_before_per_request(session):
-    (shared, per_request), _ = measure_latency(session, trials=3, song_seconds=SONG_SECONDS, depth=4)
+@WINDOWS
+def test_latency_benchmark_orders_shared_before_per_request(session, window_s):
+    seconds = SONG_SECONDS if window_s == 0 else WINDOWED_SONG_SECONDS
+    (shared, per_request), status = measure_latency(session, trials=3, song_seconds=seconds, depth=4, window_s=window_s)
+    assert status["window_s"] == window_s
     assert shared.knob == "velocity_scale" and per_request.knob == "denoise"
     assert shared.tick_ms_median < per_request.tick_ms_median, (shared, per_request)
     assert 0 < shared.ear_ms_median < per_request.ear_ms_median + 1e-9
@@ -277,6 +307,7 @@ def test_latency_benchmark_orders_shared_before_per_request(session):
 
 
 def test_live_cli_exact_form_records_what_was_played(tmp_path):
+    """The command as documented, so windowed by the CLI's defaults (a 30 s loop in 20 s windows)."""
     feedback_port, osc_port = free_udp_port(), free_udp_port()
     record = tmp_path / "rec.wav"
     command = [
@@ -342,22 +373,24 @@ def test_open_stage_control_layout_is_current_and_names_real_knobs():
         assert [registry.specs[spec.name].choice(v) for v in widget["values"].values()] == list(widget["values"])
 
 
-def test_transport_stop_fades_to_silence_within_20_ms_and_play_resumes(session, tmp_path):
+@WINDOWS
+def test_transport_stop_fades_to_silence_within_20_ms_and_play_resumes(session, tmp_path, window_s):
     """OSC /transport stop: the recording is silent (below -90 dBFS) from 20 ms after the fade starts, the engine keeps
     ticking; play fades back in at the playhead; both are echoed to the controller and shown in status."""
     feedback_port = free_udp_port()
     record = tmp_path / "transport.wav"
     app = LiveApp(
         session,
-        LiveConfig(
+        loop_config(
+            window_s,
             prompt="transport",
-            song_seconds=SONG_SECONDS,
             playback_mode="null",
             osc_port=0,
             osc_feedback=("127.0.0.1", feedback_port),
             record=record,
         ),
     )
+    assert_generation(app, window_s)
     silent = 10 ** (-90 / 20)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
         listener.bind(("127.0.0.1", feedback_port))
@@ -414,11 +447,11 @@ def longest_exact_zero_run(audio: np.ndarray) -> int:
     return longest
 
 
-def test_a_burst_of_200_prompts_never_stalls_the_ticks_and_the_last_one_wins(session, tmp_path):
+@WINDOWS
+def test_a_burst_of_200_prompts_never_stalls_the_ticks_and_the_last_one_wins(session, tmp_path, window_s):
     record = tmp_path / "burst.wav"
-    app = LiveApp(
-        session, LiveConfig(prompt="calm", song_seconds=SONG_SECONDS, playback_mode="null", osc_port=0, record=record)
-    )
+    app = LiveApp(session, loop_config(window_s, prompt="calm", playback_mode="null", osc_port=0, record=record))
+    assert_generation(app, window_s)
     app.start()
     seen: list[tuple[float, int]] = []
     watching = threading.Event()
@@ -492,6 +525,8 @@ def played_seconds_when(process: subprocess.Popen, at_least_s: float) -> float:
     pytest.fail(f"live ended before playing {at_least_s} s")
 
 
+# whole-loop only (a 20 s loop, the default 20 s window): what it checks is the recording's file when the process dies,
+# written by the playback from the buffer; the CLI's windowed default is recorded by the exact-form test above
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
 def test_a_recording_survives_the_process_being_killed(tmp_path, signal_name):
     """SIGKILL: `<name>.partial` is a valid WAV holding all but the last second played; SIGTERM: the take closes
@@ -518,21 +553,21 @@ def test_a_recording_survives_the_process_being_killed(tmp_path, signal_name):
     assert audio.shape[1] == frames_played and audio.shape[1] / rate >= playhead, out
 
 
-def test_stopping_a_stream_while_it_ticks_never_raises(session, caplog):
+@WINDOWS
+def test_stopping_a_stream_while_it_ticks_never_raises(session, caplog, window_s):
     """100 start/stop cycles, each stop arriving while the runner is inside a tick and not waiting for it (as when a
-    heavy stream is stopped from ComfyUI): the tick finishes against the closed loop buffer without an error."""
-    from flowjam.live.runner import RunnerConfig
-
+    heavy stream is stopped from ComfyUI): the tick finishes against the closed loop buffer without an error
+    (windowed, placing its window at the closed buffer's playhead and landing it there)."""
     prompt = session.encode_text("stop me")
     registry_settings = {"depth": 1, "steps": 2}
     for cycle in range(100):
         registry = KnobRegistry()
         for name, value in registry_settings.items():
             registry.set(name, value)
-        config = LiveConfig(
-            prompt="", song_seconds=1.0, playback_mode="null", osc_port=None, runner=RunnerConfig(stop_timeout_s=0.0)
-        )
+        config = loop_config(window_s, 1.0, stop_timeout_s=0.0, prompt="", playback_mode="null", osc_port=None)
         app = LiveApp(session, config, registry, initial_conditionings=(prompt, prompt))
+        if cycle == 0:
+            assert_generation(app, window_s)
         app.start()
         wait_for(lambda app=app, ticks=1 + cycle % 3: app.runner.stats.ticks >= ticks, 30, "a tick")
         app.stop()

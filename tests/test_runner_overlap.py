@@ -1,6 +1,7 @@
 """The runner's tick thread and its writer overlap: a new latent's decode and patch do not wait for the next tick,
 and the next tick does not wait for them. Ordering is asserted with gates (a tick or a patch held until the test
-lets it go), not timings."""
+lets it go), not timings. Each test also runs windowed ("windowed": 4 s windows on a 6 s loop, placed where the
+runner measures its write point to be), where the writer decodes the timeline the windows are merged into."""
 
 import threading
 
@@ -8,11 +9,26 @@ import pytest
 import torch
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import LoopBuffer
-from flowjam.live.runner import LiveRunner
+from flowjam.live.runner import LiveRunner, RunnerConfig
 from helpers import wait_for
 
 SONG_SECONDS = 2.0
+WINDOW_S = 4.0  # the windowed runs: the shortest window (MIN_WINDOW_SECONDS)
+WINDOWED_SONG_SECONDS = 6.0  # their loop, longer than the window
+WINDOWS, WINDOW_IDS = [0.0, WINDOW_S], ["whole-loop", "windowed"]
 TIMEOUT_S = 20.0
+
+
+def loop_frames(session, window_s: float) -> int:
+    seconds = SONG_SECONDS if window_s == 0 else WINDOWED_SONG_SECONDS
+    return round(seconds * 25) * session.models.vae.hop_samples
+
+
+def make_runner(session, buffer, prompt: str, window_s: float, ahead_s: float | None = None) -> LiveRunner:
+    config = RunnerConfig(window_s=window_s, ahead_s=ahead_s)
+    runner = LiveRunner(session, KnobRegistry(), buffer, prompt, config=config)
+    assert (runner.request_frames < runner.frames) == (window_s > 0)
+    return runner
 
 
 class GatedBuffer(LoopBuffer):
@@ -39,11 +55,10 @@ class GatedBuffer(LoopBuffer):
         super().patch(*args, **kwargs)
 
 
-@pytest.fixture
-def runner(session):
-    frames = round(SONG_SECONDS * 25) * session.models.vae.hop_samples
-    buffer = GatedBuffer(frames, channels=2, sample_rate=session.sample_rate)
-    runner = LiveRunner(session, KnobRegistry(), buffer, "overlap a")
+@pytest.fixture(params=WINDOWS, ids=WINDOW_IDS)
+def runner(session, request):
+    buffer = GatedBuffer(loop_frames(session, request.param), channels=2, sample_rate=session.sample_rate)
+    runner = make_runner(session, buffer, "overlap a", request.param)
     yield runner
     buffer.release()
     runner.stop()
@@ -105,14 +120,16 @@ class PatchLog(LoopBuffer):
         super().patch(start_frame, audio, fade_frames)
 
 
-def test_new_audio_starts_at_playhead_plus_lead_not_at_the_next_latent_frame(session):
+@pytest.mark.parametrize("window_s", WINDOWS, ids=WINDOW_IDS)
+def test_new_audio_starts_at_playhead_plus_lead_not_at_the_next_latent_frame(session, window_s):
     """The writer patches from playhead + lead to the sample: rounding up to the next latent frame (40 ms) would
-    add up to 40 ms to every knob's way to the ear. What it writes there is the decoded latent at that time."""
+    add up to 40 ms to every knob's way to the ear. What it writes there is the decoded latent at that time (the
+    loop's, or windowed the timeline's: `runner.latest`)."""
     from flowjam.live.loop_buffer import PLAYED
 
     hop = session.models.vae.hop_samples
-    buffer = PatchLog(round(SONG_SECONDS * 25) * hop, channels=2, sample_rate=session.sample_rate)
-    runner = LiveRunner(session, KnobRegistry(), buffer, "exact start")
+    buffer = PatchLog(loop_frames(session, window_s), channels=2, sample_rate=session.sample_rate)
+    runner = make_runner(session, buffer, "exact start", window_s, ahead_s=0.0)  # windows written from frame 0 on
     try:
         while runner.stats.writes < 2:
             runner.step()
@@ -124,6 +141,8 @@ def test_new_audio_starts_at_playhead_plus_lead_not_at_the_next_latent_frame(ses
         start, audio = buffer.patches[-1]
         assert start == 7 * hop + 333 + int(lead_s * session.sample_rate) and start % hop != 0
         frame, skip = start // hop, start % hop
+        written = runner.latest[:, frame : frame + round(patch_s * 25)]
+        assert written.abs().amax(dim=-1).gt(0).all(), "the patch decodes generated frames (a timeline has zeros else)"
         decoded = runner.session.decode(runner.latest, frame / 25, patch_s, cyclic=True)
         assert torch.equal(torch.as_tensor(audio), decoded[:, skip:])
     finally:

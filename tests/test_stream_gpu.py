@@ -214,6 +214,22 @@ def test_a_plan_whose_capture_fails_runs_uncaptured_and_later_plans_still_captur
 
 
 @cuda
+def test_a_new_plan_at_shapes_that_ran_before_is_captured_at_once_and_replays_the_same_work():
+    from flowjam.engine.stream.tick_graph import TickGraphs
+
+    graphs = TickGraphs(torch.device("cuda"))
+    x = torch.ones(8, device="cuda")
+    graphs.run("add", lambda: x.add_(1.0), shapes="rows 8")  # new shapes: a plain warm-up
+    graphs.run("double", lambda: x.mul_(2.0), shapes="rows 8")  # a new plan at those shapes: captured, replayed
+    graphs.run("double", lambda: x.mul_(2.0), shapes="rows 8")
+    graphs.run("halve", lambda: x.mul_(0.5), shapes="rows 16")  # shapes not seen: plain again
+    torch.cuda.synchronize()
+    counters = graphs.counters
+    assert (counters.new_plans, counters.uncaptured, counters.captures, counters.replays) == (3, 2, 1, 1)
+    assert x.tolist() == [4.0] * 8
+
+
+@cuda
 def test_pinned_staging_copies_every_value_while_the_gpu_is_busy_and_does_not_wait_for_it():
     from flowjam.engine.stream.pinned import BUFFERS_PER_SHAPE, PinnedStaging
 

@@ -280,3 +280,99 @@ def test_a_knob_changes_a_windowed_stream_and_restores_it_bit_for_bit(session, k
     finally:
         runner.stop()
         buffer.unlink()
+
+
+# ---- the engine's windowed stream (Session.stream(window_s=...)) -----------------------------------------------
+
+
+def test_a_windowed_session_stream_walks_exactly_as_the_walker_does(session, prompts, walked):
+    """Whole-song requests placed by `Session.stream(window_s=W)` deliver the hand-placed walk's latents bit for bit."""
+    hand = walked[0][0]  # the 60 s loop, seed 5
+    stream = session.stream(depth=2, paced=True, window_s=W / 25, song_seconds=60.0)
+    request = session.make_request(prompts[0], 60.0, seed=5, steps=STEPS, shift=3.0)
+    delivered = []
+    for tick in range(45):
+        stream.submit(request, at_frame=(tick + STEPS) * ADVANCE, denoise=0.7)
+        delivered += [item.latent for item in stream.tick(frozen_frame=tick * ADVANCE)]
+    assert len(delivered) == len(hand.delivered) > 10
+    for ours, (_, theirs, _) in zip(delivered, hand.delivered):
+        assert ours.shape[1] == W and torch.equal(ours, theirs)
+    assert torch.equal(stream.timeline.latents, hand.walker.timeline.latents)
+
+
+def test_a_song_long_curve_is_read_at_each_window_and_changes_only_its_frames(session, prompts):
+    """A per-frame curve of the whole song reaches each window at the window's place: a velocity scale that differs
+    from 1 only in the song's second half leaves the first windows bit for bit as without it."""
+    song = 40.0
+
+    def walk(velocity):
+        stream = session.stream(depth=2, paced=True, window_s=W / 25, song_seconds=song)
+        request = session.make_request(prompts[0], song, seed=3, steps=STEPS, velocity_scale=velocity)
+        delivered = []
+        for tick in range(12):
+            stream.submit(request, at_frame=(tick + STEPS) * ADVANCE * 8)
+            delivered += [(item.request.window, item.latent) for item in stream.tick(frozen_frame=0)]
+        return delivered
+
+    frames = round(song * 25)
+    curve = torch.ones(frames)
+    curve[frames // 2 :] = 1.5
+    plain, curved = walk(None), walk(curve)
+    assert [place for place, _ in plain] == [place for place, _ in curved]
+    inside = [torch.equal(a, b) for (place, a), (_, b) in zip(plain, curved) if place.start + W <= frames // 2]
+    reaching = [torch.equal(a, b) for (place, a), (_, b) in zip(plain, curved) if place.start + W > frames // 2]
+    assert inside and all(inside), "windows before the curve's change must be unchanged"
+    assert reaching and not any(reaching), "windows reaching the second half must hear the curve"
+
+
+def test_session_stream_windows_only_when_the_window_is_shorter_than_the_song(session, prompts):
+    assert not hasattr(session.stream(window_s=W / 25, song_seconds=W / 25), "timeline"), "W >= song: whole requests"
+    assert not hasattr(session.stream(window_s=0.0, song_seconds=60.0), "timeline")
+    with pytest.raises(ValueError, match="needs song_seconds"):
+        session.stream(window_s=W / 25)
+    with pytest.raises(ValueError, match="endless play needs a window"):
+        session.stream(endless=True)
+    stream = session.stream(window_s=W / 25, song_seconds=60.0)
+    with pytest.raises(ValueError, match="make the request with the song's seconds"):
+        stream.submit(session.make_request(prompts[0], W / 25, steps=STEPS))
+
+
+def test_an_endless_session_stream_walks_past_its_ring_and_never_rewrites_a_frozen_frame(session, prompts):
+    stream = session.stream(depth=2, paced=True, window_s=W / 25, endless=True)
+    ring = stream.timeline.ring
+    request = session.make_request(prompts[0], ring / 25, seed=2, steps=STEPS)
+    step = 40  # frames the playhead moves a tick: the walk laps the ring within the test
+    for tick in range(2 * ring // step):
+        before = stream.timeline.latents.clone()
+        frozen = tick * step
+        stream.submit(request, at_frame=frozen + STEPS * step, denoise=0.7)
+        stream.tick(frozen_frame=frozen)
+        after = stream.timeline.latents
+        for frame in range(max(0, frozen - ring + W), frozen):  # frozen frames still on the ring
+            position = frame % ring
+            assert torch.equal(before[:, position], after[:, position]), f"frozen frame {frame} was rewritten"
+    assert stream.timeline.frozen >= ring, "the walk went round the ring"
+
+
+def test_a_target_captured_before_the_first_lap_is_silence_where_no_window_has_been(session):
+    """The timeline's never-written frames are zeros, which are not silence: a capture gives them the silence latent
+    (the loop as heard), and the generated frames as they are."""
+    hop = session.models.vae.hop_samples
+    buffer = LoopBuffer(150 * hop, 2, session.sample_rate)
+    registry = KnobRegistry()
+    registry.set("steps", STEPS)
+    runner = LiveRunner(session, registry, buffer, "pads", config=RunnerConfig(window_s=4.0, ahead_s=0.0))
+    try:
+        while runner.latest is None:
+            runner.step()
+        runner.capture_target()
+        runner.step()
+        timeline = runner._walker.timeline
+        written = timeline.frame_at >= 0
+        silence = session.context_latents(150, None)[..., :64]
+        assert 0 < int(written.sum()) < 150, "the capture came before the first lap"
+        assert torch.equal(runner.target[:, ~written], silence[:, ~written].to(runner.target.dtype))
+        assert not (runner.target[0].abs().sum(-1) == 0).any(), "no frame of the target is an all-zero latent"
+    finally:
+        runner.stop()
+        buffer.unlink()

@@ -90,7 +90,7 @@ class GraphStep:
             return tuple(facts)
 
         replays = self.graphs.counters.replays
-        for slot, (has_running, has_cached) in zip(active, self.graphs.run(plan, step)):
+        for slot, (has_running, has_cached) in zip(active, self.graphs.run(plan, step, shapes=plan[0])):
             slot.running = self._static_state(slot, "running") if has_running else None
             slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
         return self.graphs.counters.replays > replays
@@ -117,8 +117,9 @@ class GraphStep:
         return self.static.put(("shared", lane.base, name), curve, (1, frames, 1))
 
     def plan(self, batch: TickBatch, states: list[SlotState], lanes: Iterable[Lane], per_row_loras: bool) -> tuple:
-        """Everything that shapes a tick's device work besides tensor values: the graph's key. `states`: each slot's
-        (`Slot.state`), in `batch.slots` order."""
+        """Everything that shapes a tick's device work besides tensor values: the graph's key, (shapes, slots'
+        facts, shared curves), where shapes decide the DiT's kernels and sizes. `states`: each slot's (`Slot.state`),
+        in `batch.slots` order."""
         slots = tuple(
             (
                 slot.index,
@@ -148,7 +149,8 @@ class GraphStep:
             for lane in lanes
         )
         structure = self.decoder.structure_version  # LoRAs attached or detached: the layers themselves changed
-        return frames, slots, row_kinds, layout.order, layout.counts, kv_lengths, shared, structure, per_row_loras
+        shapes = (frames, row_kinds, layout.order, layout.counts, kv_lengths, structure, per_row_loras)
+        return shapes, slots, shared
 
     @staticmethod
     def _step_facts(slot: Slot, state: SlotState) -> tuple:

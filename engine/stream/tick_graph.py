@@ -3,9 +3,10 @@ DiT forward over every row, CFG/APG and each slot's integration) can be captured
 
 A plan (`TickGraphs.run`'s key) is everything that shapes the tick's control flow: rows, conditions' lengths,
 each slot's place, step and options. The first time a plan comes the tick runs as plain PyTorch (the warm-up that
-a capture needs); the second time it is captured; from then on it is one `CUDAGraph.replay()`. New values
-(requests, knobs, curves, prompts) are copies into the static tensors, never re-captures. Graphs share one memory
-pool: they run one at a time and keep nothing but the static tensors between ticks."""
+a capture needs; skipped when its shapes have run before), the next time it is captured, from then on it is one
+`CUDAGraph.replay()`. New values (requests, knobs, curves, prompts) are copies into the static tensors, never
+re-captures. Graphs share one memory pool: they run one at a time and keep nothing but the static tensors between
+ticks."""
 
 from __future__ import annotations
 
@@ -71,12 +72,16 @@ class TickGraphs:
         self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = OrderedDict()
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self._failures: dict[Hashable, int] = {}  # failed captures per plan
+        self._warm_shapes: OrderedDict[Hashable, None] = OrderedDict()  # shapes some plan has run plain at
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._stream: torch.cuda.Stream | None = None
 
-    def run(self, plan: Hashable, step: Callable[[], Any], capture: bool = True) -> Any:
+    def run(self, plan: Hashable, step: Callable[[], Any], capture: bool = True, shapes: Hashable = None) -> Any:
         """Run one tick of this plan; `step` does the device work and returns host-side facts (no tensors).
-        `capture=False`: always run it plain (a rare plan not worth a graph's memory)."""
+        `capture=False`: always run it plain (a rare plan not worth a graph's memory). `shapes`: the part of the
+        plan that decides which kernels run at which sizes; a new plan whose shapes have run plain before is
+        captured at once, without a plain warm-up (a shared knob's first move makes a few new plans, one per place
+        of the slots in their schedules: each then costs one capture, not a plain tick and a capture)."""
         entry = self._graphs.get(plan)
         if entry is not None:
             self._graphs.move_to_end(plan)
@@ -84,15 +89,17 @@ class TickGraphs:
             self.counters.replays += 1
             return entry[1]
         with DEVICE_WORK:
+            capturing = self.capture and capture and self._failures.get(plan, 0) < CAPTURE_TRIES
             if plan not in self._seen:
                 self._remember(plan)
                 self.counters.new_plans += 1
-                self.counters.uncaptured += 1
-                return step()
-            if not (self.capture and capture) or self._failures.get(plan, 0) >= CAPTURE_TRIES:
+                capturing = capturing and shapes is not None and shapes in self._warm_shapes
+            if not capturing:
                 self._seen.move_to_end(plan)
                 self.counters.uncaptured += 1
-                return step()
+                facts = step()
+                self._warmed(shapes)
+                return facts
             try:
                 facts, graph = self._capture(step)
             except RuntimeError as error:  # nothing ran on the device: run the tick plain (a fresh warm-up)
@@ -106,6 +113,13 @@ class TickGraphs:
             self._graphs.popitem(last=False)
             self.counters.evictions += 1
         return facts
+
+    def _warmed(self, shapes: Hashable) -> None:
+        if shapes is not None:
+            self._warm_shapes[shapes] = None
+            self._warm_shapes.move_to_end(shapes)
+            if len(self._warm_shapes) > self.capacity:
+                self._warm_shapes.popitem(last=False)
 
     def _capture(self, step: Callable[[], Any]) -> tuple[Any, torch.cuda.CUDAGraph]:
         """Record `step` on a side stream into a graph of the shared pool. Unlike `torch.cuda.graph`, no device

@@ -148,6 +148,11 @@ class Timeline:
         """Frames before absolute `frame` are final (their audio is written): no later merge changes them."""
         self.frozen = max(self.frozen, int(frame))
 
-    def snapshot(self) -> torch.Tensor:
-        """A copy of the ring's latents (for the writer's thread, while merges go on here)."""
-        return self.latents.clone()
+    def snapshot(self, unwritten: torch.Tensor | None = None) -> torch.Tensor:
+        """A copy of the ring's latents (for the writer's thread, while merges go on here); `unwritten` [1, ring, C]
+        gives the frames never written (silence, say: the ring's zeros are not)."""
+        copy = self.latents.clone()
+        if unwritten is not None:
+            never = (self.frame_at < 0).to(copy.device)
+            copy[:, never] = unwritten[:, never].to(copy.dtype)
+        return copy
