@@ -10,21 +10,11 @@ import torch
 
 from ..sampling.curves import frame_view
 from .pipeline import StreamPipeline
-from .requests import Finished, SlotRequest
+from .requests import CURVE_FIELDS, Finished, SlotRequest
 from .walker import WindowWalker
 from .windows import Timeline, cyclic_crop, place_window
 
-FRAME_CURVES = (
-    "guidance",
-    "apg_momentum",
-    "cfg_rescale",
-    "velocity_scale",
-    "ode_noise",
-    "sde_denoise",
-    "x0_target_strength",
-    "x0_target_curve",
-    "primary_weight",
-)
+FRAME_CURVES = CURVE_FIELDS - {"latent_mask", "initial_noise"}  # the window sets these two itself
 """Request fields that may be per-frame curves: a song-long one is read at each window's place."""
 WINDOW_INPUTS = (
     "source_latents",
