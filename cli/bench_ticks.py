@@ -9,15 +9,15 @@ from ..engine.params import REALTIME_LATENT_INTERVAL_MS
 from .flags import describe_device
 
 
-def build_fixture(args: argparse.Namespace, seconds: float | None = None):
+def build_fixture(args: argparse.Namespace, seconds: float | None = None, gemm_tflops: float = 0.0):
     """The preset's DiT with random weights and a song latent of `seconds` (default --song-seconds), on --device in
-    --dtype."""
+    --dtype; `gemm_tflops`: a GEMM peak measured already (0: measure it)."""
     import torch
 
     from ..engine.bench.ticks import TickFixture
 
     song_s = args.song_seconds if seconds is None else seconds
-    return TickFixture.build(args.preset, song_s, args.device, getattr(torch, args.dtype))
+    return TickFixture.build(args.preset, song_s, args.device, getattr(torch, args.dtype), gemm_tflops=gemm_tflops)
 
 
 def bench_tick(args: argparse.Namespace) -> int:
@@ -36,10 +36,12 @@ def bench_tick(args: argparse.Namespace) -> int:
         f"StreamPipeline ticks: preset {args.preset}, songs {', '.join(name for name, _, _ in songs)}, {window}, "
         f"{args.steps} steps, {args.dtype}, {describe_device(args.device)}, torch {torch.__version__}"
     )
-    reports = []
+    reports, fixtures = [], []
     for song, seconds, endless in songs:
-        fixture = build_fixture(args, seconds)
-        print(f"  song {song}: measured GEMM peak {fixture.gemm_tflops:.1f} TFLOP/s")
+        fixture = build_fixture(args, seconds, fixtures[0].gemm_tflops if fixtures else 0.0)
+        if not fixtures:
+            print(f"  measured GEMM peak {fixture.gemm_tflops:.1f} TFLOP/s")
+        fixtures.append(fixture)
         for precision in args.precision:
             if precision == "fp8":
                 error = fixture.to_fp8(args.steps)
@@ -85,7 +87,33 @@ def bench_tick(args: argparse.Namespace) -> int:
             f"({r.p95_ms:.2f}) | {ratio:.2f}x | {r.free_ms:.2f} | {r.host_ms:.2f} | {r.bound_ms:.2f} | "
             f"{r.median_ms / r.bound_ms:.2f}x |"
         )
+    if len(songs) > 1:
+        print_interleaved(args, songs, fixtures)
     return 0
+
+
+INTERLEAVED_TICKS_PER_ROUND = 3
+
+
+def print_interleaved(args: argparse.Namespace, songs: list[tuple[str, float, bool]], fixtures: list) -> None:
+    """Every song's ticks again, in alternating rounds (`interleaved_ms`): the ratios a busy machine cannot tilt."""
+    from ..engine.bench.ticks import TickRun, interleaved_ms
+
+    rounds = max(4, args.ticks // INTERLEAVED_TICKS_PER_ROUND)
+    print(
+        f"\nInterleaved: the songs' ticks in {rounds} alternating rounds of {INTERLEAVED_TICKS_PER_ROUND} "
+        f"(precision {fixtures[0].precision}), median ms/tick and the ratio to the first song:"
+    )
+    for depth, cfg, backend in ((d, c, b) for d in args.depth for c in args.cfg for b in args.backend):
+        runs = [
+            TickRun(fixture, depth, args.steps, cfg, backend, args.window_seconds, endless)
+            for fixture, (_, _, endless) in zip(fixtures, songs)
+        ]
+        for run in runs:
+            run.warm_up()
+        medians = interleaved_ms(runs, rounds, INTERLEAVED_TICKS_PER_ROUND)
+        cells = ", ".join(f"{song} {ms:.2f} ms ({ms / medians[0]:.2f}x)" for (song, _, _), ms in zip(songs, medians))
+        print(f"  depth {depth} cfg {cfg} {backend}: {cells}")
 
 
 def bench_ring(args: argparse.Namespace) -> int:

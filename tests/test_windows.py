@@ -376,3 +376,21 @@ def test_a_target_captured_before_the_first_lap_is_silence_where_no_window_has_b
     finally:
         runner.stop()
         buffer.unlink()
+
+
+def test_bench_tick_costs_the_same_at_a_60_s_and_a_600_s_loop_with_10_s_windows():
+    """The issue's CPU must-show (`bench tick --preset tiny --window-seconds 10 --song-seconds 60 600` prints the same
+    ratio): the two songs' ticks timed in alternating rounds (`interleaved_ms`), so the machine's slow spells fall on
+    both alike; a tick that grew with the song (a copy of the timeline, a crop of the whole context) would show."""
+    from flowjam.engine.bench.ticks import TickFixture, TickRun, interleaved_ms
+
+    runs = []
+    for seconds in (60.0, 600.0):
+        fixture = TickFixture.build("tiny", seconds, "cpu", torch.float32, gemm_tflops=1.0)  # no bound reckoned
+        runs.append(TickRun(fixture, depth=4, steps=8, cfg="off", window_s=10.0))
+    for run in runs:
+        run.warm_up()
+    assert runs[0].frames == runs[1].frames == 250, "both walk 10 s windows"
+    at_60, at_600 = interleaved_ms(runs, rounds=30, ticks_per_round=3)
+    print(f"10 s windows: {at_60:.2f} ms/tick at a 60 s loop, {at_600:.2f} at 600 s ({at_600 / at_60:.2f}x)")
+    assert 0.85 <= at_600 / at_60 <= 1.15, (at_60, at_600)

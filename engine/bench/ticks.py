@@ -205,7 +205,11 @@ class TickFixture:
         return velocity.float(), latent.float()
 
     @staticmethod
-    def build(preset_name: str, seconds: float, device: str, dtype: torch.dtype, seed: int = 0) -> TickFixture:
+    def build(
+        preset_name: str, seconds: float, device: str, dtype: torch.dtype, seed: int = 0, gemm_tflops: float = 0.0
+    ) -> TickFixture:
+        """The preset's DiT with random weights (the same for a seed) and a song's context; `gemm_tflops`: the GEMM
+        peak the bound is reckoned at (0: measured here, a minute on a CPU)."""
         config = get_preset(preset_name).dit
         dev = torch.device(device)
         frames = round(seconds * LATENT_RATE_HZ)
@@ -215,11 +219,81 @@ class TickFixture:
             positive = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, dtype=dtype))
             negative = Conditioning(torch.randn(1, CONDITION_TOKENS, config.condition_width, dtype=dtype))
             context = torch.randn(1, frames, config.in_channels - config.audio_acoustic_hidden_dim, dtype=dtype)
-        return TickFixture(preset_name, seconds, dit, positive, negative, context, measure_gemm_tflops(dev, dtype))
+        peak = gemm_tflops or measure_gemm_tflops(dev, dtype)
+        return TickFixture(preset_name, seconds, dit, positive, negative, context, peak)
 
 
 def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return ((value - reference).norm() / reference.norm()).item()
+
+
+class TickRun:
+    """One configuration's StreamPipeline fed a new request every tick; `window_s`: the requests walk with a playhead
+    one latent frame per tick, windows of that many seconds placed on the song's timeline (or an endless one) as a
+    live stream places them (engine/stream/walker.py). `before_tick(i)` runs before each tick (a knob moving every
+    tick, say)."""
+
+    def __init__(
+        self,
+        fixture: TickFixture,
+        depth: int,
+        steps: int,
+        cfg: str,
+        backend: str = "eager",
+        window_s: float = 0.0,
+        endless: bool = False,
+        before_tick: Callable[[int], None] | None = None,
+    ):
+        self.fixture, self.steps, self.before_tick = fixture, steps, before_tick
+        self.device = fixture.context.device
+        self.pipeline = StreamPipeline(fixture.decoder, depth=depth, backend=backend)
+        self.options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
+        self.walk = Walk.of(fixture.decoder, fixture.context, window_s, endless)
+        self._counter = iter(range(1 << 30))
+
+    @property
+    def frames(self) -> int:
+        """A request's T: the window, or the whole song."""
+        return self.fixture.context.shape[1] if self.walk is None else self.walk.walker.window
+
+    def tick(self) -> list:
+        """Submit the next request and tick; -> what finished."""
+        seed = next(self._counter)
+        if self.before_tick is not None:
+            self.before_tick(seed)
+        request = SlotRequest(self.fixture.positive, self.fixture.context, seed=seed, steps=self.steps, **self.options)
+        self.pipeline.submit(request if self.walk is None else self.walk.request(request, seed))
+        finished = self.pipeline.tick()
+        if self.walk is not None and finished:
+            self.walk.land(finished, seed)
+        return finished
+
+    def warm_up(self) -> float:
+        """Ticks until every slot has cycled twice (first compiles and captures); -> seconds it took."""
+        started = time.perf_counter()
+        for _ in range(2 * (self.steps + self.pipeline.depth)):
+            self.tick()
+        _sync(self.device)
+        return time.perf_counter() - started
+
+    def timed_tick(self) -> tuple[float, float, int]:
+        """One tick waited for: (ms, host ms of the tick() call, latents finished)."""
+        _sync(self.device)
+        start = time.perf_counter()
+        finished = self.tick()
+        returned = time.perf_counter()
+        _sync(self.device)
+        return (time.perf_counter() - start) * 1000.0, (returned - start) * 1000.0, len(finished)
+
+
+def interleaved_ms(runs: list[TickRun], rounds: int, ticks_per_round: int) -> list[float]:
+    """Median ms/tick of each warmed run, timed in alternating rounds of a few ticks each, so that a busy machine's
+    slow spells fall on every run alike: the fair comparison of runs that should cost the same."""
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for run, samples in zip(runs, times):
+            samples.extend(run.timed_tick()[0] for _ in range(ticks_per_round))
+    return [statistics.median(samples) for samples in times]
 
 
 def bench_tick(
@@ -234,54 +308,25 @@ def bench_tick(
     window_s: float = 0.0,
     endless: bool = False,
 ) -> TickReport:
-    """Steady-state ticks of a StreamPipeline (a new request every tick) against the FLOP bound at the GEMM peak
-    measured in the same process. `before_tick(i)` runs before each tick (a knob moving every tick, say).
-    `window_s`: requests walk with a playhead one latent frame per tick, windows of that many seconds placed on the
-    song's timeline (or an endless one) as a live stream places them (engine/stream/walker.py)."""
-    dev = fixture.context.device
-    pipeline = StreamPipeline(fixture.decoder, depth=depth, backend=backend)
-    options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
-    counter = iter(range(1 << 30))
-    walk = Walk.of(fixture.decoder, fixture.context, window_s, endless)
-
-    def submit_and_tick() -> list:
-        seed = next(counter)
-        if before_tick is not None:
-            before_tick(seed)
-        request = SlotRequest(fixture.positive, fixture.context, seed=seed, steps=steps, **options)
-        pipeline.submit(request if walk is None else walk.request(request, seed))
-        finished = pipeline.tick()
-        if walk is not None and finished:
-            walk.land(finished, seed)
-        return finished
-
-    warmup = 2 * (steps + depth)
-    warmup_started = time.perf_counter()
-    for _ in range(warmup):
-        submit_and_tick()
-    _sync(dev)
-    warmup_s = time.perf_counter() - warmup_started
+    """Steady-state ticks of a `TickRun` against the FLOP bound at the GEMM peak measured in the same process."""
+    run = TickRun(fixture, depth, steps, cfg, backend, window_s, endless, before_tick)
+    warmup_s = run.warm_up()
     times_ms, host_ms, rows, finished = [], [], [], 0
     for _ in range(ticks):
-        _sync(dev)
-        start = time.perf_counter()
-        out = submit_and_tick()
-        returned = time.perf_counter()
-        _sync(dev)
-        times_ms.append((time.perf_counter() - start) * 1000.0)
-        host_ms.append((returned - start) * 1000.0)
-        rows.append(pipeline.stats()["rows"])
-        finished += len(out)
+        tick_ms, host, count = run.timed_tick()
+        times_ms.append(tick_ms)
+        host_ms.append(host)
+        rows.append(run.pipeline.stats()["rows"])
+        finished += count
     start = time.perf_counter()
     for _ in range(ticks):
-        submit_and_tick()
-    _sync(dev)
+        run.tick()
+    _sync(run.device)
     free_ms = (time.perf_counter() - start) * 1000.0 / ticks
-    table = _profile(submit_and_tick, dev) if profile and dev.type == "cuda" else None
+    table = _profile(run.tick, run.device) if profile and run.device.type == "cuda" else None
     total_s = sum(times_ms) / 1000.0
     ordered = sorted(times_ms)
-    frames = fixture.context.shape[1] if walk is None else walk.walker.window
-    row_flops = dit_row_flops(fixture.decoder.config, frames)
+    row_flops = dit_row_flops(fixture.decoder.config, run.frames)
     mean_rows = sum(rows) / len(rows)
     return TickReport(
         backend=backend,
@@ -293,9 +338,9 @@ def bench_tick(
         free_ms=free_ms,
         host_ms=statistics.median(host_ms),
         rows_per_tick=mean_rows,
-        audio_s_per_s=finished * frames / LATENT_RATE_HZ / total_s,
+        audio_s_per_s=finished * run.frames / LATENT_RATE_HZ / total_s,
         bound_ms=mean_rows * row_flops / (fixture.gemm_tflops * 1e12) * 1000.0,
-        graphs=pipeline.stats()["graphs"],
+        graphs=run.pipeline.stats()["graphs"],
         profile=table,
         precision=fixture.precision,
     )
