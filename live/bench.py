@@ -230,10 +230,12 @@ def soak(
             tick_samples.append((time.monotonic() - started, app.runner.stats.tick_ms))
             if report is not None and len(tick_samples) % 60 == 0:
                 stats = app.runner.stats
+                graphs = app.runner.stream.stats()["graphs"]
+                kept = "" if graphs is None else f", {graphs['captured']} tick graphs kept"
                 report(
                     f"{tick_samples[-1][0]:.0f} s: {stats.ticks} ticks, {stats.errors} runner errors, "
                     f"{app.playback.stats().get('underruns', 0) - underruns_at_start} underruns, "
-                    f"tick {stats.tick_ms:.1f} ms"
+                    f"tick {stats.tick_ms:.1f} ms, RSS {_rss_mb():.0f} MB{kept}"
                 )
         rss_end = _rss_mb()
         gpu_mb = None
