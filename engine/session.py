@@ -390,7 +390,7 @@ class Session:
         if song_seconds is None and not endless:
             raise ValueError("a windowed stream needs song_seconds (the loop's length) or endless=True")
         song = None if endless else seconds_to_frames(song_seconds)
-        window = window_frames(window_s, song)
+        window = window_frames(window_s, song, "window_s")
         if window is None:
             return handle
         channels = self.models.config.audio_acoustic_hidden_dim

@@ -330,8 +330,10 @@ def test_session_stream_windows_only_when_the_window_is_shorter_than_the_song(se
     assert not hasattr(session.stream(window_s=0.0, song_seconds=60.0), "timeline")
     with pytest.raises(ValueError, match="needs song_seconds"):
         session.stream(window_s=W / 25)
-    with pytest.raises(ValueError, match="endless play needs a window"):
+    with pytest.raises(ValueError, match="endless play needs a window: give window_s, e.g. 20"):
         session.stream(endless=True)
+    with pytest.raises(ValueError, match="window_s 2 is outside 4..600 s"):
+        session.stream(window_s=2.0, song_seconds=60.0)
     stream = session.stream(window_s=W / 25, song_seconds=60.0)
     with pytest.raises(ValueError, match="make the request with the song's seconds"):
         stream.submit(session.make_request(prompts[0], W / 25, steps=STEPS))

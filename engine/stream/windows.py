@@ -36,13 +36,14 @@ def check_window_seconds(seconds: float, option: str = "--window-seconds") -> fl
     return seconds
 
 
-def window_frames(window_s: float, song_frames: int | None) -> int | None:
+def window_frames(window_s: float, song_frames: int | None, option: str = "--window-seconds") -> int | None:
     """W in latent frames, or None for whole-loop generation (W = 0, or a loop no longer than the window).
-    `song_frames`: the loop's length, None for endless play (which always walks)."""
-    frames = round(check_window_seconds(window_s) * LATENT_RATE_HZ)
+    `song_frames`: the loop's length, None for endless play (which always walks); `option`: the caller's name for W
+    in errors."""
+    frames = round(check_window_seconds(window_s, option) * LATENT_RATE_HZ)
     if frames == 0:
         if song_frames is None:
-            raise ValueError("endless play needs a window: give --window-seconds, e.g. 20")
+            raise ValueError(f"endless play needs a window: give {option}, e.g. {DEFAULT_WINDOW_SECONDS:g}")
         return None
     return frames if song_frames is None or frames < song_frames else None
 
