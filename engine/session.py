@@ -25,9 +25,8 @@ from .lora.folded import FOLDABLE_DTYPES
 from .models.fp8 import check_fp8_device, to_fp8
 from .params import DEFAULT_PRECISION, DEFAULT_SHIFT, DEFAULT_STEPS, LORA_MODES, PRECISIONS, seconds_to_frames
 from .stream import Finished, SlotRequest, StreamPipeline, seeded_noise
-from .stream.walker import WindowWalker
 from .stream.windowed import WindowedStream
-from .stream.windows import Timeline, ring_frames, window_frames
+from .stream.windows import Timeline
 
 CAPTION_MAX_TOKENS = 256
 DECODE_MARGIN_FRAMES = 12
@@ -390,12 +389,8 @@ class Session:
         if song_seconds is None and not endless:
             raise ValueError("a windowed stream needs song_seconds (the loop's length) or endless=True")
         song = None if endless else seconds_to_frames(song_seconds)
-        window = window_frames(window_s, song, "window_s")
-        if window is None:
-            return handle
-        channels = self.models.config.audio_acoustic_hidden_dim
-        walker = WindowWalker(ring_frames(window, song), window, channels, self.device, self.dtype, endless)
-        return WindowedStreamHandle(self, pipeline, WindowedStream(pipeline, walker))
+        windowed = WindowedStream.over(pipeline, window_s, song, self.device, self.dtype, "window_s")
+        return handle if windowed is None else WindowedStreamHandle(self, pipeline, windowed)
 
     # ---- decoding --------------------------------------------------------------------------------------------
 

@@ -351,8 +351,9 @@ class LiveRunner:
                 raise ValueError(
                     "target capture ignored: the first generation has not finished yet; capture again in a moment"
                 )
-            self._captured_target = self._latest
-            if self._walker is not None:  # the loop as heard: frames no window has reached yet are silence
+            if self._walker is None:
+                self._captured_target = self._latest
+            else:  # the loop as heard: frames no window has reached yet are silence
                 silence = self._silence_context[..., : self._walker.timeline.latents.shape[-1]]
                 self._captured_target = self._walker.timeline.snapshot(unwritten=silence)
         elif isinstance(message, TargetClear):

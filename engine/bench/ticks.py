@@ -20,9 +20,10 @@ from ..models.text_encoder import Qwen3TextEncoder
 from ..models.vae import OobleckVAE
 from ..params import DEFAULT_PRECISION, LATENT_RATE_HZ
 from ..stream import RealtimeNeed, SlotRequest, StreamPipeline
-from .walk import Walk
+from ..stream.windowed import WindowedStream
 
 CONDITION_TOKENS = 256
+WALK_DENOISE = 0.7  # how far a window re-noises the frames the timeline holds (the live `denoise` knob)
 
 
 def parameter_census(preset_name: str) -> dict[str, int]:
@@ -229,8 +230,8 @@ def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 
 class TickRun:
     """One configuration's StreamPipeline fed a new request every tick; `window_s`: the requests walk with a playhead
-    one latent frame per tick, windows of that many seconds placed on the song's timeline (or an endless one) as a
-    live stream places them (engine/stream/walker.py). `before_tick(i)` runs before each tick (a knob moving every
+    one latent frame per tick, windows of that many seconds placed on the song's timeline (or an endless one) by a
+    `WindowedStream` (engine/stream/windowed.py), as a live stream places them. `before_tick(i)` runs before each tick (a knob moving every
     tick, say)."""
 
     def __init__(
@@ -248,13 +249,14 @@ class TickRun:
         self.device = fixture.context.device
         self.pipeline = StreamPipeline(fixture.decoder, depth=depth, backend=backend)
         self.options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
-        self.walk = Walk.of(fixture.decoder, fixture.context, window_s, endless)
+        song = None if endless else fixture.context.shape[1]
+        self.windowed = WindowedStream.over(self.pipeline, window_s, song, self.device, fixture.context.dtype)
         self._counter = iter(range(1 << 30))
 
     @property
     def frames(self) -> int:
         """A request's T: the window, or the whole song."""
-        return self.fixture.context.shape[1] if self.walk is None else self.walk.walker.window
+        return self.fixture.context.shape[1] if self.windowed is None else self.windowed.window_frames
 
     def tick(self) -> list:
         """Submit the next request and tick; -> what finished."""
@@ -262,11 +264,11 @@ class TickRun:
         if self.before_tick is not None:
             self.before_tick(seed)
         request = SlotRequest(self.fixture.positive, self.fixture.context, seed=seed, steps=self.steps, **self.options)
-        self.pipeline.submit(request if self.walk is None else self.walk.request(request, seed))
-        finished = self.pipeline.tick()
-        if self.walk is not None and finished:
-            self.walk.land(finished, seed)
-        return finished
+        if self.windowed is None:
+            self.pipeline.submit(request)
+            return self.pipeline.tick()
+        self.windowed.submit(request, at_frame=seed, denoise=WALK_DENOISE)  # the playhead: one latent frame a tick
+        return self.windowed.tick(frozen_frame=seed)
 
     def warm_up(self) -> float:
         """Ticks until every slot has cycled twice (first compiles and captures); -> seconds it took."""

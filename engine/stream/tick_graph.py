@@ -116,10 +116,7 @@ class TickGraphs:
 
     def _warmed(self, shapes: Hashable) -> None:
         if shapes is not None:
-            self._warm_shapes[shapes] = None
-            self._warm_shapes.move_to_end(shapes)
-            if len(self._warm_shapes) > self.capacity:
-                self._warm_shapes.popitem(last=False)
+            _keep_newest(self._warm_shapes, shapes, self.capacity)
 
     def _capture(self, step: Callable[[], Any]) -> tuple[Any, torch.cuda.CUDAGraph]:
         """Record `step` on a side stream into a graph of the shared pool. Unlike `torch.cuda.graph`, no device
@@ -172,10 +169,16 @@ class TickGraphs:
         )
 
     def _remember(self, plan: Hashable) -> None:
-        self._seen[plan] = None
-        if len(self._seen) > 4 * self.capacity:
-            self._seen.popitem(last=False)
+        _keep_newest(self._seen, plan, 4 * self.capacity)
 
     @property
     def captured(self) -> int:
         return len(self._graphs)
+
+
+def _keep_newest(keys: OrderedDict[Hashable, None], key: Hashable, bound: int) -> None:
+    """Mark `key` as just used in a set of at most `bound` keys (the least recently used one dropped)."""
+    keys[key] = None
+    keys.move_to_end(key)
+    if len(keys) > bound:
+        keys.popitem(last=False)

@@ -12,7 +12,7 @@ from ..sampling.curves import frame_view
 from .pipeline import StreamPipeline
 from .requests import CURVE_FIELDS, Finished, SlotRequest
 from .walker import WindowWalker
-from .windows import Timeline, cyclic_crop, place_window
+from .windows import Timeline, cyclic_crop, place_window, ring_frames, window_frames
 
 FRAME_CURVES = CURVE_FIELDS - {"latent_mask", "initial_noise"}  # the window sets these two itself
 """Request fields that may be per-frame curves: a song-long one is read at each window's place."""
@@ -29,6 +29,25 @@ class WindowedStream:
     def __init__(self, pipeline: StreamPipeline, walker: WindowWalker):
         self.pipeline, self._walker = pipeline, walker
         self._filled_from: torch.Tensor | None = None
+
+    @staticmethod
+    def over(
+        pipeline: StreamPipeline,
+        window_s: float,
+        song_frames: int | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        option: str = "--window-seconds",
+    ) -> WindowedStream | None:
+        """Windows of `window_s` on `pipeline` over a song of `song_frames` (None: endless, its timeline a ring of
+        `ring_frames`); None where requests run whole (W = 0, or W at least the song). `option`: the caller's name
+        for W in errors."""
+        window = window_frames(window_s, song_frames, option)
+        if window is None:
+            return None
+        channels = pipeline.decoder.config.audio_acoustic_hidden_dim
+        walker = WindowWalker(ring_frames(window, song_frames), window, channels, device, dtype, song_frames is None)
+        return WindowedStream(pipeline, walker)
 
     @property
     def timeline(self) -> Timeline:
