@@ -66,7 +66,10 @@ def bench_soak(args: argparse.Namespace) -> int:
     print(f"  tick ms median: first {r.tick_ms_first:.2f}, last {r.tick_ms_last:.2f} (drift {drift_ms:+.2f})")
     if r.gpu_mb is not None:
         print(f"  GPU memory allocated {r.gpu_mb[0]:.1f} -> {r.gpu_mb[1]:.1f} MB, peak {r.gpu_mb[2]:.1f} MB")
-    print(f"  underruns {r.underruns} (and {r.start_underruns} while starting, before the storm)")
+    print(
+        f"  underruns {r.underruns}: {r.gaps} gaps (the engine behind the playhead), {r.late_blocks} late blocks (the "
+        f"output itself late); and {r.start_underruns} while starting, before the storm"
+    )
     print("  runner at the end: " + ", ".join(f"{key} {r.status[key]}" for key in RUNNER_TIMINGS))
     for which in ("tick_graphs", "window_graphs"):
         if r.status[which] is not None:

@@ -26,6 +26,12 @@ def _rss_mb() -> float:
     return float("nan")
 
 
+def _underruns(app: LiveApp) -> tuple[int, int, int]:
+    """The output's (underruns, gaps, late blocks) so far."""
+    stats = app.playback.stats()
+    return tuple(int(stats.get(key) or 0) for key in ("underruns", "gaps", "late_blocks"))
+
+
 def _wait(predicate, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -159,7 +165,9 @@ class SoakReport:
     prompt_swaps: int
     rss_start_mb: float
     rss_end_mb: float
-    underruns: int  # while soaking
+    underruns: int  # while soaking: gaps + late blocks
+    gaps: int  # of them, silence because the engine fell behind the playhead
+    late_blocks: int  # of them, the output itself came late (a device's underflow, the null clock's late wake-up)
     start_underruns: int  # while starting (first compiles and captures), before the storm
     tick_ms_first: float
     tick_ms_last: float
@@ -222,7 +230,7 @@ def soak(
         if cuda:
             torch.cuda.reset_peak_memory_stats(session.device)
             gpu_start = torch.cuda.memory_allocated(session.device) / 2**20
-        underruns_at_start = app.playback.stats().get("underruns", 0)
+        at_start = _underruns(app)
         started = time.monotonic()
         worker.start()
         while time.monotonic() - started < minutes * 60:
@@ -231,10 +239,17 @@ def soak(
             if report is not None and len(tick_samples) % 60 == 0:
                 stats = app.runner.stats
                 graphs = app.runner.stream.stats()["graphs"]
-                kept = "" if graphs is None else f", {graphs['captured']} tick graphs kept"
+                kept = (
+                    ""
+                    if graphs is None
+                    else f", {graphs['captured']} tick graphs kept ({graphs['static_mb']} MB static)"
+                )
+                if cuda:
+                    kept += f", GPU {torch.cuda.memory_allocated(session.device) / 2**20:.0f} MB"
+                total, gaps, late = (now - start for now, start in zip(_underruns(app), at_start))
                 report(
                     f"{tick_samples[-1][0]:.0f} s: {stats.ticks} ticks, {stats.errors} runner errors, "
-                    f"{app.playback.stats().get('underruns', 0) - underruns_at_start} underruns, "
+                    f"{total} underruns ({gaps} gaps, {late} late blocks), "
                     f"tick {stats.tick_ms:.1f} ms, RSS {_rss_mb():.0f} MB{kept}"
                 )
         rss_end = _rss_mb()
@@ -246,7 +261,7 @@ def soak(
     finally:
         stop.set()
         worker.join(timeout=5)
-        underruns = app.playback.stats().get("underruns", 0)
+        at_end = _underruns(app)
         app.stop()
     span = minutes * 60
     first = [ms for t, ms in tick_samples if t <= max(10.0, span * 0.2)]
@@ -258,8 +273,10 @@ def soak(
         prompt_swaps=counts["prompts"],
         rss_start_mb=rss_start,
         rss_end_mb=rss_end,
-        underruns=int(underruns or 0) - int(underruns_at_start or 0),
-        start_underruns=int(underruns_at_start or 0),
+        underruns=at_end[0] - at_start[0],
+        gaps=at_end[1] - at_start[1],
+        late_blocks=at_end[2] - at_start[2],
+        start_underruns=at_start[0],
         tick_ms_first=statistics.median(first) if first else float("nan"),
         tick_ms_last=statistics.median(last) if last else float("nan"),
         errors=app.runner.stats.errors,

@@ -47,6 +47,8 @@ from .loop_buffer import (
     CALLBACKS,
     FADE_STARTED,
     GAIN,
+    GAPS,
+    LATE_BLOCKS,
     LATENCY_S,
     PLAYED,
     RECORDED,
@@ -154,6 +156,7 @@ class BlockRenderer:
             self.native_id = threading.get_native_id()
         if status.output_underflow:
             self.counters[UNDERRUNS] += 1
+            self.counters[LATE_BLOCKS] += 1
         self.render(outdata, frames)
 
     def count_gap(self, out: np.ndarray) -> None:
@@ -168,6 +171,7 @@ class BlockRenderer:
             and self.reals[GAIN] > 0
         ):
             self.counters[UNDERRUNS] += 1
+            self.counters[GAPS] += 1
 
     def apply_transport(self, out: np.ndarray, frames: int, played: int) -> None:
         """Fade toward the transport state at 1/TRANSPORT_FADE_FRAMES per frame; stopped means exact zeros."""
@@ -269,6 +273,7 @@ def run_null_clock(renderer: BlockRenderer, blocksize: int, stopped: Callable[[f
         deadline += period_s
         if time.monotonic() - deadline > period_s:
             buffer.counters[UNDERRUNS] += 1
+            buffer.counters[LATE_BLOCKS] += 1
             deadline = time.monotonic()
         if stopped(max(0.0, deadline - time.monotonic())):
             return
@@ -402,7 +407,7 @@ class Playback:
             )
             self.mode = "thread" if self.mode == "process" else "null"
         counters = self.buffer.counters
-        counters[[STOP, RECORDED, UNDERRUNS, CALLBACKS, RUNNING]] = 0
+        counters[[STOP, RECORDED, UNDERRUNS, LATE_BLOCKS, GAPS, CALLBACKS, RUNNING]] = 0
         counters[BLOCK] = self.blocksize
         self.buffer.reals[LATENCY_S] = 0.0
         self.buffer.reals[APPLIED_GAIN] = self.buffer.reals[GAIN]  # no fade-in from a stale volume
@@ -587,6 +592,8 @@ class Playback:
             "playhead_frames": self.playhead_frames,
             "playhead_s": self.playhead_frames / rate,
             "underruns": self.underruns,
+            "late_blocks": self.buffer.late_blocks,  # of the underruns: the output came late (device or null clock)
+            "gaps": self.buffer.gaps,  # of the underruns: silence because the engine fell behind
             "callbacks": self.buffer.callbacks,
             "latency_s": float(self.buffer.reals[LATENCY_S]),
             "realtime": self.realtime,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import torch
+
 from ..engine.conditioning import Conditioning
 from .messages import Message, PromptConditioning
 
@@ -18,8 +20,13 @@ class PromptEncoder:
         encode: Callable[[str], Conditioning],
         deliver: Callable[[Message], None],
         on_error: Callable[[Exception], None],
+        device: torch.device | None = None,
     ):
+        """`device`: a GPU's texts are encoded on a CUDA stream of their own (the ticks never queue behind a text
+        encoder's forward) and waited for before the runner gets them."""
         self._encode, self._deliver, self._on_error = encode, deliver, on_error
+        self._device = device if device is not None and device.type == "cuda" else None
+        self._stream: torch.cuda.Stream | None = None
         self._pending: dict[str, str] = {}
         self._busy = False
         self._ready = threading.Condition()
@@ -58,9 +65,19 @@ class PromptEncoder:
                 self._busy = True
             try:
                 empty_negative = slot == "negative" and not text.strip()
-                self._deliver(PromptConditioning(slot, None if empty_negative else self._encode(text)))
+                self._deliver(PromptConditioning(slot, None if empty_negative else self._encode_aside(text)))
             except Exception as error:  # a bad prompt must not stop later ones
                 self._on_error(error)
             finally:
                 with self._ready:
                     self._busy = False
+
+    def _encode_aside(self, text: str) -> Conditioning:
+        if self._device is None:
+            return self._encode(text)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self._device)
+        with torch.cuda.stream(self._stream):
+            conditioning = self._encode(text)
+        self._stream.synchronize()
+        return conditioning

@@ -117,7 +117,7 @@ class LiveRunner:
         self._set_source(source)
         self._latest: torch.Tensor | None = None
         self._latest_seq = 0
-        self._encoder = PromptEncoder(session.encode_text, self._messages.put, self.count_error)
+        self._encoder = PromptEncoder(session.encode_text, self._messages.put, self.count_error, session.device)
         self._errors_lock = threading.Lock()
         self.stats = RunnerStats(patch_s=config.patch_s)
         self._writer = AheadWriter(

@@ -56,7 +56,7 @@ class AheadWriter:
         cuda = session.device.type == "cuda"
         self._cuda_stream = torch.cuda.Stream(session.device, priority=-1) if cuda else None
         self._latest: torch.Tensor | None = None
-        self._pending: tuple[torch.Tensor, int, int] | None = None
+        self._pending: tuple[torch.Tensor, torch.cuda.Event | None, int, int] | None = None
         self._last_write: float | None = None
         self._adapted = False  # the averages are set (by the first steady write)
         self._ready = threading.Condition()
@@ -73,10 +73,15 @@ class AheadWriter:
         return dict(vars(self._decode.counters))
 
     def offer(self, latent: torch.Tensor, fresh_from: int, tick: int) -> None:
-        """A latent finished by tick `tick` (complete on the device), its request made at registry sequence
-        `fresh_from`; one not yet taken is replaced."""
+        """A latent finished by tick `tick`, its request made at registry sequence `fresh_from`; one not yet taken
+        is replaced. On a GPU it is ready once the offering thread's stream gets here (work still queued there, a
+        copy of the timeline say, comes first): the writer's stream waits for that point before reading it."""
+        ready = None
+        if latent.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(latent.device))
         with self._ready:
-            self._pending = (latent, fresh_from, tick)
+            self._pending = (latent, ready, fresh_from, tick)
             self._ready.notify()
 
     def forget(self) -> None:
@@ -106,10 +111,15 @@ class AheadWriter:
     def _take(self) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
         """(latent to write, (its request's sequence, its tick) if it is new, None for a gap-fill)."""
         pending, self._pending = self._pending, None
-        if pending is not None:
-            self._latest = pending[0]
-            return pending[0], pending[1:]
-        return self._latest, None
+        if pending is None:
+            return self._latest, None
+        latent, ready, *fresh = pending
+        if ready is not None:  # read on this thread's stream: wait for the offering stream, and keep the memory
+            # from being handed to that stream again while a decode here still reads it
+            torch.cuda.current_stream(latent.device).wait_event(ready)
+            latent.record_stream(torch.cuda.current_stream(latent.device))
+        self._latest = latent
+        return latent, tuple(fresh)
 
     def _gap_s(self) -> float:
         """Time until a gap-fill is due: before the playhead passes the last window, less a write."""

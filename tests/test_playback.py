@@ -255,18 +255,36 @@ def hold_the_gil(seconds: float) -> None:
 def test_the_null_clock_in_its_own_process_is_never_late_when_the_engine_holds_the_gil(loop):
     """A clock thread shares the engine's GIL and misses blocks while the engine holds it; the null-process clock,
     like the output process a sound card gets, keeps time."""
-    underruns = {}
+    underruns, late = {}, {}
     for mode in ("null", "null-process"):
         playback = Playback(loop, mode=mode)
         playback.start()
         time.sleep(0.2)
-        before = playback.underruns
+        before = playback.stats()
         hold_the_gil(0.4)
         time.sleep(0.2)
-        underruns[mode] = playback.underruns - before
+        after = playback.stats()
+        underruns[mode], late[mode] = (after[key] - before[key] for key in ("underruns", "late_blocks"))
         playback.stop()
     assert underruns["null"] >= 1, "the thread clock was never late: the GIL was not held"
+    assert late["null"] == underruns["null"], "a late clock counts late blocks, not gaps"
     assert underruns["null-process"] == 0, f"the process clock was late {underruns['null-process']} times"
+
+
+def test_a_hole_in_the_loop_after_sound_is_counted_as_gaps_not_late_blocks(loop):
+    """Exact zeros while playing (the engine fell behind the playhead and the loop holds nothing there) are
+    underruns of their own kind, told apart from an output that came late."""
+    loop.patch(SR // 2, np.zeros((2, SR // 2), np.float32), fade_frames=0)  # 0.5 s of nothing in a 2 s loop
+    playback = Playback(loop, mode="null-process")
+    playback.start()
+    try:
+        time.sleep(1.3)
+        stats = playback.stats()
+    finally:
+        playback.stop()
+    blocks = (SR // 2) // 512
+    assert blocks - 2 <= stats["gaps"] <= blocks + 2, stats
+    assert stats["underruns"] == stats["gaps"] + stats["late_blocks"], stats
 
 
 def test_killed_output_process_is_reported_and_stop_still_works(jack_server, loop):

@@ -434,3 +434,39 @@ def test_sessions_of_a_graph_ring_hear_a_lora_at_their_own_strengths_as_eager_do
         for graph_latent, eager_latent in zip(replayed[name], eager[name]):
             torch.testing.assert_close(graph_latent, eager_latent, atol=2e-3, rtol=2e-3)
     assert (replayed["dry"][2] - replayed["wet"][2]).abs().max() > 1e-2, "the sessions' strengths changed nothing"
+
+
+@cuda
+def test_the_writer_reads_an_offered_latent_only_once_the_offering_stream_has_made_it():
+    """The runner hands its writer a copy of the timeline made on the runner's stream; the writer decodes on a
+    stream of its own. A copy still queued behind other work there (a text encoder's forward, say) must be waited
+    for: read early, the writer decoded whatever the memory held before (a soak heard it as silence)."""
+    from flowjam.live.latency import RunnerStats
+    from flowjam.live.loop_buffer import LoopBuffer
+    from flowjam.live.writer import AheadWriter
+
+    session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
+    frames = 4 * 25
+    latent = torch.randn(1, frames, 64, generator=torch.Generator().manual_seed(3)).to("cuda", torch.bfloat16)
+    expected = session.decode(latent)
+    buffer = LoopBuffer(frames * session.models.vae.hop_samples, channels=2, sample_rate=session.sample_rate)
+    errors = []
+    writer = AheadWriter(session, buffer, RunnerStats(), errors.append, (0.02, 0.2), 0.4, loop_filled=False)
+    try:
+        torch.zeros_like(latent)  # the block the copy below gets holds zeros until the copy runs
+        torch.cuda.synchronize()
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of the offering stream's time before the copy
+        offered = latent.clone()
+        writer.offer(offered, fresh_from=1, tick=1)
+        writer.start()
+        deadline = time.monotonic() + 30
+        while writer.stats.writes < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        writer.stop(5.0)
+    heard = torch.from_numpy(buffer.snapshot())
+    buffer.unlink()
+    assert not errors, errors
+    assert writer.stats.writes >= 1
+    after_patches = slice(session.sample_rate, None)  # the first write fills the loop; patches go near its start
+    torch.testing.assert_close(heard[:, after_patches], expected.float().cpu()[:, after_patches], atol=1e-3, rtol=1e-3)

@@ -102,3 +102,18 @@ def test_steady_state_ticks_repeat_known_plans(session, prompts):
         pipeline.tick()
         new_plans.append(pipeline.stats()["graphs"]["new_plans"])
     assert new_plans[-1] == new_plans[11] <= 12
+
+
+def test_a_steady_paced_ring_replays_two_plans_whichever_places_its_slots_hold(session, prompts):
+    """A live stream's ring (paced, depth 4, 8 steps, a request every tick) holds its slots at every place in turn.
+    Its static tensors follow each slot's rank by age, not its place, so once the ring is full it alternates between
+    two plans (a tick with a slot's first step, a tick with one's last), not one per rotation of the places."""
+    a, _, null = prompts
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=4, backend="graph", paced=True)
+    counts, finished = [], 0
+    for seed in range(48):
+        pipeline.submit(session.make_request(a, SECONDS, seed=seed, cfg_mode="full", negative=null, guidance=2.0))
+        finished += len(pipeline.tick())
+        counts.append(pipeline.stats()["graphs"]["new_plans"])
+    assert finished >= 18, "the ring did not cycle"
+    assert counts[-1] - counts[15] == 0 and counts[15] - counts[7] <= 2, counts

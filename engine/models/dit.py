@@ -87,12 +87,21 @@ def _group_attention(attn: Attention, q: torch.Tensor, cross: tuple[CrossSlice, 
     the other rows in the batch (stream == one-shot generation, bit for bit)."""
     rows = [_rows_of(k, v, count) for k, v, _, count in cross]
     if len(rows) == 1:
-        return attn.heads_attention(q, *rows[0], None)
-    if len({k.shape[2] for k, _ in rows}) == 1:
+        heads = attn.heads_attention(q, *rows[0], None)
+    elif len({k.shape[2] for k, _ in rows}) == 1:
         keys, values = zip(*rows)
-        return attn.heads_attention(q, torch.cat(keys), torch.cat(values), None)
-    starts = [(start, count) for *_, start, count in cross]
-    return torch.cat([attn.heads_attention(q.narrow(0, s, n), k, v, None) for (k, v), (s, n) in zip(rows, starts)])
+        heads = attn.heads_attention(q, torch.cat(keys), torch.cat(values), None)
+    else:
+        starts = [(start, count) for *_, start, count in cross]
+        heads = torch.cat([attn.heads_attention(q.narrow(0, s, n), k, v, None) for (k, v), (s, n) in zip(rows, starts)])
+    return _token_major(heads)
+
+
+def _token_major(heads: torch.Tensor) -> torch.Tensor:
+    """Heads [R, heads, S, D] laid out token-major in memory (what the output projection reads, and what SDPA
+    returns): one stride for every group layout, so a compiled layer half never recompiles for a new one (a
+    joined result is copied once; an SDPA result is returned as is)."""
+    return heads.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def _rows_of(k: torch.Tensor, v: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,9 +22,22 @@ def _finish(layer: DiTLayer, *inputs) -> torch.Tensor:
     return layer.finish(*inputs)
 
 
-COMPILED_STAGES = LayerStages(torch.compile(_attend_self), torch.compile(_finish))
-LAYER_VARIANTS = 16  # compiled variants of a layer half kept (sliding or not x precision; row counts become dynamic
-# after the second one)
+def _rows_dynamic(compiled: Callable) -> Callable:
+    """`compiled` with its inputs' row dimension dynamic from the first call: a stream's row count changes as
+    slots come and go, guidance turns on or a prompt blend adds rows, and a recompile in the middle of a
+    performance stalls it for seconds."""
+
+    def run(layer: DiTLayer, *inputs):
+        for tensor in inputs:
+            if isinstance(tensor, torch.Tensor) and tensor.dim() >= 3:  # rows first: x, modulation, cross heads
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        return compiled(layer, *inputs)
+
+    return run
+
+
+COMPILED_STAGES = LayerStages(_rows_dynamic(torch.compile(_attend_self)), _rows_dynamic(torch.compile(_finish)))
+LAYER_VARIANTS = 16  # compiled variants of a layer half kept (sliding or not x precision x one row or several)
 
 
 def decoder_forward(decoder: DiTDecoder, backend: str = "eager") -> Callable:

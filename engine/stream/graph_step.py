@@ -1,7 +1,9 @@
 """The graph backend's tick (`engine/stream/tick_graph.py` captures and replays it): the same device work as the
-eager tick, through static tensors at fixed addresses. A new slot's tensors are copied into its place's static
-tensors once; each tick copies in only what changes (times, embeddings, LoRA strengths, a changed condition's K/V)
-and the plan (`GraphStep.plan`) says which captured graph, if any, the tick replays."""
+eager tick, through static tensors at fixed addresses. A slot's tensors live at the static tensors of its rank by
+age in its lane (its home): copied there when it starts and moved up when an older slot finishes, so a ring in its
+steady rhythm replays the same two or three graphs whichever places its slots hold. Each tick copies in only what
+changes (times, embeddings, LoRA strengths, a changed condition's K/V) and the plan (`GraphStep.plan`) says which
+captured graph, if any, the tick replays."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from .batch import TickBatch
 from .lanes import MAX_DEPTH, MAX_LANES, Lane, Slot
 from .pinned import PinnedStaging
 from .tick_graph import StaticTensors, TickGraphs
+
+SPARE_HOME = -1  # where a slot waits while the slots it trades homes with move (a cycle of moves)
 
 DeviceStep = Callable[
     [TickBatch, list[CrossGroup], torch.Tensor, torch.Tensor, dict[int, tuple[Any, Any]], torch.Tensor | None],
@@ -50,6 +54,7 @@ class GraphStep:
         `embeddings`: each batch row's (temb, modulation). Returns whether the tick was a replay (a steady tick,
         not a first run or a capture: a cost to learn from)."""
         static, active = self.static, batch.slots
+        self._home(active)
         hidden = embeddings[0][0].shape[-1]
         temb = static.get("temb", (len(batch.rows), hidden), dtype)
         modulation = static.get("modulation", (len(batch.rows), 6, hidden), dtype)
@@ -95,22 +100,42 @@ class GraphStep:
             slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
         return self.graphs.counters.replays > replays
 
-    def to_static(self, slot: Slot) -> Slot:
-        """Copy a new slot's tensors into its place's static tensors (curves at full length) and give it a static
-        tensor for its per-step noise, so a captured tick finds everything at fixed addresses."""
-        put, index = self.static.put, slot.index
+    def _home(self, slots: list[Slot]) -> None:
+        """Give every slot in flight the home of its rank by age in its lane (`slots` come lane by lane, each
+        `Lane.by_age`): a new slot is placed there, one whose rank changed moves, in an order that never overwrites
+        a slot still to move (a cycle of moves goes through SPARE_HOME)."""
+        target, ranks = {}, {}
+        for slot in slots:
+            rank = ranks[slot.lane.base] = ranks.get(slot.lane.base, -1) + 1
+            target[id(slot)] = slot.lane.base + rank
+        pending = [slot for slot in slots if slot.home != target[id(slot)]]
+        while pending:
+            held = {slot.home for slot in pending}
+            ready = [slot for slot in pending if target[id(slot)] not in held]
+            for slot in ready or pending[:1]:
+                self._place(slot, target[id(slot)] if ready else SPARE_HOME)
+            pending = [slot for slot in pending if slot.home != target[id(slot)]]
+
+    def _place(self, slot: Slot, home: int) -> None:
+        """Copy the slot's tensors into `home`'s static tensors (curves at full length), point the slot at them and
+        give it that home's tensor for its per-step noise: a captured tick finds everything at fixed addresses."""
+        put = self.static.put
         frames_shape = (1, slot.x.shape[1], 1)
-        slot.x = put((index, "x"), slot.x)
-        slot.noise = put((index, "noise"), slot.noise)
-        slot.context = put((index, "context"), slot.context)
-        slot.source = None if slot.source is None else put((index, "source"), slot.source)
-        slot.x0_target = None if slot.x0_target is None else put((index, "x0_target"), slot.x0_target)
-        slot.curves = {name: put((index, "curve", name), c, frames_shape) for name, c in slot.curves.items()}
+        slot.x = put((home, "x"), slot.x)
+        slot.noise = put((home, "noise"), slot.noise)
+        slot.context = put((home, "context"), slot.context)
+        slot.source = None if slot.source is None else put((home, "source"), slot.source)
+        slot.x0_target = None if slot.x0_target is None else put((home, "x0_target"), slot.x0_target)
+        slot.curves = {name: put((home, "curve", name), c, frames_shape) for name, c in slot.curves.items()}
         slot.extra_weights = tuple(
-            None if w is None else put((index, "extra", e), w, frames_shape) for e, w in enumerate(slot.extra_weights)
+            None if w is None else put((home, "extra", e), w, frames_shape) for e, w in enumerate(slot.extra_weights)
         )
-        slot.step_noise = self.static.get((index, "step_noise"), tuple(slot.x.shape), slot.x.dtype)
-        return slot
+        slot.running = None if slot.running is None else put((home, "running"), slot.running)
+        slot.cached_negative = (
+            None if slot.cached_negative is None else put((home, "cached_negative"), slot.cached_negative)
+        )
+        slot.step_noise = self.static.get((home, "step_noise"), tuple(slot.x.shape), slot.x.dtype)
+        slot.home = home
 
     def shared_curve(self, lane: Lane, name: str, curve: torch.Tensor, frames: int) -> torch.Tensor:
         """A lane's shared curve copied into its static tensor (at full length), where a captured tick reads it."""
@@ -122,7 +147,7 @@ class GraphStep:
         in `batch.slots` order."""
         slots = tuple(
             (
-                slot.index,
+                slot.home,
                 self._step_facts(slot, state),
                 slot.t > 0,
                 slot.t_next > 0,
@@ -140,7 +165,7 @@ class GraphStep:
             )
             for slot, state in zip(batch.slots, states)
         )
-        row_kinds = tuple((row.slot.index, row.negative, row.weight is not None) for row in batch.rows)
+        row_kinds = tuple((row.slot.home, row.negative, row.weight is not None) for row in batch.rows)
         layout = batch.layout
         kv_lengths = tuple(c.length for c in layout.conditions)
         frames = batch.slots[0].x.shape[1]
@@ -172,7 +197,7 @@ class GraphStep:
         return True
 
     def _static_state(self, slot: Slot, name: str) -> torch.Tensor:
-        return self.static.get((slot.index, name), tuple(slot.x.shape), slot.x.dtype)
+        return self.static.get((slot.home, name), tuple(slot.x.shape), slot.x.dtype)
 
     def _static_kv(self, group: int, conditioning: Conditioning, strengths: tuple[float, ...] | None) -> CrossKV:
         """The group's static K/V, refreshed (one fused copy) when a different condition takes the group or its

@@ -33,6 +33,7 @@ class Slot(Prepared, SchedulePlace):
     noise: torch.Tensor  # the request's seeded noise, drawn when it entered the ring
     lane: Lane
     step_noise: torch.Tensor | None = None  # graph path: this step's noise, drawn before the device work
+    home: int | None = None  # graph path: whose static tensors it reads (its lane's base + its rank by age)
     step: int = 0
     running: torch.Tensor | None = None
     cached_negative: torch.Tensor | None = None
@@ -81,6 +82,13 @@ class Lane:
     @property
     def idle(self) -> bool:
         return self.queued is None and all(slot is None for slot in self.slots)
+
+    def by_age(self) -> list[Slot]:
+        """The slots in flight, the one closest to finishing first (ties: by place). In this order a ring in its
+        steady rhythm looks the same every other tick, whichever places its slots hold: tick graphs keyed by it
+        recur (`GraphStep` keeps each slot's tensors at its rank's static tensors)."""
+        in_flight = [slot for slot in self.slots if slot is not None]
+        return sorted(in_flight, key=lambda slot: (slot.steps - slot.step, slot.index))
 
     def trim(self) -> None:
         while len(self.slots) > self.depth and self.slots[-1] is None:

@@ -128,7 +128,7 @@ class StreamPipeline:
         lane.trim()
 
     def _slots_in_flight(self) -> list[Slot]:
-        return [slot for lane in self._lanes.values() for slot in lane.slots if slot is not None]
+        return [slot for lane in self._lanes.values() for slot in lane.by_age()]
 
     @property
     def frames(self) -> int | None:
@@ -409,8 +409,7 @@ class StreamPipeline:
             x = solver.noised(source, noise, prepared.schedule[0])
         else:
             x = noise
-        slot = Slot(**vars(prepared), index=lane.base + place, x=x, noise=noise, lane=lane)
-        return slot if self._graph is None else self._graph.to_static(slot)
+        return Slot(**vars(prepared), index=lane.base + place, x=x, noise=noise, lane=lane)
 
     def _seeded_noise(self, seed: int, frames: int, channels: int, dtype: torch.dtype) -> torch.Tensor:
         """A request's starting noise on the device. The last one is kept: a live stream's requests share the seed
@@ -507,7 +506,13 @@ class StreamPipeline:
             "last_tick_ms": s.last_tick_ms,
             "slot_steps": [None if slot is None else slot.step for slot in self._main.slots],
             "backend": self.backend,
-            "graphs": None if graphs is None else {**vars(graphs.counters), "captured": graphs.captured},
+            "graphs": None
+            if graphs is None
+            else {
+                **vars(graphs.counters),
+                "captured": graphs.captured,
+                "static_mb": round(self._graph.static.megabytes, 1),
+            },
         }
 
 

@@ -54,6 +54,11 @@ class StaticTensors:
             tensor = self._tensors[key] = torch.zeros(shape, device=self.device, dtype=dtype)
         return tensor
 
+    @property
+    def megabytes(self) -> float:
+        """Device memory the static tensors hold."""
+        return sum(t.numel() * t.element_size() for t in self._tensors.values()) / 2**20
+
     def put(self, name: Hashable, value: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """Copy `value` (broadcast to `shape` if given) into the static tensor of that name; returns it."""
         tensor = self.get(name, tuple(value.shape) if shape is None else shape, value.dtype)
