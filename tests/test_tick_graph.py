@@ -117,3 +117,22 @@ def test_a_steady_paced_ring_replays_two_plans_whichever_places_its_slots_hold(s
         counts.append(pipeline.stats()["graphs"]["new_plans"])
     assert finished >= 18, "the ring did not cycle"
     assert counts[-1] - counts[15] == 0 and counts[15] - counts[7] <= 2, counts
+
+
+def test_new_prompt_lengths_reuse_their_groups_static_kv_memory(session):
+    """A performance meets many prompt lengths; each group's static K/V is one buffer per layer, reused at every
+    length up to the longest so far (whose K/V each tick still matches the eager tick's), so new prompts add no
+    static memory."""
+    words = "warm analog pads with a slow build and distant thunder over rain on glass".split()
+    prompts = [session.encode_text(" ".join(words[:n])) for n in (14, 3, 9, 6, 12, 1)]
+    assert len({p.encoder_hidden_states.shape[1] for p in prompts}) == len(prompts)
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=1, backend="graph")
+    eager = StreamPipeline(session.models.acestep.decoder, depth=1, backend="eager")
+    sizes = []
+    for seed, prompt in enumerate(prompts):
+        for stream in (pipeline, eager):
+            stream.submit(session.make_request(prompt, SECONDS, seed=seed, steps=2))
+        static, plain = pipeline.drain()[0].latent, eager.drain()[0].latent
+        torch.testing.assert_close(static, plain, atol=2e-5, rtol=1e-5)
+        sizes.append(pipeline.stats()["graphs"]["static_mb"])
+    assert sizes[1:] == sizes[:1] * (len(prompts) - 1), sizes

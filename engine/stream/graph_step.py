@@ -201,10 +201,15 @@ class GraphStep:
 
     def _static_kv(self, group: int, conditioning: Conditioning, strengths: tuple[float, ...] | None) -> CrossKV:
         """The group's static K/V, refreshed (one fused copy) when a different condition takes the group or its
-        K/V were rebuilt (a LoRA strength on the cross K/V projections changed)."""
+        K/V were rebuilt (a LoRA strength on the cross K/V projections changed). Every prompt length of a group
+        shares one buffer per layer and side (`StaticTensors.prefix`), so new prompts add no memory."""
         kv = conditioning.cross_kv(self.decoder, strengths)
         names = [("kv", group, side, layer) for side in "kv" for layer in range(len(kv.keys))]
-        static = [self.static.get(name, tuple(t.shape), t.dtype) for name, t in zip(names, kv.keys + kv.values)]
+        growths = self.static.growths
+        static = [self.static.prefix(name, tuple(t.shape), t.dtype) for name, t in zip(names, kv.keys + kv.values)]
+        if self.static.growths != growths:  # a longer prompt than the group held: new buffers, which no graph reads
+            self.graphs.clear()
+            self._kv_owner.pop(group, None)
         if self._kv_owner.get(group) is not kv:
             torch._foreach_copy_(static, kv.keys + kv.values)
             self._kv_owner[group] = kv

@@ -511,7 +511,7 @@ class StreamPipeline:
             else {
                 **vars(graphs.counters),
                 "captured": graphs.captured,
-                "static_mb": round(self._graph.static.megabytes, 1),
+                "static_mb": round(self._graph.static.megabytes, 3),
             },
         }
 

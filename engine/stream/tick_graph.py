@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -46,6 +47,20 @@ class StaticTensors:
     def __init__(self, device: torch.device):
         self.device = device
         self._tensors: dict[Hashable, torch.Tensor] = {}
+        self._buffers: dict[Hashable, torch.Tensor] = {}  # `prefix`'s, by name and dtype
+        self.growths = 0  # `prefix` buffers replaced by larger ones (graphs captured before read the old ones)
+
+    def prefix(self, name: Hashable, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous tensor of `shape` at the start of one buffer per name, whatever the shape: a condition's K/V
+        at a new prompt length reuse the memory of the others (and their address). The buffer grows to the next
+        power of two of elements when a larger shape comes, counted in `growths`."""
+        numel = math.prod(shape)
+        key = (name, dtype)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self._buffers[key] = torch.zeros(1 << (numel - 1).bit_length(), device=self.device, dtype=dtype)
+            self.growths += 1
+        return buffer[:numel].view(shape)
 
     def get(self, name: Hashable, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         key = (name, tuple(shape), dtype)
@@ -57,7 +72,8 @@ class StaticTensors:
     @property
     def megabytes(self) -> float:
         """Device memory the static tensors hold."""
-        return sum(t.numel() * t.element_size() for t in self._tensors.values()) / 2**20
+        tensors = (*self._tensors.values(), *self._buffers.values())
+        return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
     def put(self, name: Hashable, value: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """Copy `value` (broadcast to `shape` if given) into the static tensor of that name; returns it."""
@@ -118,6 +134,11 @@ class TickGraphs:
             self._graphs.popitem(last=False)
             self.counters.evictions += 1
         return facts
+
+    def clear(self) -> None:
+        """Drop every captured graph (they read static tensors that are gone); each plan is captured again the next
+        time it comes, at once, its shapes being warm."""
+        self._graphs.clear()
 
     def _warmed(self, shapes: Hashable) -> None:
         if shapes is not None:
