@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.outputs import write_atomic
 from .knobs import KnobChange, KnobError, KnobRegistry
+from .sync.midi_clock import CLOCK_MESSAGES, MidiClockFollower
 
 if TYPE_CHECKING:
     import mido
@@ -369,8 +370,11 @@ class MidiInput:
         backend: str | None = None,
         virtual: bool = False,
         client_name: str = "flowjam",
+        clock: MidiClockFollower | None = None,
     ):
+        """`clock`: follow the port's MIDI clock too (its real-time messages go there, the rest to the mapper)."""
         self.mapper = mapper
+        self.clock = clock
         self.port_name = port_name
         self.backend = backend
         self.virtual = virtual
@@ -388,7 +392,14 @@ class MidiInput:
         """Open the port; `MidiError` (a ValueError) when the MIDI system or the port is missing."""
         with self._lock:
             if self._port is None:
-                self._port = _open_input(self.port_name, self.backend, self.virtual, self.client_name, self._on_message)
+                self._port = _open_input(
+                    self.port_name,
+                    self.backend,
+                    self.virtual,
+                    self.client_name,
+                    self._on_message,
+                    self.clock is not None,
+                )
                 log.info("MIDI input open: %s (client %s)", self._port.name, self.client_name)
             return self
 
@@ -407,7 +418,10 @@ class MidiInput:
 
     def _on_message(self, message: mido.Message) -> None:
         try:
-            self.mapper.handle(message)
+            if self.clock is not None and message.type in CLOCK_MESSAGES:
+                self.clock.handle(message.type, time.perf_counter(), getattr(message, "pos", None))
+            else:
+                self.mapper.handle(message)
         except Exception:
             self.errors += 1
             if self.errors == 1:  # a callback that raises must not flood the log at controller rates
@@ -444,9 +458,15 @@ class _RtMidiPort:
 
 
 def _open_input(
-    wanted: str | None, backend: str | None, virtual: bool, client_name: str, on_message: Callable[[mido.Message], None]
+    wanted: str | None,
+    backend: str | None,
+    virtual: bool,
+    client_name: str,
+    on_message: Callable[[mido.Message], None],
+    clock: bool = False,
 ) -> Any:
-    """An open port (`.name`, `.close()`) that calls `on_message` with each message from its own thread."""
+    """An open port (`.name`, `.close()`) that calls `on_message` with each message from its own thread; the MIDI
+    clock's messages (24 a beat) only with `clock`."""
     mido_backend = _load_backend(backend)
     label = _label(mido_backend)
     if not _is_rtmidi(mido_backend):
@@ -464,7 +484,7 @@ def _open_input(
 
     client = _rtmidi_client(mido_backend, client_name)
     try:
-        client.ignore_types(sysex=True, timing=True, active_sense=True)  # only CCs matter: no clock at 24 ppqn
+        client.ignore_types(sysex=True, timing=not clock, active_sense=True)  # no clock at 24 ppqn unless followed
         client.set_callback(on_event)
         if virtual:
             name = wanted or "midi in"

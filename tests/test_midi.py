@@ -306,9 +306,11 @@ def connected(jack_midi, request):
     sender, patchbay = jack_midi
     inputs = []
 
-    def connect(mapper):
+    def connect(mapper, clock=None):
         client_name = f"fj-{request.node.name[:20]}-{len(inputs)}"
-        midi_input = MidiInput(mapper, "in", backend=JACK_BACKEND, virtual=True, client_name=client_name).start()
+        midi_input = MidiInput(
+            mapper, "in", backend=JACK_BACKEND, virtual=True, client_name=client_name, clock=clock
+        ).start()
         inputs.append(midi_input)
         source = patchbay.get_ports("fj-sender:", is_midi=True, is_output=True)
         target = patchbay.get_ports(f"{client_name}:", is_midi=True, is_input=True)
@@ -477,3 +479,27 @@ def test_cli_learns_each_knob_from_its_own_control(jack_midi, tmp_path):
         CCMapping("volume", 0, 7),
         CCMapping("denoise", 0, 8),
     ]
+
+
+def test_jack_a_midi_clock_gives_the_tempo_and_the_song_position(connected):
+    """A DAW's MIDI clock over JACK MIDI: 24 pulses a beat at 120 BPM sent by a thread on absolute deadlines, a
+    Song Position Pointer at bar 3 (4/4) and Continue: the follower hears the tempo and plays on from beat 8. The
+    tempo bound here covers a loaded CI machine's sending jitter; `bench sync` measures the fine one."""
+    from flowjam.live.sync.midi_clock import MidiClockFollower
+
+    follower = MidiClockFollower()
+    mapper = MidiMapper(KnobRegistry())
+    send = connected(mapper, clock=follower)
+    period = 60.0 / (120.0 * 24)
+    send(mido.Message("songpos", pos=32))
+    send(mido.Message("continue"))
+    started = time.perf_counter()
+    for pulse in range(24 * 6):  # 3 s
+        while time.perf_counter() < started + pulse * period:
+            time.sleep(0.0005)
+        send(mido.Message("clock"))
+    wait_for(lambda: follower.state(time.perf_counter()).beats > 8 + 5.5, 3, "the pulses")
+    assert follower.bpm == pytest.approx(120.0, abs=0.5)
+    state = follower.state(time.perf_counter())
+    assert state.playing and 8 + 5.5 < state.beats < 8 + 6.5, state
+    assert mapper.stats().received == 0, "clock messages reached the knob mapper"

@@ -1,0 +1,63 @@
+"""Following JACK transport (Ardour, Carla, any JACK timebase master): tempo, metre, play/stop and the bar/beat/tick
+position, read from the server each time they are asked for. `clock_state` is the pure part (one
+`transport_query()` answer in, a `ClockState` out); `JackTransportFollower` holds the JACK client that asks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .clock import ClockState
+
+
+def clock_state(playing: bool, position: dict[str, Any]) -> ClockState:
+    """A `ClockState` from a transport's state and its position (`jack.Client.transport_query()`'s dict): with a
+    timebase master (bar/beat/tick valid) its tempo and beats since the song's start; without one no tempo, and
+    beats 0."""
+    if "beats_per_minute" not in position:
+        return ClockState(None, playing, 0.0)
+    beats = (
+        (position["bar"] - 1) * position["beats_per_bar"]
+        + (position["beat"] - 1)
+        + position["tick"] / position["ticks_per_beat"]
+    )
+    return ClockState(float(position["beats_per_minute"]), playing, float(beats))
+
+
+def metre(position: dict[str, Any]) -> tuple[float, float] | None:
+    """(beats per bar, beat type) from a transport position with bar/beat/tick, else None."""
+    if "beats_per_bar" not in position:
+        return None
+    return float(position["beats_per_bar"]), float(position["beat_type"])
+
+
+class JackTransportFollower:
+    """A JACK client (no ports) that reads the server's transport; `JackTransportError` when there is no server."""
+
+    def __init__(self, client_name: str = "flowjam-transport", server: str | None = None):
+        try:
+            import jack
+        except ImportError as error:
+            raise JackTransportError("following JACK transport needs JACK-Client: pip install JACK-Client") from error
+        try:
+            self._client = jack.Client(client_name, no_start_server=True, servername=server)
+        except jack.JackOpenError as error:
+            raise JackTransportError(
+                "--sync jack needs a running JACK server: start jackd (or PipeWire's JACK)"
+            ) from error
+        self._client.activate()
+        self._rolling = (jack.ROLLING, jack.STARTING)  # a transport that is (about to be) playing
+
+    def state(self) -> ClockState:
+        state, position = self._client.transport_query()
+        return clock_state(state in self._rolling, position)
+
+    def metre(self) -> tuple[float, float] | None:
+        return metre(self._client.transport_query()[1])
+
+    def close(self) -> None:
+        self._client.deactivate()
+        self._client.close()
+
+
+class JackTransportError(RuntimeError):
+    """JACK transport cannot be followed here (no JACK-Client, no server); the message names the fix."""

@@ -1,0 +1,118 @@
+"""Following a MIDI clock: 24 pulses per quarter note, Start / Stop / Continue and Song Position Pointer in; tempo,
+transport and beat position out. Pure: `MidiClockFollower.handle` takes a message and the time it arrived (in
+seconds, any monotonic clock); the I/O edge (`MidiInput` with a follower) feeds it from a port.
+
+Tempo: a straight line fitted (least squares) through the arrival times of the pulses since the tempo last changed,
+at most the last `window_s` seconds of them: the pulses' jitter averages out over the line (a JACK client sees its
+MIDI once per process cycle, 21 ms at 1024 frames, more than a pulse at 120 BPM), so the tempo settles to a small
+fraction of a BPM. A tempo change is told from jitter by the mean offset of the last `RECENT_PULSES` pulses from the
+line: a mean of jitter never goes beyond the largest offset of the pulses before them, a new tempo's drift does; then
+the line restarts with those pulses (the new tempo is measured from there, not averaged with the old one).
+Position: beats since the song's start, from the line (smoothed, not the last pulse's arrival); Start sets it to 0,
+Song Position Pointer (in sixteenths) sets it while stopped, Continue plays on from it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .clock import ClockState
+
+PULSES_PER_BEAT = 24
+CLOCK, START, CONTINUE, STOP, SONG_POSITION = "clock", "start", "continue", "stop", "songpos"  # mido's type names
+CLOCK_MESSAGES = frozenset({CLOCK, START, CONTINUE, STOP, SONG_POSITION})
+RECENT_PULSES = 24  # the pulses (a beat) whose mean offset from the line tells a tempo change
+MIN_PULSES = 6  # pulses before a tempo is reported (a quarter of a beat)
+GAP_PULSES = 6  # a silence of this many pulse periods is a paused clock, not a slower tempo
+
+
+class MidiClockFollower:
+    def __init__(self, window_s: float = 4.0, min_drift: float = 0.05):
+        """`window_s`: the longest stretch of pulses one tempo is fitted over; `min_drift`: the smallest mean offset
+        from the line (in pulse periods) that means a new tempo, however steady the clock."""
+        self.window_s = window_s
+        self.min_drift = min_drift
+        self.playing = False
+        self._index = 0  # pulses received, ever (the tempo line's count; the transport never resets it)
+        self._pulses: deque[tuple[float, int]] = deque()  # (arrival, index) since the tempo last changed
+        self._origin = 1  # the pulse index at which the song position is `_base`
+        self._base = 0  # song position in pulses at `_origin`
+
+    def handle(self, kind: str, at_s: float, position_16ths: int | None = None) -> None:
+        """One MIDI real-time message (`CLOCK`, `START`, `CONTINUE`, `STOP`) or a `SONG_POSITION` (with its
+        `position_16ths`), arrived at `at_s`. After Start the next pulse is the song's first (position 0); after
+        Continue the next pulse is at the last Song Position Pointer's place."""
+        if kind == CLOCK:
+            self._pulse(at_s)
+        elif kind in (START, CONTINUE):
+            self._base = 0 if kind == START else self._base
+            self._origin, self.playing = self._index + 1, True
+        elif kind == STOP:
+            if self.playing:
+                self._base += self._index - self._origin + 1  # where it stopped: the pulses it played
+            self.playing = False
+        elif kind == SONG_POSITION:
+            if position_16ths is None or not 0 <= position_16ths <= 16383:
+                raise ValueError(f"a song position needs its sixteenths (0..16383), got {position_16ths!r}")
+            if not self.playing:  # a DAW sends it before Continue; while playing it would jump the beat
+                self._base = position_16ths * PULSES_PER_BEAT // 4
+        else:
+            raise ValueError(f"unknown MIDI clock message {kind!r}: one of clock, start, continue, stop, songpos")
+
+    @property
+    def bpm(self) -> float | None:
+        line = self._line()
+        return None if line is None else 60.0 / (line[0] * PULSES_PER_BEAT)
+
+    def state(self, at_s: float) -> ClockState:
+        """Tempo, transport and beat position at `at_s` (on the fitted line between pulses, so a pulse's jitter
+        does not move it)."""
+        line = self._line()
+        if not self.playing:
+            return ClockState(self.bpm, False, self._base / PULSES_PER_BEAT)
+        index = self._index if line is None else (at_s - line[1]) / line[0]
+        bpm = None if line is None else 60.0 / (line[0] * PULSES_PER_BEAT)
+        return ClockState(bpm, True, (self._base + index - self._origin) / PULSES_PER_BEAT)
+
+    def _pulse(self, at_s: float) -> None:
+        """A clock pulse feeds the tempo whether or not the transport plays (a DAW sends its clock while stopped)."""
+        self._index += 1
+        line = self._line()
+        if line is not None and at_s - self._pulses[-1][0] > GAP_PULSES * line[0]:
+            self._pulses.clear()  # the clock paused (many DAWs stop it with the transport): a new line from here
+        self._pulses.append((at_s, self._index))
+        while at_s - self._pulses[0][0] > self.window_s:
+            self._pulses.popleft()
+        if self._drifted():
+            self._pulses = deque(list(self._pulses)[-RECENT_PULSES:])  # a new tempo, measured from these pulses
+
+    def _drifted(self) -> bool:
+        """The last `RECENT_PULSES` pulses' mean offset from the line through the pulses before them is beyond
+        every offset of those (the jitter's reach: a mean of jitter never exceeds its largest value, a new tempo's
+        drift grows past it)."""
+        pulses = list(self._pulses)
+        older, recent = pulses[:-RECENT_PULSES], pulses[-RECENT_PULSES:]
+        line = _fit(older)
+        if line is None or len(older) < 2 * RECENT_PULSES:  # a jitter's pattern (a JACK cycle beating against
+            return False  # the pulses) repeats within two beats: its reach is seen before it is compared
+        period, offset = line
+        reach = max(abs(t - (offset + i * period)) for t, i in older)
+        drift = abs(sum(t - (offset + i * period) for t, i in recent)) / RECENT_PULSES
+        return drift > max(reach, self.min_drift * period)
+
+    def _line(self) -> tuple[float, float] | None:
+        return _fit(self._pulses)
+
+
+def _fit(pulses) -> tuple[float, float] | None:
+    """(seconds per pulse, arrival time of pulse index 0) fitted through (arrival, index) pulses; None with too few."""
+    if len(pulses) < MIN_PULSES:
+        return None
+    n = len(pulses)
+    mean_i = sum(i for _, i in pulses) / n
+    mean_t = sum(t for t, _ in pulses) / n
+    spread = sum((i - mean_i) ** 2 for _, i in pulses)
+    period = sum((i - mean_i) * (t - mean_t) for t, i in pulses) / spread
+    if period <= 0:
+        return None
+    return period, mean_t - period * mean_i
