@@ -23,15 +23,14 @@ _HEADER_BYTES = 8 * (_COUNTERS + _REALS)
 # Slots of LoopBuffer.counters (int64). The output side writes them; Playback writes STOP and resets at start.
 FRAMES, CHANNELS, SAMPLE_RATE = 1, 2, 3
 PLAYED = 4  # absolute frames handed to the device: THE playhead
-UNDERRUNS = 5  # blocks heard as a hole: LATE_BLOCKS + GAPS
+LATE_BLOCKS = 5  # the output itself came late: the device flagged output_underflow, or the null clock woke late
 CALLBACKS = 6
 RUNNING = 7  # 1 while an output stream plays this buffer
 STOP = 8  # set by Playback to ask the output process to stop
 RECORDED = 9  # frames written to the recording ring since the recording started
 FADE_STARTED = 10  # PLAYED at the first frame of the newest transport fade (stop or play), -1 before any
 BLOCK = 11  # frames the output renders per callback (the playhead moves in these steps); 0 before it starts
-LATE_BLOCKS = 12  # the output itself came late: the device flagged output_underflow, or the null clock woke late
-GAPS = 13  # exact-zero blocks while playing: the engine fell behind the playhead
+GAPS = 12  # exact-zero blocks while playing: the engine fell behind the playhead
 # Slots of LoopBuffer.reals (float64).
 GAIN = 0  # target volume, linear
 APPLIED_GAIN = 1  # volume the callback used at the end of its last block (it ramps from here to GAIN)
@@ -174,7 +173,8 @@ class LoopBuffer:
 
     @property
     def underruns(self) -> int:
-        return self._counter(UNDERRUNS)
+        """Blocks heard as a hole, of either kind."""
+        return self.late_blocks + self.gaps
 
     @property
     def late_blocks(self) -> int:

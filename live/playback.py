@@ -56,7 +56,6 @@ from .loop_buffer import (
     STOP,
     TRANSPORT,
     TRANSPORT_FADE_FRAMES,
-    UNDERRUNS,
     LoopBuffer,
 )
 from .realtime import acquire_realtime, log_refusal, promote_callback_thread, settle
@@ -155,7 +154,6 @@ class BlockRenderer:
         if not self.native_id:  # once: the output process raises this thread's priority from outside
             self.native_id = threading.get_native_id()
         if status.output_underflow:
-            self.counters[UNDERRUNS] += 1
             self.counters[LATE_BLOCKS] += 1
         self.render(outdata, frames)
 
@@ -170,7 +168,6 @@ class BlockRenderer:
             and self.reals[APPLIED_TRANSPORT] == 1.0
             and self.reals[GAIN] > 0
         ):
-            self.counters[UNDERRUNS] += 1
             self.counters[GAPS] += 1
 
     def apply_transport(self, out: np.ndarray, frames: int, played: int) -> None:
@@ -272,7 +269,6 @@ def run_null_clock(renderer: BlockRenderer, blocksize: int, stopped: Callable[[f
         renderer.render(out, blocksize)
         deadline += period_s
         if time.monotonic() - deadline > period_s:
-            buffer.counters[UNDERRUNS] += 1
             buffer.counters[LATE_BLOCKS] += 1
             deadline = time.monotonic()
         if stopped(max(0.0, deadline - time.monotonic())):
@@ -407,7 +403,7 @@ class Playback:
             )
             self.mode = "thread" if self.mode == "process" else "null"
         counters = self.buffer.counters
-        counters[[STOP, RECORDED, UNDERRUNS, LATE_BLOCKS, GAPS, CALLBACKS, RUNNING]] = 0
+        counters[[STOP, RECORDED, LATE_BLOCKS, GAPS, CALLBACKS, RUNNING]] = 0
         counters[BLOCK] = self.blocksize
         self.buffer.reals[LATENCY_S] = 0.0
         self.buffer.reals[APPLIED_GAIN] = self.buffer.reals[GAIN]  # no fade-in from a stale volume
