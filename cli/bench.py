@@ -39,6 +39,7 @@ TARGETS = {
     "sessions": bench_sessions.bench_sessions,
     "soak": bench_live.bench_soak,
     "lm": bench_models.bench_lm,
+    "sync": bench_live.bench_sync,
 }
 COUNTS = ("batch", "repeats", "ticks", "trials", "sessions", "loras", "rank", "tokens", "lora_rank")  # 1 or more
 AMOUNTS = ("minutes", "window", "interval_ms", "ear_ms")  # finite, above 0
@@ -120,6 +121,18 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     soak.add_argument("--minutes", type=float, default=2.0, help="how long to play")
     add_stream(soak, song_seconds=10.0, cfg="off")
     add_model_arguments(soak)
+
+    sync = targets.add_parser(
+        "sync", help="follow a band's clock on a JACK dummy server: bar-start phase error of the played clicks"
+    )
+    sync.add_argument("--clock", choices=("jack", "midi", "link"), default="jack", help="the band's clock")
+    sync.add_argument("--bpm", type=float, default=120.0, help="the band's tempo")
+    sync.add_argument("--time-signature", type=int, default=4, help="beats per bar")
+    sync.add_argument("--bars", type=int, default=2, help="flowjam's loop in bars")
+    sync.add_argument("--minutes", type=float, default=5.0, help="how long the band plays")
+    sync.add_argument("--period", type=int, default=512, help="JACK's period (frames), flowjam's output block too")
+    sync.add_argument("--tempo-change", type=float, help="half-way, the band moves to this tempo at a bar line")
+    add_model_arguments(sync)
 
     lm = targets.add_parser("lm", help="5 Hz LM code generation: ms/step and codes/s vs transformers' generate")
     add_lm_preset(lm, "lm-1.7b")

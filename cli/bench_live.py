@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..engine.params import DEFAULT_STEPS
-from .flags import load_session
+from .flags import CommandError, load_session
 
 RUNNER_TIMINGS = ("tick_ms", "loop_ms", "decode_ms", "interval_ms", "write_ms", "lead_s", "patch_s")
 
@@ -77,3 +78,74 @@ def bench_soak(args: argparse.Namespace) -> int:
                 f"  {which.replace('_', ' ')}: " + ", ".join(f"{key} {value}" for key, value in r.status[which].items())
             )
     return 0 if r.errors == 0 else 1
+
+
+PRIVATE_NETWORK = "FLOWJAM_PRIVATE_NETWORK"
+LOOPBACK_MULTICAST = "ip link set lo up && ip link set lo multicast on && ip route add 224.0.0.0/4 dev lo"
+
+
+def bench_sync(args: argparse.Namespace) -> int:
+    from ..live.sync_bench import bench_sync as run_sync
+
+    if args.clock == "link" and os.environ.get(PRIVATE_NETWORK) != "1":
+        return _in_a_private_network()
+    session = load_session(args)
+    print(
+        f"sync: flowjam follows a {args.clock} clock at {args.bpm:g} BPM, {args.time_signature} beats a bar, on a JACK "
+        f"dummy server (period {args.period}); a {args.bars}-bar loop clicks on every bar start; {args.minutes:g} min; "
+        f"preset {args.preset} on {args.device}"
+    )
+    r = run_sync(
+        session,
+        args.clock,
+        args.bpm,
+        args.time_signature,
+        args.bars,
+        args.minutes * 60.0,
+        args.period,
+        print,
+        args.tempo_change,
+    )
+    print(
+        f"  bar-start phase error over {r.bars_heard} bars: median {r.median_ms:.3f} ms, max {r.max_ms:.3f} ms "
+        f"(target 2 / 5); {r.bars_missed} bars without a click after the start"
+    )
+    clock = "-" if r.clock_bpm is None else f"{r.clock_bpm:.3f} BPM ({r.clock_bpm - r.bpm:+.3f})"
+    print(
+        f"  clock tempo as followed: {clock}; phase corrections {r.corrections}; underruns {r.underruns} ({r.gaps} gaps, "
+        f"{r.late_blocks} late blocks); runner "
+        f"errors {r.runner_errors}"
+        + (
+            f"; Link's bar lines taken {r.latency_ms:.2f} ms early (the output's latency: Link aims the heard beat)"
+            if r.kind == "link"
+            else ""
+        )
+    )
+    if r.tempo_change is not None:
+        late = "never" if r.change_bars_late is None else f"on bar line {r.change_bars_late} after it"
+        print(
+            f"  tempo change {r.bpm:g} -> {r.tempo_change:g} BPM on a bar line: the loop at the new tempo began {late} "
+            f"(0: that bar line); loops switched {r.switches}; until then the old loop is kept on the bar lines by "
+            "the phase lock (its corrections above)"
+        )
+        settled = "never" if r.tempo_settled_s is None else f"{r.tempo_settled_s:.2f} s"
+        print(
+            f"  the followed tempo within 0.05 BPM of {r.tempo_change:g} from {settled} after the change (target 2 s)"
+        )
+    return 0 if r.bars_heard and not r.bars_missed and r.runner_errors == 0 else 1
+
+
+def _in_a_private_network() -> int:
+    """Run this bench again inside a network namespace with only the loopback interface, multicast routed on it:
+    Link's peers find each other by multicast, and no packet may leave the machine."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        raise CommandError("bench sync --clock link needs unshare and ip (util-linux, iproute2) for a private network")
+    command = ["unshare", "-n", "sh", "-c", f'{LOOPBACK_MULTICAST} && exec "$@"', "sh", sys.executable, "-m", "flowjam"]
+    done = subprocess.run([*command, *sys.argv[1:]], env={**os.environ, PRIVATE_NETWORK: "1"})
+    if done.returncode != 0 and done.returncode != 1:
+        raise CommandError("bench sync --clock link could not make a private network namespace (unshare -n) here")
+    return done.returncode

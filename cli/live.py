@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import time
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..live.midi import MIDI_BACKENDS
 from ..live.playback import DEFAULT_BLOCKSIZE
+from ..live.sync.follow import SYNC_SOURCES
 from .flags import (
     CommandError,
     add_audio_device,
@@ -92,6 +94,29 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--lm", action="store_true", help="text-only: the 5 Hz LM writes the loop's structure from --prompt at start"
     )
+    grid = parser.add_argument_group("tempo and bars (the loop on a musical grid; docs/live.md)")
+    grid.add_argument("--bpm", type=float, help="tempo, 30..300: in the caption, and the loop is whole bars of it")
+    grid.add_argument("--time-signature", help="beats per bar: 2, 3, 4 or 6 (or 4/4 style); default 4")
+    grid.add_argument("--bars", type=int, help="the loop is exactly this many bars (default: --song-seconds in bars)")
+    grid.add_argument(
+        "--sync",
+        choices=SYNC_SOURCES,
+        help="follow a clock: link (Ableton Link), midi (MIDI clock on --midi-port; --midi-backend jack reads it "
+        "frame-exact) or jack (JACK transport); tempo from it unless --bpm, bar 1 of the loop on its bar lines",
+    )
+    grid.add_argument(
+        "--sync-offset-ms", type=float, default=0.0, help="play this much later against the clock (default 0)"
+    )
+    grid.add_argument("--click", action="store_true", help="a metronome click on every bar start")
+    grid.add_argument(
+        "--source-bpm",
+        type=float,
+        help="the --source's tempo (default: estimated with librosa, pip install 'flowjam[grid]'); with --bpm it is "
+        "time-stretched to it",
+    )
+    grid.add_argument(
+        "--source-downbeat", type=float, help="seconds into the --source of its first bar line (default: estimated)"
+    )
     add_lm_model(parser)
     add_model_arguments(parser)
     return parser
@@ -104,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         print(list_devices())
         return 0
     check_live_args(args)
+    from ..engine.prompts import time_signature_numerator
     from ..live.app import LiveApp, LiveConfig, parse_host_port
     from ..live.knobs import KnobRegistry
     from ..live.playback import PlaybackError
@@ -135,6 +161,14 @@ def run(args: argparse.Namespace) -> int:
         lm=args.lm,
         lm_checkpoint=args.lm_checkpoint,
         lm_preset=args.lm_preset,
+        bpm=args.bpm,
+        time_signature=None if args.time_signature is None else time_signature_numerator(args.time_signature),
+        bars=args.bars,
+        source_bpm=args.source_bpm,
+        source_downbeat_s=args.source_downbeat,
+        sync=args.sync,
+        sync_offset_ms=args.sync_offset_ms,
+        click=args.click,
         runner=RunnerConfig(backend=args.backend, window_s=args.window_seconds, endless=args.endless),
     )
     if config.osc_port is not None:
@@ -187,6 +221,7 @@ def check_live_args(args: argparse.Namespace) -> None:
     check_window(args.window_seconds, args.endless)
     if args.endless and (args.source is not None or args.lm):
         raise CommandError("--endless is text-only: --source and --lm set a song's length (they loop); drop one")
+    check_grid_args(args)
     check_knob_flag("depth", args.depth)
     check_knob_flag("steps", args.steps)
     if not 32 <= args.blocksize <= 8192:
@@ -210,6 +245,40 @@ def check_live_args(args: argparse.Namespace) -> None:
         from ..engine.outputs import check_output_path
 
         check_output_path(args.record, "--record")
+
+
+def check_grid_args(args: argparse.Namespace) -> None:
+    """--bpm, --time-signature, --bars, --sync, --click: in range and consistent, before the model loads."""
+    from ..engine.prompts import check_bpm, time_signature_numerator
+
+    for flag in ("bpm", "source_bpm"):
+        if getattr(args, flag) is not None:
+            try:
+                check_bpm(getattr(args, flag), "--" + flag.replace("_", "-"))
+            except ValueError as error:
+                raise CommandError(str(error)) from None
+    if args.time_signature is not None:
+        try:
+            time_signature_numerator(args.time_signature)
+        except ValueError as error:
+            raise CommandError(f"--time-signature: {error}") from None
+    if args.bars is not None:
+        if args.bars < 1:
+            raise CommandError(f"--bars must be at least 1, got {args.bars}")
+        if args.bpm is None and args.sync is None:
+            raise CommandError("--bars needs a tempo: give --bpm, or follow a clock with --sync")
+        if args.endless:
+            raise CommandError("--bars sets a loop's length: --endless has none")
+    if args.click and args.bpm is None and args.sync is None:
+        raise CommandError("--click needs a tempo: give --bpm, or follow a clock with --sync")
+    if args.sync is not None and args.source is not None:
+        raise CommandError("--sync follows a clock with a text loop; a --source on the grid takes --bpm instead")
+    if (args.source_bpm is not None or args.source_downbeat is not None) and args.source is None:
+        raise CommandError("--source-bpm and --source-downbeat describe a --source: give one")
+    if args.source_downbeat is not None and not (math.isfinite(args.source_downbeat) and args.source_downbeat >= 0):
+        raise CommandError(f"--source-downbeat must be 0 s or later, got {args.source_downbeat:g}")
+    if args.sync == "midi" and args.midi_backend != "jack" and args.midi_port is None:
+        raise CommandError("--sync midi reads the clock from --midi-port (or use --midi-backend jack and connect it)")
 
 
 class Stopped(Exception):

@@ -5,6 +5,8 @@ Pure string functions; the tokenizer appends its own `<|endoftext|>` after the o
 
 from __future__ import annotations
 
+import math
+
 TEXT2MUSIC_INSTRUCTION = "Fill the audio semantic mask based on the given conditions:"
 COVER_INSTRUCTION = "Generate audio semantic tokens based on the given conditions:"
 REPAINT_INSTRUCTION = "Repaint the mask area based on the given conditions:"
@@ -41,6 +43,15 @@ _CAPTION_TEMPLATE = "# Instruction\n{instruction}\n\n# Caption\n{caption}\n\n# M
 _LYRIC_TEMPLATE = "# Languages\n{language}\n\n# Lyric\n{lyrics}<|endoftext|>"
 
 
+def check_bpm(bpm: object, what: str = "bpm") -> float:
+    """`bpm` as a float when it is a finite number in the range the model knows; else a ValueError naming `what`."""
+    if isinstance(bpm, bool) or not isinstance(bpm, int | float) or not math.isfinite(bpm):
+        raise ValueError(f"{what} must be a number in {BPM_RANGE[0]}..{BPM_RANGE[1]}, got {bpm!r}")
+    if not BPM_RANGE[0] <= bpm <= BPM_RANGE[1]:
+        raise ValueError(f"{what} must be a number in {BPM_RANGE[0]}..{BPM_RANGE[1]}, got {bpm:g}")
+    return float(bpm)
+
+
 def time_signature_numerator(time_signature: int | str) -> int:
     """4, "4" and "4/4" all give 4; anything outside {2, 3, 4, 6} raises ValueError."""
     text = str(time_signature).strip()
@@ -63,8 +74,8 @@ def metas_block(
     """The four "- key: value" lines; missing values (None, "") read "N/A", a missing duration "30 seconds"."""
     key_scale = key_scale or None
     time_signature = None if time_signature is None or str(time_signature).strip() == "" else time_signature
-    if bpm is not None and not BPM_RANGE[0] <= bpm <= BPM_RANGE[1]:
-        raise ValueError(f"bpm {bpm} is outside {BPM_RANGE[0]}..{BPM_RANGE[1]}")
+    if bpm is not None:
+        check_bpm(bpm)
     if key_scale is not None and key_scale not in KEY_SCALES:
         raise ValueError(
             f"key scale {key_scale!r} is not a note A-G, an optional accidental (# b ♯ ♭) and 'major' or 'minor', "

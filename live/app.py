@@ -4,24 +4,29 @@ stopped as one. `python -m flowjam live` is a thin shell around `LiveApp`."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..engine.audio.beats import SourceGrid
 from ..engine.audio.files import read_audio
 from ..engine.conditioning import Conditioning
 from ..engine.lm.song import lm_duration
-from ..engine.params import LATENT_RATE_HZ, MAX_SONG_SECONDS, lora_knob, song_frames
+from ..engine.params import LATENT_RATE_HZ, MAX_SONG_SECONDS, lora_knob
 from ..engine.session import Session, Source
-from ..engine.stream.windows import ring_frames, window_frames
+from .following import Following
 from .knobs import KnobRegistry
-from .loop_buffer import LoopBuffer
+from .loop_buffer import LoopRegion
+from .loop_plan import LoopPlan, source_plan, text_plan
 from .osc import TRANSPORT_COMMANDS, OscBridge, OscConfig
 from .playback import DEFAULT_BLOCKSIZE, Playback
 from .runner import LiveRunner, RunnerConfig
+from .sync.follow import FollowedClock, clock_grid, open_clock
+from .sync.grid import Grid
+from .sync.midi_clock import MidiClockFollower
 
 log = logging.getLogger("flowjam.live")
 NO_AUDIO_DEVICE = (
@@ -53,11 +58,24 @@ class LiveConfig:
     lm: bool = False  # text-only: the 5 Hz LM writes the loop's structure (audio codes) from prompt A at start
     lm_checkpoint: Path | None = None
     lm_preset: str = "tiny"
+    bpm: float | None = None  # the grid's tempo (into the caption's metas); with --sync, the clock's when not given
+    time_signature: int | None = None  # beats per bar (2, 3, 4, 6); None: a JACK master's metre, else 4
+    bars: int | None = None  # the loop is exactly this many bars; None: song_seconds in whole bars once a tempo is set
+    source_bpm: float | None = None  # the source's tempo (else estimated with librosa when the source is on a grid)
+    source_downbeat_s: float | None = None  # the source's first downbeat (else estimated)
+    sync: str | None = None  # follow a clock: link | midi | jack (live/sync/)
+    sync_offset_ms: float = 0.0  # play this much later against the clock (a DAW's own output latency, say)
+    click: bool = False  # a metronome click on every bar start of the loop
     runner: RunnerConfig = RunnerConfig()
 
     @property
     def uses_midi(self) -> bool:
         return self.midi_port is not None or self.midi_map is not None or bool(self.midi_learn)
+
+
+def on_the_grid(config: LiveConfig) -> bool:
+    """A source is cut to whole bars when a tempo, a bar count or its own tempo is given."""
+    return config.bpm is not None or config.bars is not None or config.source_bpm is not None
 
 
 def add_lora_knobs(registry: KnobRegistry, session: Session) -> None:
@@ -91,20 +109,21 @@ class LiveApp:
         self.session, self.config = session, config
         self.registry = registry or KnobRegistry()
         add_lora_knobs(self.registry, session)
-        seconds = config.song_seconds
-        initial = None
-        if source is None and config.source is not None:
-            audio, rate = read_audio(config.source, MAX_SONG_SECONDS)  # a longer source loops its first 10 min
-            source = session.prepare_source(audio, rate)
-        if source is not None:
-            seconds = source.frames / LATENT_RATE_HZ
-            initial = session.decode(source.latents)
-        frames = self._ring_frames(config, seconds, source is not None)
-        hop = session.models.vae.hop_samples
-        self.buffer = LoopBuffer(frames * hop, channels=2, sample_rate=session.sample_rate)
+        self.midi = self.mapper = None
+        self._midi_map: Path | None = None
+        self._started = False
+        self.clock: FollowedClock | None = None
+        self.following: Following | None = None
         try:
-            if initial is not None:
-                self.buffer.fill(initial[:, : frames * hop])
+            source, plan = self._plan(config, source)
+        except BaseException:
+            self._close_clock()
+            raise
+        self.plan = plan
+        self.buffer = plan.buffer(session.sample_rate, tempo_may_change=self.clock is not None)
+        try:
+            if source is not None:
+                self.buffer.fill(session.decode(source.latents)[:, : plan.samples])
             self.playback = Playback(
                 self.buffer,
                 device=config.audio_device,
@@ -113,44 +132,147 @@ class LiveApp:
                 record_path=None if config.record is None else str(config.record),
             )
             prompts = initial_conditionings or (config.prompt, config.prompt_b)
+            self._runner_config = config.runner
+            if self.grid is not None:
+                beats = self.grid.beats_per_bar
+                self._runner_config = replace(config.runner, bpm=round(self.grid.bpm), time_signature=beats)
             self.runner = LiveRunner(
-                session, self.registry, self.buffer, prompts[0], prompts[1], source, config.runner, config.negative
+                session,
+                self.registry,
+                self.buffer.region(0),
+                prompts[0],
+                prompts[1],
+                source,
+                self._runner_config,
+                config.negative,
             )
             if config.lm:
                 if source is not None:
                     raise ValueError(
                         "--lm writes the structure from the text; a --source brings its own: use one of them"
                     )
-                self.runner.set_structure(self._lm_structure(frames))
+                self.runner.set_structure(self._lm_structure(self.runner.frames))
+            if config.click and self.grid is not None:
+                bar = self.grid.bar_samples(session.sample_rate)
+                self.buffer.set_click(bar, 0.0 if plan.bars else bar)
+            if self.clock is not None:
+                self.following = Following(
+                    self.clock,
+                    self.buffer,
+                    self.grid,
+                    plan.bars,
+                    config.sync_offset_ms / 1000.0,
+                    lambda: self.runner,
+                    self._runner_at,
+                    self._switched,
+                    self._announce,
+                )
             self.osc: OscBridge | None = None
-            self.midi = None
-            self.mapper = None
-            self._midi_map: Path | None = None
-            self._started = False
             self.output_warning: str | None = None  # why it plays silently though an output was asked for
             if config.osc_port is not None:
                 self.enable_osc(config.osc_port, config.osc_host, config.osc_feedback, config.osc_allow)
-            if config.uses_midi:
+            if config.uses_midi and self.midi is None:
                 self.enable_midi(config.midi_port, config.midi_map, config.midi_learn, config.midi_backend)
         except BaseException:  # nothing half-built stays behind: the shared memory and any threads go
             self._discard()
             raise
 
-    @staticmethod
-    def _ring_frames(config: LiveConfig, seconds: float, has_source: bool) -> int:
-        """Frames of the playback buffer: the loop, or for endless play the window's ring."""
-        if not config.runner.endless:
-            return song_frames(seconds, "song_seconds")
-        if has_source:
+    def _plan(self, config: LiveConfig, source: Source | None) -> tuple[Source | None, LoopPlan]:
+        """The source (read and prepared, cut to whole bars on a grid) and what the performance loops. Following a
+        clock opens it here: its tempo sets the grid (a MIDI clock read through the MIDI input starts that input)."""
+        session, hop, rate = self.session, self.session.models.vae.hop_samples, self.session.sample_rate
+        if config.runner.endless and (source is not None or config.source is not None):
             raise ValueError("endless play is text-only: a source sets the song's length (it loops); leave one out")
-        if config.lm:
+        if source is None and config.source is not None:
+            if config.sync is not None:
+                raise ValueError("--sync with --source: a source sets its own loop; follow a clock with a text loop")
+            audio, audio_rate = read_audio(config.source, MAX_SONG_SECONDS)  # a longer source loops its first 10 min
+            if not on_the_grid(config):
+                source = session.prepare_source(audio, audio_rate)
+                return source, LoopPlan(source.frames * hop)
+            audio, plan = source_plan(
+                audio,
+                audio_rate,
+                rate,
+                hop,
+                config.bpm,
+                config.time_signature or 4,
+                config.bars,
+                config.source_bpm,
+                config.source_downbeat_s,
+            )
+            return session.prepare_source(audio, rate), plan
+        if source is not None:
+            return source, LoopPlan(source.frames * hop)
+        if config.runner.endless and config.lm:
             raise ValueError("endless play has no song length for the 5 Hz LM to write a structure for; use a loop")
-        return ring_frames(window_frames(config.runner.window_s, None), None)
+        grid = None
+        if config.sync is not None:
+            self.clock = open_clock(
+                config.sync, config.time_signature or 4, config.bpm, config.midi_port, config.midi_backend
+            )
+            if self.clock.midi_follower is not None:
+                self.enable_midi(
+                    config.midi_port, config.midi_map, config.midi_learn, config.midi_backend, self.clock.midi_follower
+                )
+                self.midi.start()
+            grid = clock_grid(self.clock, config.bpm, config.time_signature)
+        elif config.bpm is not None:
+            grid = Grid(float(config.bpm), config.time_signature or 4)
+        elif config.bars is not None:
+            raise ValueError("--bars needs a tempo: give --bpm, or follow a clock with --sync")
+        return None, text_plan(
+            grid, config.bars, config.song_seconds, rate, hop, config.runner.endless, config.runner.window_s
+        )
+
+    @property
+    def grid(self) -> Grid | None:
+        """The grid playing now (a followed clock's tempo changes replace it)."""
+        return self.plan.grid
+
+    @property
+    def bars(self) -> int | None:
+        return self.plan.bars
+
+    @property
+    def source_grid(self) -> SourceGrid | None:
+        return self.plan.source_grid
+
+    def _announce(self, path: str, value: float) -> None:
+        if self.osc is not None:
+            self.osc.announce(path, value)
+
+    def _runner_at(self, region: LoopRegion, grid: Grid) -> LiveRunner:
+        """A runner for a new tempo's loop: the prompts playing now, their metas at the new tempo."""
+        captions = self.runner.captions()
+        config = replace(self._runner_config, bpm=round(grid.bpm), time_signature=grid.beats_per_bar)
+        negative = captions["negative"] or None
+        return LiveRunner(self.session, self.registry, region, captions["a"], captions["b"], None, config, negative)
+
+    def _switched(self, runner: LiveRunner, grid: Grid) -> None:
+        self.runner, self.plan = runner, replace(self.plan, grid=grid, samples=self.buffer.frames)
+
+    def set_prompt(self, which: str, text: str) -> None:
+        """Prompt A, B or the negative for the loop playing, and for a new tempo's loop being made."""
+        self.runner.set_prompt(which, text)
+        pending = None if self.following is None else self.following.pending
+        if pending is not None:
+            pending.set_prompt(which, text)
+
+    def _close_clock(self) -> None:
+        if self.following is not None:
+            self.following.stop()
+        if self.midi is not None:
+            self.midi.stop()
+        if self.clock is not None:
+            self.clock.close()
+            self.clock = None
 
     def _discard(self) -> None:
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.stop()
+        self._close_clock()
         self.buffer.unlink()
 
     def _lm_structure(self, frames: int) -> torch.Tensor:
@@ -158,8 +280,9 @@ class LiveApp:
         session, config = self.session, self.config
         if session.song_writer is None:
             session.attach_lm(config.lm_checkpoint, config.lm_preset)
+        grid = {} if self.grid is None else {"bpm": round(self.grid.bpm), "time_signature": self.grid.beats_per_bar}
         song = session.generate_codes(
-            config.prompt, lm_duration(frames / LATENT_RATE_HZ), seeds=(int(self.registry.get("seed")),)
+            config.prompt, lm_duration(frames / LATENT_RATE_HZ), seeds=(int(self.registry.get("seed")),), **grid
         )
         log.info("LM structure: %d codes, %s", song.codes.shape[1], song.metadata.cot().replace("\n", ", "))
         return session.codes_context(song.codes[0], frames)
@@ -180,10 +303,11 @@ class LiveApp:
         bridge = OscBridge(
             self.registry,
             OscConfig(session=self.config.session_name, host=host, port=port, feedback=feedback, allow_hosts=allow),
-            on_prompt=self.runner.set_prompt,
+            on_prompt=self.set_prompt,
             on_transport=self.transport,
             on_target=self.target,
             status=self.status,
+            sync=self.sync_status,
         )
         if self._started:
             try:
@@ -203,9 +327,11 @@ class LiveApp:
         map_path: Path | None = None,
         learn: tuple[str, ...] = (),
         backend: str | None = None,
+        clock: MidiClockFollower | None = None,
     ) -> None:
         """Add (or replace) the MIDI input, loading `map_path` if it exists and learning `learn` knobs in order (the
-        mapper arms each knob once the previous control is released). `backend` None: the config's."""
+        mapper arms each knob once the previous control is released). `backend` None: the config's; `clock`: the
+        port's MIDI clock feeds it (--sync midi)."""
         from .midi import MidiInput, MidiMapper
 
         if self.midi is not None:
@@ -215,7 +341,7 @@ class LiveApp:
         self._midi_map = map_path
         if learn:
             self.mapper.learn(*learn)
-        self.midi = MidiInput(self.mapper, port_name=port, backend=backend or self.config.midi_backend)
+        self.midi = MidiInput(self.mapper, port_name=port, backend=backend or self.config.midi_backend, clock=clock)
         if self._started:
             self.midi.start()
 
@@ -253,6 +379,8 @@ class LiveApp:
                 self.midi.start()
             self._start_playback()
             self.runner.start()
+            if self.following is not None:
+                self.following.start()
             self._started = True
             if self.osc is not None:
                 self.osc.start()
@@ -285,6 +413,7 @@ class LiveApp:
                 part.stop()
         if self.midi is not None and self._midi_map is not None:
             self.mapper.save(self._midi_map)
+        self._close_clock()
         self.runner.stop()
         self.playback.stop()
         self.buffer.unlink()
@@ -294,7 +423,7 @@ class LiveApp:
         """Frames played of the stream's own audio (its source, or generations): none of the silence before its
         first generation filled the loop."""
         since = self.runner.stats.audio_from_frames
-        return 0 if since is None else self.playback.playhead_frames - since
+        return 0 if since is None else self.buffer.played_frames - since
 
     def capture(self, seconds: float):
         """The last `seconds` of what was played, float32 [2, N]: the loop region just behind the playhead (writes
@@ -322,7 +451,25 @@ class LiveApp:
             osc = self.osc.stats()
             status["last_osc"] = osc["last_message"]
             status["osc"] = {key: osc[key] for key in ("received", "applied", "rejected", "clamped", "dropped_hosts")}
+        status.update(self.sync_status())
         status["knobs"] = self.registry.values()
+        return status
+
+    def sync_status(self) -> dict[str, Any]:
+        """The grid (tempo, metre, bars, the loop's bar.beat) and, following a clock, the clock and the lock."""
+        if self.grid is None:
+            return {}
+        rate = self.buffer.sample_rate
+        position = self.buffer.playhead_frames % (self.buffer.frames if self.bars else self.grid.bar_samples(rate))
+        bar, beat, _ = self.grid.bar_beat(position, rate)
+        status: dict[str, Any] = {
+            "bpm": self.grid.bpm,
+            "beats_per_bar": self.grid.beats_per_bar,
+            "bars": self.bars,
+            "bar_beat": f"{bar}.{beat}",
+        }
+        if self.following is not None:
+            status["sync"] = self.following.status()
         return status
 
     def status_line(self) -> str:
@@ -332,4 +479,19 @@ class LiveApp:
             f"{'song' if s['endless'] else 'playhead'} {s['song_s' if s['endless'] else 'playhead_s']:6.2f} s  underruns {s['underruns']}  errors {s['errors']}  latents {s['latents']}  "
             f"osc rejected {sum(s.get('osc', {}).get('rejected', {}).values())}  last {s.get('last_osc') or '-'}"
             + ("  RECORDING STOPPED" if s["recording_error"] else "")
+            + _grid_line(s)
         )
+
+
+def _grid_line(status: dict[str, Any]) -> str:
+    """The status line's bar.beat and clock."""
+    if "bar_beat" not in status:
+        return ""
+    line = f"  bar {status['bar_beat']} @ {status['bpm']:.2f} BPM"
+    sync = status.get("sync")
+    if sync is not None:
+        clock = "-" if sync["clock_bpm"] is None else f"{sync['clock_bpm']:.2f} BPM"
+        state = "playing" if sync["clock_playing"] else "stopped"
+        error = "-" if sync["phase_error_ms"] is None else f"{sync['phase_error_ms']:+.1f} ms"
+        line += f"  {sync['source']} {clock} {state} {sync['clock_bar_beat'] or '-'} phase {error}"
+    return line

@@ -17,11 +17,12 @@ from multiprocessing import shared_memory
 import numpy as np
 
 _MAGIC = 0x464C4A4D4C4F4F50  # "FLJMLOOP"
-_COUNTERS, _REALS = 16, 8
+_COUNTERS, _REALS = 32, 16
 _HEADER_BYTES = 8 * (_COUNTERS + _REALS)
+MAX_REGIONS = 2
 
 # Slots of LoopBuffer.counters (int64). The output side writes them; Playback writes STOP and resets at start.
-FRAMES, CHANNELS, SAMPLE_RATE = 1, 2, 3
+FRAMES, CHANNELS, SAMPLE_RATE = 1, 2, 3  # FRAMES: a region's capacity
 PLAYED = 4  # absolute frames handed to the device: THE playhead
 LATE_BLOCKS = 5  # the output itself came late: the device flagged output_underflow, or the null clock woke late
 CALLBACKS = 6
@@ -31,28 +32,55 @@ RECORDED = 9  # frames written to the recording ring since the recording started
 FADE_STARTED = 10  # PLAYED at the first frame of the newest transport fade (stop or play), -1 before any
 BLOCK = 11  # frames the output renders per callback (the playhead moves in these steps); 0 before it starts
 GAPS = 12  # exact-zero blocks while playing: the engine fell behind the playhead
+START_AT = 13  # the transport starts (fades in) when PLAYED reaches this frame (a clock's bar line); -1: none
+BLOCK_PLAYED = 14  # PLAYED at the start of the newest block; BLOCK_TIME is when that block was rendered
+REGIONS = 15  # loops the buffer holds (1, or 2 where a new tempo's loop is made beside the one playing)
+ACTIVE = 16  # the region the output plays
+SWITCH_AT = 17  # the output moves to region SWITCH_TO (and the NEXT_CLICK_ settings) at this PLAYED frame; -1: none
+SWITCH_TO = 18
+LENGTHS = (20, 21)  # each region's loop length (<= FRAMES)
+SHIFTS = (24, 25)  # each region's position runs this many frames ahead of PLAYED: a clock's phase lock moves it
 # Slots of LoopBuffer.reals (float64).
 GAIN = 0  # target volume, linear
 APPLIED_GAIN = 1  # volume the callback used at the end of its last block (it ramps from here to GAIN)
 LATENCY_S = 2  # output latency reported by PortAudio
 TRANSPORT = 3  # 1 = playing, 0 = stopped (the callback fades to it)
 APPLIED_TRANSPORT = 4  # transport gain at the end of the callback's last block
+BLOCK_TIME = 5  # the sync clock (live/sync/clock.py) when the newest block was rendered
+CLICK_BAR = 6  # a metronome click on every bar start, bars this many frames long; 0: no click
+CLICK_CYCLE = 7  # bar starts count from each start of a cycle this long (0: the loop; endless play: one bar)
+NEXT_CLICK_BAR, NEXT_CLICK_CYCLE = 8, 9  # the click from the next switch on
 TRANSPORT_FADE_FRAMES = 480  # a stop or play fades over 10 ms at 48 kHz
+MIN_CLICK_BAR = 480
 
 
 class LoopBuffer:
-    """A looping float32 buffer of `frames` x `channels` in shared memory, stored interleaved ([frames, channels],
-    the layout PortAudio wants, so the callback copies contiguous rows); the API speaks [channels, frames]."""
+    """Looping float32 audio in shared memory: `regions` loops of at most `frames` x `channels` each (one, or two
+    where a new tempo's loop is made beside the one playing), stored interleaved ([frames, channels], the layout
+    PortAudio wants, so the callback copies contiguous rows); the API speaks [channels, frames]. The output plays
+    the active region; the loop methods here act on it, `region(i)` gives a view of one region."""
 
     def __init__(
-        self, frames: int, channels: int = 2, sample_rate: int = 48_000, name: str | None = None, create: bool = True
+        self,
+        frames: int,
+        channels: int = 2,
+        sample_rate: int = 48_000,
+        name: str | None = None,
+        create: bool = True,
+        regions: int = 1,
+        loop_frames: int | None = None,
     ):
+        """`frames`: a region's capacity; `loop_frames`: the loop each region starts with (default: all of it)."""
         if create:
             if frames <= 0 or channels <= 0 or sample_rate <= 0:
                 raise ValueError(
                     f"frames, channels and sample_rate must be positive, got {frames}, {channels}, {sample_rate}"
                 )
-            size = _HEADER_BYTES + 4 * frames * channels
+            if regions not in range(1, MAX_REGIONS + 1):
+                raise ValueError(f"a loop buffer holds 1..{MAX_REGIONS} regions, got {regions}")
+            if loop_frames is not None and not 0 < loop_frames <= frames:
+                raise ValueError(f"a loop of {loop_frames} frames does not fit a region of {frames}")
+            size = _HEADER_BYTES + 4 * frames * channels * regions
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         else:
             if name is None:
@@ -64,17 +92,26 @@ class LoopBuffer:
         self.reals = np.ndarray((_REALS,), np.float64, self._shm.buf, 8 * _COUNTERS)
         if create:
             self.counters[:] = 0
-            self.counters[[0, FRAMES, CHANNELS, SAMPLE_RATE]] = (_MAGIC, frames, channels, sample_rate)
-            self.counters[FADE_STARTED] = -1
+            self.counters[[0, FRAMES, CHANNELS, SAMPLE_RATE, REGIONS]] = (
+                _MAGIC,
+                frames,
+                channels,
+                sample_rate,
+                regions,
+            )
+            self.counters[list(LENGTHS)] = frames if loop_frames is None else loop_frames
+            self.counters[[FADE_STARTED, START_AT, SWITCH_AT]] = -1
             self.reals[:] = 0.0
             self.reals[[GAIN, APPLIED_GAIN, TRANSPORT, APPLIED_TRANSPORT]] = 1.0
         elif self.counters[0] != _MAGIC:
             self.counters = self.reals = None
             self._shm.close()
             raise ValueError(f"shared memory {name!r} is not a LoopBuffer")
-        self.frames, self.channels, self.sample_rate = (int(self.counters[i]) for i in (FRAMES, CHANNELS, SAMPLE_RATE))
+        self.capacity, self.channels, self.sample_rate, self.regions = (
+            int(self.counters[i]) for i in (FRAMES, CHANNELS, SAMPLE_RATE, REGIONS)
+        )
         self.name = self._shm.name
-        self.data = np.ndarray((self.frames, self.channels), np.float32, self._shm.buf, _HEADER_BYTES)
+        self.data = np.ndarray((self.capacity * self.regions, self.channels), np.float32, self._shm.buf, _HEADER_BYTES)
         if create:
             self.data[:] = 0.0
 
@@ -85,41 +122,90 @@ class LoopBuffer:
         Python process would have its own tracker unlink the memory when it exits."""
         return cls(0, name=name, create=False)
 
+    # --- regions -----------------------------------------------------------------------------------------------
+
+    def region(self, index: int | None = None) -> LoopRegion:
+        """A view of one region (None: the one playing now), for a runner that writes it whichever one plays."""
+        return LoopRegion(self, self.active if index is None else index)
+
+    @property
+    def active(self) -> int:
+        return self._counter(ACTIVE)
+
+    def _index(self, region: int | None) -> int:
+        index = self.active if region is None else region
+        if index not in range(self.regions):
+            raise ValueError(f"this loop buffer has {self.regions} region(s), got region {index}")
+        return index
+
+    def loop_frames(self, region: int | None = None) -> int:
+        return self._counter(LENGTHS[self._index(region)])
+
+    def prepare(self, region: int, frames: int, shift: int) -> None:
+        """Make `region` (not the one playing) a loop of `frames` whose position runs `shift` ahead of the frames
+        played; its audio is written next, then the output is switched to it (`switch_at`)."""
+        index = self._index(region)
+        if index == self.active:
+            raise ValueError(f"region {index} is playing: prepare the other one")
+        if not 0 < frames <= self.capacity:
+            raise ValueError(f"a region holds 1..{self.capacity} frames, got {frames}")
+        with self._lock:
+            self.counters[[LENGTHS[index], SHIFTS[index]]] = (int(frames), int(shift))
+
+    def switch_at(self, played: int, region: int, click_bar: float = 0.0, click_cycle: float = 0.0) -> None:
+        """Move the output to `region` (the playing one too: a new click only) at the frame played `played`, with a
+        crossfade over that block, and from then on click bars of `click_bar` frames from every `click_cycle`."""
+        index = self._index(region)
+        _check_click(click_bar)
+        with self._lock:
+            self.reals[[NEXT_CLICK_BAR, NEXT_CLICK_CYCLE]] = (float(click_bar), float(click_cycle))
+            self.counters[SWITCH_TO] = index
+            self.counters[SWITCH_AT] = int(played)  # last: the output acts once everything above is in place
+
+    @property
+    def switch_pending(self) -> bool:
+        return self._counter(SWITCH_AT) >= 0
+
     # --- writing (engine side) ---------------------------------------------------------------------------------
 
-    def patch(self, start_frame: int, audio, fade_frames: int = 480) -> None:
+    def patch(self, start_frame: int, audio, fade_frames: int = 480, region: int | None = None) -> None:
         """Write [channels, N] audio at start_frame (taken modulo the loop, wrapping past its end), crossfaded in
-        with equal-gain (sin²) curves, right for the correlated audio of successive generations, over fade_frames at both edges (shortened to N // 2 for short patches);
-        between the fades the new audio replaces what was there. N must not exceed the loop length."""
+        with equal-gain (sin²) curves, right for the correlated audio of successive generations, over fade_frames
+        at both edges (shortened to N // 2 for short patches); between the fades the new audio replaces what was
+        there. N must not exceed the loop length."""
+        index = self._index(region)
+        loop, base = self.loop_frames(index), index * self.capacity
         new = self._as_frames_major(audio)
         count = new.shape[0]
-        if count > self.frames:
-            raise ValueError(f"patch of {count} frames does not fit a loop of {self.frames} frames")
+        if count > loop:
+            raise ValueError(f"patch of {count} frames does not fit a loop of {loop} frames")
         if count == 0:
             return
         fade = max(0, min(int(fade_frames), count // 2))
-        start = int(start_frame) % self.frames
+        start = int(start_frame) % loop
         if fade:
             rise = (np.sin(0.5 * np.pi * (np.arange(fade) + 0.5) / fade) ** 2).astype(np.float32)[:, None]
             fall = 1.0 - rise
             with self._lock:
-                old_head = self.data[(start + np.arange(fade)) % self.frames]
-                old_tail = self.data[(start + count - fade + np.arange(fade)) % self.frames]
+                old_head = self.data[base + (start + np.arange(fade)) % loop]
+                old_tail = self.data[base + (start + count - fade + np.arange(fade)) % loop]
             new = new.copy()
             new[:fade] = new[:fade] * rise + old_head * fall
             new[count - fade :] = new[count - fade :] * rise[::-1] + old_tail * fall[::-1]
-        first = min(count, self.frames - start)
+        first = min(count, loop - start)
         with self._lock:
-            self.data[start : start + first] = new[:first]
-            self.data[: count - first] = new[first:]
+            self.data[base + start : base + start + first] = new[:first]
+            self.data[base : base + count - first] = new[first:]
 
-    def fill(self, audio) -> None:
+    def fill(self, audio, region: int | None = None) -> None:
         """Replace the whole loop (initial content); audio must be [channels, frames] of exactly the loop length."""
+        index = self._index(region)
+        loop, base = self.loop_frames(index), index * self.capacity
         new = self._as_frames_major(audio)
-        if new.shape[0] != self.frames:
-            raise ValueError(f"fill needs exactly {self.frames} frames, got {new.shape[0]}")
+        if new.shape[0] != loop:
+            raise ValueError(f"fill needs exactly {loop} frames, got {new.shape[0]}")
         with self._lock:
-            self.data[:] = new
+            self.data[base : base + loop] = new
 
     def _as_frames_major(self, audio) -> np.ndarray:
         """[channels, N] (numpy or torch; 1-D means one channel for all) -> float32 [N, channels] view or copy."""
@@ -136,22 +222,25 @@ class LoopBuffer:
 
     # --- reading (callback side) -------------------------------------------------------------------------------
 
-    def read_into(self, out: np.ndarray, position: int) -> None:
-        """Copy frames [position, position + len(out)) modulo the loop into out ([N, channels] float32), wrapping;
-        allocates no audio memory (safe in an audio callback)."""
+    def read_into(self, out: np.ndarray, position: int, region: int = 0) -> None:
+        """Copy frames [position, position + len(out)) modulo `region`'s loop into out ([N, channels] float32),
+        wrapping; allocates no audio memory and takes no lock (safe in an audio callback)."""
+        loop, base = int(self.counters[LENGTHS[region]]), region * self.capacity
         count = out.shape[0]
-        start = position % self.frames
+        start = position % loop
         while count:
-            take = min(count, self.frames - start)
+            take = min(count, loop - start)
             done = out.shape[0] - count
-            out[done : done + take] = self.data[start : start + take]
+            out[done : done + take] = self.data[base + start : base + start + take]
             count -= take
             start = 0
 
-    def snapshot(self) -> np.ndarray:
+    def snapshot(self, region: int | None = None) -> np.ndarray:
         """A copy of the loop as [channels, frames]."""
+        index = self._index(region)
+        base = index * self.capacity
         with self._lock:
-            return np.ascontiguousarray(self.data.T)
+            return np.ascontiguousarray(self.data[base : base + int(self.counters[LENGTHS[index]])].T)
 
     # --- clock and meters --------------------------------------------------------------------------------------
 
@@ -162,14 +251,77 @@ class LoopBuffer:
         return self._counter(BLOCK)
 
     @property
-    def playhead_frames(self) -> int:
-        """Absolute frames played since the buffer was created (monotonic): the audio clock."""
+    def played_frames(self) -> int:
+        """Frames handed to the device since the buffer was created (monotonic): the audio clock, time."""
         return self._counter(PLAYED)
+
+    @property
+    def frames(self) -> int:
+        """The playing loop's length."""
+        return self.loop_frames()
+
+    def playhead(self, region: int | None = None) -> int:
+        """`region`'s song position at the next block to be read: the frames played, moved by its shift."""
+        index = self._index(region)
+        with self._lock:
+            return int(self.counters[PLAYED] + self.counters[SHIFTS[index]])
+
+    @property
+    def playhead_frames(self) -> int:
+        """The song position of the next block to be read, in frames: the frames played, moved by a clock's phase
+        lock (`shift`). Every write is placed by it."""
+        return self.playhead()
 
     @property
     def position(self) -> int:
         """Where in the loop the next block will be read."""
         return self.playhead_frames % self.frames
+
+    def get_shift(self, region: int | None = None) -> int:
+        return self._counter(SHIFTS[self._index(region)])
+
+    def set_shift(self, frames: int, region: int | None = None) -> None:
+        """Move a loop's position against the frames played (a phase lock's correction): the output crossfades
+        from the old position to the new one over its next block."""
+        index = self._index(region)
+        with self._lock:
+            self.counters[SHIFTS[index]] = int(frames)
+
+    shift = property(get_shift, set_shift)
+
+    def start_at(self, played: int) -> None:
+        """Start the transport (a fade-in) when the frames played reach `played`; -1 cancels."""
+        with self._lock:
+            self.counters[START_AT] = int(played)
+
+    def last_block(self) -> tuple[int, float] | None:
+        """(frames played at the start of the newest block, the sync clock when it was rendered), read as one pair;
+        None before the first block."""
+        while True:
+            with self._lock:
+                before, at, after = (
+                    int(self.counters[BLOCK_PLAYED]),
+                    float(self.reals[BLOCK_TIME]),
+                    int(self.counters[BLOCK_PLAYED]),
+                )
+            if before == after:
+                return None if at == 0.0 else (before, at)
+
+    @property
+    def click_bar_frames(self) -> float:
+        return self._real(CLICK_BAR)
+
+    def set_click(self, bar_frames: float, cycle_frames: float = 0.0) -> None:
+        """A metronome click on every bar start of the loop position (bars of `bar_frames` counted from each start
+        of a `cycle_frames` cycle, 0: the loop; 0 bars: no click)."""
+        _check_click(bar_frames)
+        with self._lock:
+            self.reals[[CLICK_BAR, CLICK_CYCLE]] = (float(bar_frames), float(cycle_frames))
+
+    @property
+    def latency_s(self) -> float:
+        """The output's latency as its device reports it (0 before it starts)."""
+        return self._real(LATENCY_S)
 
     @property
     def underruns(self) -> int:
@@ -266,3 +418,57 @@ class LoopBuffer:
 
     def __repr__(self) -> str:
         return f"LoopBuffer({self.frames} frames x {self.channels} ch @ {self.sample_rate} Hz, name={self.name!r})"
+
+
+def _check_click(bar_frames: float) -> None:
+    if not np.isfinite(bar_frames) or not (bar_frames == 0 or bar_frames >= MIN_CLICK_BAR):
+        raise ValueError(f"a bar must be 0 (no click) or at least {MIN_CLICK_BAR} frames, got {bar_frames}")
+
+
+class LoopRegion:
+    """One region of a LoopBuffer, as a runner and its writer see it: its loop, its playhead, its writes; the clock,
+    volume and transport are the buffer's."""
+
+    def __init__(self, buffer: LoopBuffer, index: int):
+        buffer._index(index)
+        self.buffer, self.index = buffer, index
+
+    def __getattr__(self, name: str):
+        return getattr(self.buffer, name)
+
+    @property
+    def gain(self) -> float:
+        return self.buffer.gain
+
+    @gain.setter
+    def gain(self, value: float) -> None:
+        self.buffer.gain = value
+
+    @property
+    def frames(self) -> int:
+        return self.buffer.loop_frames(self.index)
+
+    @property
+    def playhead_frames(self) -> int:
+        return self.buffer.playhead(self.index)
+
+    @property
+    def position(self) -> int:
+        return self.playhead_frames % self.frames
+
+    @property
+    def shift(self) -> int:
+        return self.buffer.get_shift(self.index)
+
+    @shift.setter
+    def shift(self, frames: int) -> None:
+        self.buffer.set_shift(frames, self.index)
+
+    def patch(self, start_frame: int, audio, fade_frames: int = 480) -> None:
+        self.buffer.patch(start_frame, audio, fade_frames, self.index)
+
+    def fill(self, audio) -> None:
+        self.buffer.fill(audio, self.index)
+
+    def snapshot(self) -> np.ndarray:
+        return self.buffer.snapshot(self.index)

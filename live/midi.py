@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.outputs import write_atomic
 from .knobs import KnobChange, KnobError, KnobRegistry
+from .sync.clock import now_s
 from .sync.midi_clock import CLOCK_MESSAGES, MidiClockFollower
 
 if TYPE_CHECKING:
@@ -419,7 +420,7 @@ class MidiInput:
     def _on_message(self, message: mido.Message) -> None:
         try:
             if self.clock is not None and message.type in CLOCK_MESSAGES:
-                self.clock.handle(message.type, time.perf_counter(), getattr(message, "pos", None))
+                self.clock.handle(message.type, now_s(), getattr(message, "pos", None))
             else:
                 self.mapper.handle(message)
         except Exception:

@@ -11,6 +11,9 @@ Address space under `/flowjam/<session>/`:
     target/clear            back to the default target (the source audio, or none)
     status                  reply `status <json>` to the sender and the feedback port (arguments are ignored,
                             so a push button that sends 1 works)
+    sync                    reply `sync <json>`: the grid (bpm, beats_per_bar, bars, the loop's bar.beat) and a
+                            followed clock's tempo, transport, bar.beat and phase error; {} without a grid.
+                            Following a clock, its tempo is sent as `tempo <bpm>` whenever it changes
 
 Three threads, so the receive loop never waits. It drains one plain UDP socket each time it wakes and applies what
 it read in arrival order, except that knob values are coalesced: of the values read for one knob, only the newest
@@ -156,8 +159,10 @@ class OscBridge:
         on_transport: Callable[[str], None] | None = None,
         on_target: Callable[[str], None] | None = None,
         status: Callable[[], dict] | None = None,
+        sync: Callable[[], dict] | None = None,
     ):
         self.registry = registry
+        self._sync = sync
         self.config = config
         self._on_prompt = on_prompt
         self._on_transport = on_transport
@@ -435,12 +440,14 @@ class OscBridge:
                     )
         elif path == "status":
             self._on_status(sender)
+        elif path == "sync":
+            self._on_status(sender, "sync")
         else:
             self._reject(
                 "unknown_address",
                 f"unknown OSC address {address!r}: this bridge answers {self._prefix}"
                 "knob/<name>, norm/<name>, prompt, prompt/b, prompt/negative, transport, "
-                "target/capture, target/clear, status",
+                "target/capture, target/clear, status, sync",
             )
 
     def _on_knob(self, kind: str, name: str, args: list, sender: Address, received_at: float) -> None:
@@ -478,13 +485,15 @@ class OscBridge:
         for target in self._targets(self._last_sender):
             self._reply(datagram, target)
 
-    def _on_status(self, sender: Address) -> None:
+    def _on_status(self, sender: Address, path: str = "status") -> None:
         try:
-            if self._status is not None:
+            if path == "sync":
+                payload = {} if self._sync is None else self._sync()
+            elif self._status is not None:
                 payload = self._status()
             else:
                 payload = {"session": self.config.session, "knobs": self.registry.values()}
-            reply = encode(self._prefix + "status", json.dumps(payload, default=str))
+            reply = encode(self._prefix + path, json.dumps(payload, default=str))
         except Exception as error:
             self._reject("handler_error", f"status() failed: {error!r}", exc_info=True)
             return

@@ -45,21 +45,19 @@ from .loop_buffer import (
     APPLIED_TRANSPORT,
     BLOCK,
     CALLBACKS,
-    FADE_STARTED,
     GAIN,
     GAPS,
     LATE_BLOCKS,
     LATENCY_S,
-    PLAYED,
     RECORDED,
     RUNNING,
     STOP,
     TRANSPORT,
-    TRANSPORT_FADE_FRAMES,
     LoopBuffer,
 )
 from .realtime import acquire_realtime, log_refusal, promote_callback_thread, settle
 from .recording import RING_SECONDS, RecordingDrain
+from .renderer import BlockRenderer
 
 MODES = ("process", "thread", "null", "null-process")
 DEFAULT_BLOCKSIZE = 512  # 10.7 ms at 48 kHz: the writer's lead covers one block (see writer.py)
@@ -136,85 +134,6 @@ def _prefer_jack(candidates: list[int], devices, apis) -> int:
     pool = jack or candidates
     defaults = [i for i in pool if apis[devices[i]["hostapi"]]["default_output_device"] == i]
     return (defaults or pool)[0]
-
-
-class BlockRenderer:
-    """The body of the audio callback, shared by every mode. All arrays are allocated here, none per block."""
-
-    def __init__(self, buffer: LoopBuffer, blocksize: int, record: np.ndarray | None):
-        self.buffer, self.counters, self.reals, self.record = buffer, buffer.counters, buffer.reals, record
-        self.heard = False  # a block with sound has played: from then on an all-zero block is a gap
-        self.native_id = 0  # the thread the callback runs on, once it ran
-        self.unit_ramp = ((np.arange(blocksize, dtype=np.float32) + 1) / blocksize)[:, None]
-        self.gain_curve = np.empty_like(self.unit_ramp)
-        self.fade_steps = (np.arange(blocksize, dtype=np.float32) + 1)[:, None] / TRANSPORT_FADE_FRAMES
-        self.fade_curve = np.empty_like(self.fade_steps)
-
-    def callback(self, outdata: np.ndarray, frames: int, time_info, status) -> None:
-        if not self.native_id:  # once: the output process raises this thread's priority from outside
-            self.native_id = threading.get_native_id()
-        if status.output_underflow:
-            self.counters[LATE_BLOCKS] += 1
-        self.render(outdata, frames)
-
-    def count_gap(self, out: np.ndarray) -> None:
-        """An exact-zero block while playing at a non-zero volume is a hole in the loop (the engine fell behind
-        the playhead): counted as an underrun, like a late device callback."""
-        if out.any():
-            self.heard = True
-        elif (
-            self.heard
-            and self.reals[TRANSPORT] == 1.0
-            and self.reals[APPLIED_TRANSPORT] == 1.0
-            and self.reals[GAIN] > 0
-        ):
-            self.counters[GAPS] += 1
-
-    def apply_transport(self, out: np.ndarray, frames: int, played: int) -> None:
-        """Fade toward the transport state at 1/TRANSPORT_FADE_FRAMES per frame; stopped means exact zeros."""
-        reals = self.reals
-        target, applied = float(reals[TRANSPORT]), float(reals[APPLIED_TRANSPORT])
-        if target != applied and frames == self.fade_steps.shape[0]:
-            if applied in (0.0, 1.0):
-                self.counters[FADE_STARTED] = played
-            curve = self.fade_curve
-            np.multiply(self.fade_steps, 1.0 if target > applied else -1.0, out=curve)
-            curve += applied
-            np.clip(curve, 0.0, 1.0, out=curve)
-            out *= curve
-            reals[APPLIED_TRANSPORT] = float(curve[-1, 0])
-            return
-        if target != applied:  # an odd-sized block: no ramp to fit, jump
-            self.counters[FADE_STARTED] = played
-            reals[APPLIED_TRANSPORT] = applied = target
-        if applied == 0.0:
-            out.fill(0.0)
-        elif applied != 1.0:
-            out *= applied
-
-    def render(self, out: np.ndarray, frames: int) -> None:
-        counters, reals = self.counters, self.reals
-        played = int(counters[PLAYED])
-        self.buffer.read_into(out, played)
-        target, applied = float(reals[GAIN]), float(reals[APPLIED_GAIN])
-        if target != applied and frames == self.unit_ramp.shape[0]:  # ramp over the block: no zipper clicks
-            np.multiply(self.unit_ramp, target - applied, out=self.gain_curve)
-            self.gain_curve += applied
-            out *= self.gain_curve
-        elif target != 1.0:
-            out *= target
-        reals[APPLIED_GAIN] = target
-        self.apply_transport(out, frames, played)
-        self.count_gap(out)
-        if self.record is not None:
-            size, written = self.record.shape[0], int(counters[RECORDED])
-            start = written % size
-            first = min(frames, size - start)
-            self.record[start : start + first] = out[:first]
-            self.record[: frames - first] = out[first:]
-            counters[RECORDED] = written + frames
-        counters[PLAYED] = played + frames
-        counters[CALLBACKS] += 1
 
 
 def _open_stream(

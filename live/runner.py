@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from ..engine.stream.windows import window_frames
 from .knobs import KnobRegistry
 from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
+from .loop_map import LoopMap
 from .messages import (
     CurveOverride,
     Message,
@@ -61,6 +62,8 @@ class RunnerConfig:
     stop_timeout_s: float = 10.0  # how long stop() waits for a tick in progress (a heavy one may take longer)
     min_lead_s: float = 0.015  # the lead's floor; it follows the write time, its jitter and the output's block
     max_lead_s: float = 2.0
+    bpm: int | None = None  # the caption's metas (a musical grid): tempo and beats per bar, None: not given
+    time_signature: int | None = None
 
 
 class LiveRunner:
@@ -83,9 +86,9 @@ class LiveRunner:
         its own."""
         self.session, self.registry, self.buffer, self.config = session, registry, buffer, config
         self._hop = session.models.vae.hop_samples
-        self.frames = buffer.frames // self._hop
-        if self.frames < 1:
-            raise ValueError("the loop buffer is shorter than one latent frame")
+        # a loop of whole bars is rarely whole latent frames; a cover's latent repeats the loop's start past its end
+        self.loop_map = LoopMap(buffer.frames, self._hop, "loop" if source is not None else "latent")
+        self.frames = self.loop_map.frames
         window = window_frames(config.window_s, None if config.endless else self.frames)
         self._walker = None  # whole-loop generation; else requests placed on a timeline at the playhead
         if window is not None:
@@ -109,6 +112,8 @@ class LiveRunner:
             "b": self._encode(prompt_b if prompt_b is not None else prompt),
             "negative": self._encode(negative) if negative else None,
         }
+        self._captions_lock = threading.Lock()
+        self._captions = {slot: "" if c is None else c.caption for slot, c in self._prompts.items()}
         self._blends: OrderedDict[float, Conditioning] = OrderedDict()
         self._null_conditions: dict[int, Conditioning] = {}  # condition length -> its null condition
         self._silence_context = session.context_latents(self.frames, None)
@@ -117,7 +122,7 @@ class LiveRunner:
         self._set_source(source)
         self._latest: torch.Tensor | None = None
         self._latest_seq = 0
-        self._encoder = PromptEncoder(session.encode_text, self._messages.put, self.count_error, session.device)
+        self._encoder = PromptEncoder(self._encode_text, self._messages.put, self.count_error, session.device)
         self._errors_lock = threading.Lock()
         self.stats = RunnerStats(patch_s=config.patch_s)
         self._writer = AheadWriter(
@@ -129,6 +134,7 @@ class LiveRunner:
             config.patch_s,
             # LiveApp fills the loop with the source; else the first latent does (a windowed one writes its window only)
             loop_filled=source is not None or self._walker is not None,
+            loop_map=self.loop_map,
         )
         self._tick_done = torch.cuda.Event() if session.device.type == "cuda" and ticker is None else None
         self._tick_started: float | None = None
@@ -136,7 +142,11 @@ class LiveRunner:
             ticker.register(self)
 
     def _encode(self, prompt: str | Conditioning) -> Conditioning:
-        return prompt if isinstance(prompt, Conditioning) else self.session.encode_text(prompt)
+        return prompt if isinstance(prompt, Conditioning) else self._encode_text(prompt)
+
+    def _encode_text(self, text: str) -> Conditioning:
+        """A prompt with the grid's tempo and metre in its caption's metas."""
+        return self.session.encode_text(text, bpm=self.config.bpm, time_signature=self.config.time_signature)
 
     # ---- messages (any thread) -------------------------------------------------------------------------------
 
@@ -144,6 +154,18 @@ class LiveRunner:
         """Prompt text for slot "a", "b" or "negative" (an empty negative goes back to the null condition); encoded
         off the runner thread, applied at the top of the tick after it is ready."""
         self._encoder.submit(_prompt_slot(which), text)
+
+    def captions(self) -> dict[str, str]:
+        """The prompt texts playing now: "a", "b" and "negative" ("" for the null condition)."""
+        with self._captions_lock:
+            return dict(self._captions)
+
+    def retempo(self, bpm: int) -> None:
+        """The grid's tempo moved: every prompt is encoded again with the new tempo in its metas."""
+        self.config = replace(self.config, bpm=bpm)
+        for slot, text in self.captions().items():
+            if text or slot != "negative":
+                self.set_prompt(slot, text)
 
     @property
     def encoding(self) -> bool:
@@ -316,7 +338,8 @@ class LiveRunner:
         finished windows merged in (after the frames whose audio is already written, which never change)."""
         if self._walker is None:
             return finished[-1].latent
-        frozen = (self.buffer.playhead_frames + int(self.stats.lead_s * self.buffer.sample_rate)) // self._hop
+        written = self.buffer.playhead_frames + int(self.stats.lead_s * self.buffer.sample_rate)
+        frozen = self.loop_map.latent_sample(written) // self._hop
         self._walker.land(finished, frozen)
         return self._walker.timeline.snapshot()  # a copy for the writer's thread: merges go on here meanwhile
 
@@ -373,6 +396,8 @@ class LiveRunner:
 
     def _set_prompt(self, slot: str, conditioning: Conditioning | None) -> None:
         self._prompts[slot] = conditioning
+        with self._captions_lock:
+            self._captions[slot] = "" if conditioning is None else conditioning.caption
         self._request_changed = True
         if slot != "negative":
             self._blends.clear()
@@ -465,7 +490,8 @@ class LiveRunner:
         ahead_s = self.config.ahead_s
         if ahead_s is None:  # when it is delivered, from now
             ahead_s = self.stats.lead_s + options["steps"] * self.stats.loop_s
-        place = walker.place(self.buffer.playhead_frames + int(ahead_s * self.buffer.sample_rate), self._hop)
+        write_at = self.buffer.playhead_frames + int(ahead_s * self.buffer.sample_rate)
+        place = walker.place(self.loop_map.latent_sample(write_at), self._hop)
         denoise = knobs.get("denoise")
         options.update(
             walker.inputs(place, self._context(), options["x0_target"], denoise, options["steps"], options["shift"])

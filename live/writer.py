@@ -22,6 +22,7 @@ from ..engine.params import LATENT_RATE_HZ
 from ..engine.session import DECODE_MARGIN_FRAMES, Session
 from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
+from .loop_map import LoopMap
 from .realtime import raise_thread_priority
 
 FADE_FRAMES = 480  # 10 ms equal-gain edges on every patch
@@ -44,14 +45,16 @@ class AheadWriter:
         lead_range_s: tuple[float, float],
         min_patch_s: float,
         loop_filled: bool,
+        loop_map: LoopMap,
     ):
-        """`loop_filled`: the buffer already holds the loop (else the first latent is decoded whole into it)."""
-        self.session, self.buffer, self.stats = session, buffer, stats
+        """`loop_filled`: the buffer already holds the loop (else the first latent is decoded whole into it);
+        `loop_map`: where the buffer's audio lies on the latents offered."""
+        self.session, self.buffer, self.stats, self.loop_map = session, buffer, stats, loop_map
         self._on_error = on_error
         self._lead_range_s, self._min_patch_s = lead_range_s, min_patch_s
         self._loop_filled = loop_filled
         if loop_filled:
-            stats.audio_from_frames = buffer.playhead_frames
+            stats.audio_from_frames = buffer.played_frames
         self._decode = session.window_decoder()
         cuda = session.device.type == "cuda"
         self._cuda_stream = torch.cuda.Stream(session.device, priority=-1) if cuda else None
@@ -151,23 +154,25 @@ class AheadWriter:
     def _write(self, latent: torch.Tensor, fresh: tuple[int, int] | None) -> None:
         """Decode the window at playhead + lead and patch it into the loop buffer."""
         stats = self.stats
-        hop = self.session.models.vae.hop_samples
+        hop, loop_map = self.session.models.vae.hop_samples, self.loop_map
         rate = self.buffer.sample_rate
         frames = latent.shape[1]
         if not self._loop_filled:  # the first latent fills the whole loop: no never-written (silent) region is left
-            self.buffer.fill(self.session.decode(latent))
+            self.buffer.fill(loop_map.loop_audio(self.session.decode(latent), FADE_FRAMES))
             self._loop_filled = True
-            stats.audio_from_frames = self.buffer.playhead_frames
+            stats.audio_from_frames = self.buffer.played_frames
         if stats.writes == 0:  # window shapes a steady stream uses, captured before they are needed
             self._decode.warm_up(latent, WARM_WINDOWS_S, DECODE_MARGIN_FRAMES)
         read_at = time.perf_counter()
         start = self.buffer.playhead_frames + int(stats.lead_s * rate)  # the first sample the new audio replaces
-        frame, skip = (start // hop) % frames, start % hop  # the latent frame holding it, and where in that frame
+        latent_at = loop_map.latent_sample(start)
+        frame, into = (latent_at // hop) % frames, latent_at % hop  # the latent frame holding it, and where in it
         audio = self._decode(
             latent, frame / LATENT_RATE_HZ, stats.patch_s, DECODE_MARGIN_FRAMES, cyclic=True
         ).cpu()  # on a GPU this waits for the decode only (the writer's own stream): the audio is real from here on
         decoded = time.perf_counter()
-        self.buffer.patch(start, audio[:, skip:], FADE_FRAMES)  # from playhead + lead exactly, not the next frame
+        audio = loop_map.splice(audio[:, into:], start, FADE_FRAMES)  # from playhead + lead exactly
+        self.buffer.patch(start, audio, FADE_FRAMES)
         patched = time.perf_counter()
         stats.decode_ms = (decoded - read_at) * 1000.0
         stats.writes += 1
@@ -178,7 +183,7 @@ class AheadWriter:
         if not self._decode.last_was_warm_up:  # a one-off capture is not the write time the lead must cover
             self._adapt(interval, patched - read_at)
         playhead = self.buffer.playhead_frames
-        if 0 <= playhead - start < audio.shape[1] - skip:  # the playhead passed the patch's start: heard from now
+        if 0 <= playhead - start < audio.shape[1]:  # the playhead passed the patch's start: heard from now
             stats.late_writes += 1
             ahead_s = 0.0
         else:

@@ -123,6 +123,11 @@ def stream_start(
     cfg_mode: str,
     window_seconds: float = DEFAULT_WINDOW_SECONDS,
     endless: bool = False,
+    bpm: float = 0.0,
+    time_signature: str = "4",
+    bars: int = 0,
+    sync: str = "off",
+    click: bool = False,
     conditioning_b=None,
     source=None,
     lm_structure=None,
@@ -141,10 +146,12 @@ def stream_start(
     check_range("Stream", "song_seconds", song_seconds, 1.0, MAX_SONG_SECONDS)
     window = check_window("Stream", window_seconds, endless, source is not None or lm_structure is not None)
     knobs = StreamKnobs(depth, steps, denoise, seed, shift, prompt_blend, structure, cfg_mode)
+    grid = stream_grid(bpm, time_signature, bars, sync, click, window[1], source is not None)
     if lm_structure is not None and source is not None:
         raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
     running = performances.get(name)
     if running is not None:
+        check_grid_requeue(running, grid)
         check_requeue(running, unique_id, song_seconds, audio_device, source, window)
     model = with_loras("Stream", model, None if running is None else running.registry)
     comfy_models.use(model)
@@ -153,7 +160,7 @@ def stream_start(
     sockets = StreamSockets(conditioning, conditioning_b or conditioning, negative, source, lm_structure, context)
     try:
         app, created = performances.start_or_get(
-            name, partial(new_stream, model, name, song_seconds, audio_device, knobs, sockets, window)
+            name, partial(new_stream, model, name, song_seconds, audio_device, knobs, sockets, window, grid)
         )
     except PlaybackError as error:  # a named output that is not there: the message lists those that are
         reason = " ".join(str(error).replace(LIST_HINT, "").split()).rstrip(". ")
@@ -184,6 +191,55 @@ def check_window(node: str, window_seconds: float, endless: bool, has_structure:
     return float(window_seconds), bool(endless)
 
 
+SYNC_CHOICES = ("off", "link", "jack", "midi (JACK)")  # midi: connect the clock to flowjam-clock:clock_in
+
+
+@dataclass(frozen=True)
+class StreamGrid:
+    """A Stream node's musical grid: LiveConfig's bpm, time_signature, bars, sync, click."""
+
+    bpm: float | None = None
+    time_signature: int = 4
+    bars: int | None = None
+    sync: str | None = None
+    click: bool = False
+
+
+def stream_grid(
+    bpm: float, time_signature: str, bars: int, sync: str, click: bool, endless: bool, has_source: bool
+) -> StreamGrid:
+    """The Stream node's grid inputs, or one line naming the input and the fix."""
+    from ..engine.prompts import time_signature_numerator
+
+    if bpm != 0:
+        check_range("Stream", "bpm", bpm, 30.0, 300.0)
+    if sync not in SYNC_CHOICES:
+        raise NodeInputError(f"Stream: input 'sync' {sync!r}: one of {', '.join(SYNC_CHOICES)}")
+    try:
+        beats = time_signature_numerator(time_signature)
+    except ValueError as error:
+        raise NodeInputError(f"Stream: input 'time_signature': {error}") from None
+    followed = None if sync == "off" else sync.split()[0]
+    if (bars or click) and bpm == 0 and followed is None:
+        raise NodeInputError("Stream: inputs 'bars' and 'click' need a tempo: set 'bpm', or follow a clock ('sync')")
+    if bars and endless:
+        raise NodeInputError("Stream: input 'bars' sets a loop's length; endless play has none: set bars to 0")
+    if (bars or followed) and has_source:
+        raise NodeInputError("Stream: a 'source' sets its own loop: set bars to 0 and sync off, or disconnect it")
+    return StreamGrid(float(bpm) or None, beats, int(bars) or None, followed, bool(click))
+
+
+def check_grid_requeue(app, grid: StreamGrid) -> None:
+    """The grid is fixed once the stream plays; refuse another one, naming the way to it."""
+    config = app.config
+    playing = StreamGrid(config.bpm, config.time_signature or 4, config.bars, config.sync, config.click)
+    if grid != playing:
+        raise NodeInputError(
+            f"Stream: bpm/time_signature/bars/sync/click cannot apply to the running stream "
+            f"{config.session_name!r}; stop it (Stream stop), then queue again"
+        )
+
+
 def check_requeue(
     app, unique_id: str | None, song_seconds: float, audio_device: str, source, window: tuple[float, bool]
 ) -> None:
@@ -203,7 +259,7 @@ def check_requeue(
             f"Stream: window_seconds/endless {window[0]:g}/{window[1]} cannot apply to the running stream {name!r} "
             f"({running_window[0]:g}/{running_window[1]}); stop it (Stream stop), then queue again"
         )
-    if source is None and not window[1] and seconds_to_frames(song_seconds) != frames:
+    if source is None and not window[1] and app.bars is None and seconds_to_frames(song_seconds) != frames:
         raise NodeInputError(
             f"Stream: song_seconds {song_seconds:g} cannot apply to the running stream {name!r}, which loops "
             f"{frames / LATENT_RATE_HZ:g} s; stop it (Stream stop), then queue again to start it at the new length"
@@ -229,6 +285,7 @@ def new_stream(
     knobs: StreamKnobs,
     sockets: StreamSockets,
     window: tuple[float, bool] = (DEFAULT_WINDOW_SECONDS, False),
+    grid: StreamGrid = StreamGrid(),
 ):
     """A LiveApp for a new stream, not started: knobs, negative and structure are in place before its runner starts,
     so its first generation uses them."""
@@ -248,6 +305,12 @@ def new_stream(
         audio_device=device,
         playback_mode=mode,
         osc_port=None,
+        bpm=grid.bpm,
+        time_signature=grid.time_signature,
+        bars=grid.bars,
+        sync=grid.sync,
+        click=grid.click,
+        midi_backend="jack" if grid.sync == "midi" else None,
         runner=RunnerConfig(window_s=window[0], endless=window[1]),
     )
     app = LiveApp(
@@ -496,6 +559,35 @@ NODES = (
                 "unused); fixed once the stream plays",
                 False,
             ),
+            Param(
+                "bpm",
+                "FLOAT",
+                "Tempo of the loop's grid, 30..300 (0 = none; with sync, the clock's): the loop is whole bars of it; "
+                "set the same bpm on the text encode node for the prompt's metas",
+                0.0,
+                0.0,
+                300.0,
+                0.01,
+            ),
+            Param("time_signature", "COMBO", "Beats per bar", "4", options=("4", "3", "2", "6")),
+            Param(
+                "bars",
+                "INT",
+                "The loop is exactly this many bars (0 = song_seconds in whole bars)",
+                0,
+                0,
+                512,
+                1,
+            ),
+            Param(
+                "sync",
+                "COMBO",
+                "Follow a clock: Ableton Link, JACK transport, or a MIDI clock over JACK (connect it to "
+                "flowjam-clock:clock_in); bar 1 of the loop on its bar lines, its tempo changes followed",
+                "off",
+                options=SYNC_CHOICES,
+            ),
+            Param("click", "BOOLEAN", "A metronome click on every bar start", False),
             Param("conditioning_b", CONDITIONING, "Prompt B for prompt_blend", optional=True),
             Param("source", SOURCE, "Audio to cover in a loop", optional=True),
             Param(

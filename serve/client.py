@@ -59,11 +59,16 @@ class Client:
         name: str | None = None,
         window_seconds: float | None = None,
         endless: bool | None = None,
+        bpm: float | None = None,
+        time_signature: int | str | None = None,
+        bars: int | None = None,
     ) -> dict[str, Any]:
         """Start a session -> {"session": name, "replica": id, "status": {...}, "token": its token}; the client
-        keeps the token for its later calls on the session. `window_seconds`, `endless`: see SessionSpec."""
+        keeps the token for its later calls on the session. `window_seconds`, `endless`, the grid (`bpm`,
+        `time_signature`, `bars`): see SessionSpec."""
         given = {"prompt_b": prompt_b, "negative": negative, "seconds": seconds, "knobs": knobs, "name": name}
         given |= {"window_seconds": window_seconds, "endless": endless}
+        given |= {"bpm": bpm, "time_signature": time_signature, "bars": bars}
         body = {"prompt": prompt, **{key: value for key, value in given.items() if value is not None}}
         created = self._call("POST", "/sessions", body, self.key)
         self.tokens[created["session"]] = created["token"]

@@ -40,6 +40,7 @@ SESSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 CREATE_FIELDS = {"prompt": (str,), "prompt_b": (str, type(None)), "negative": (str, type(None))}
 CREATE_FIELDS |= {"seconds": (int, float), "knobs": (dict,), "name": (str,)}
 CREATE_FIELDS |= {"window_seconds": (int, float), "endless": (bool,)}
+CREATE_FIELDS |= {"bpm": (int, float), "time_signature": (int, str), "bars": (int,)}
 POLL_S = 0.25  # the longest wait for a chunk: a stream that closes frees its poller thread within this
 POLLERS = 64
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_UNKNOWN_SESSION = 1000, 1008, 1011, 4404

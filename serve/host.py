@@ -24,15 +24,18 @@ from ..engine.params import (
     REALTIME_LATENT_INTERVAL_MS,
     song_frames,
 )
+from ..engine.prompts import time_signature_numerator
 from ..engine.session import Session
 from ..engine.stream import MAX_LANES, AdmissionRefused
 from ..engine.stream.windows import check_window_seconds, ring_frames, window_frames
 from ..live.app import add_lora_knobs
 from ..live.knobs import KnobRegistry
 from ..live.loop_buffer import LoopBuffer
-from ..live.playback import BlockRenderer
+from ..live.loop_map import LoopMap
+from ..live.renderer import BlockRenderer
 from ..live.runner import PROMPT_SLOTS, LiveRunner, RunnerConfig
 from ..live.shared_ticker import SharedTicker
+from ..live.sync.grid import Grid
 from .errors import SessionRefused, UnknownSession
 from .protocol import encode_chunk
 
@@ -51,6 +54,22 @@ class SessionSpec:
     window_seconds: float | None = None  # generated per request at the playhead (0: the whole loop); None: the host's
     endless: bool = False  # no loop: the song goes on, a window ahead of the playhead
     knobs: dict[str, float | str] = field(default_factory=dict)  # initial values, validated as set_knobs does
+    bpm: float | None = None  # a musical grid: the tempo in the prompts' metas, and a loop of whole bars of it
+    time_signature: int | str | None = None  # beats per bar (2, 3, 4, 6; "4/4" style too); default 4
+    bars: int | None = None  # the loop is exactly this many bars (needs bpm; default: `seconds` in whole bars)
+
+    def grid(self) -> Grid | None:
+        """The session's grid, None without a tempo; ValueError naming the field."""
+        if self.bpm is None:
+            if self.bars is not None or self.time_signature is not None:
+                raise ValueError("bars and time_signature need a tempo: give bpm (30..300)")
+            return None
+        if self.bars is not None and (not isinstance(self.bars, int) or isinstance(self.bars, bool) or self.bars < 1):
+            raise ValueError(f"bars must be a whole number of at least 1, got {self.bars!r}")
+        if self.bars is not None and self.endless:
+            raise ValueError("bars sets a loop's length: an endless session has none; leave bars out")
+        beats = 4 if self.time_signature is None else time_signature_numerator(self.time_signature)
+        return Grid(self.bpm, beats)
 
 
 @dataclass(frozen=True)
@@ -167,12 +186,14 @@ class RingHost:
             raise ValueError("a session needs a prompt: a non-empty text such as 'lofi hip hop, mellow piano'")
         if spec.window_seconds is None:
             spec = replace(spec, window_seconds=self.window_seconds)
-        frames, request_frames = _session_frames(spec)
+        grid = spec.grid()
+        samples, request_frames = _session_frames(
+            spec, grid, self.session.models.vae.hop_samples, self.session.sample_rate
+        )
         registry = KnobRegistry()
         add_lora_knobs(registry, self.session)  # a lora/<name> knob per LoRA of the host, this session's own
         for knob, value in spec.knobs.items():
             registry.set(knob, value, origin="create")
-        hop = self.session.models.vae.hop_samples
         with self._lock:
             if self._closing.is_set():
                 raise SessionRefused("this host is shutting down: create the session on another replica")
@@ -191,15 +212,16 @@ class RingHost:
                 )
             self._starting.add(name)
         try:  # built outside the lock: the clock keeps playing the other sessions meanwhile
-            buffer = LoopBuffer(frames * hop, 2, self.session.sample_rate)
+            buffer = LoopBuffer(samples, 2, self.session.sample_rate)
             try:
+                metas = {} if grid is None else {"bpm": round(grid.bpm), "time_signature": grid.beats_per_bar}
                 runner = LiveRunner(
                     self.session,
                     registry,
                     buffer,
                     spec.prompt,
                     spec.prompt_b,
-                    config=RunnerConfig(window_s=spec.window_seconds, endless=spec.endless),
+                    config=RunnerConfig(window_s=spec.window_seconds, endless=spec.endless, **metas),
                     negative=spec.negative,
                     ticker=self.ticker,
                     name=name,
@@ -279,7 +301,7 @@ class RingHost:
         status = hosted.runner.status()
         status.update(
             session=name,
-            sample=hosted.buffer.playhead_frames,
+            sample=hosted.buffer.played_frames,
             loop_s=round(hosted.buffer.frames / hosted.buffer.sample_rate, 3),
             knobs={knob: _knob_value(hosted.registry, knob) for knob in hosted.registry.specs},
             knob_seq=hosted.registry.seq,
@@ -327,10 +349,10 @@ class RingHost:
             self._closing.wait(max(0.0, deadline - time.monotonic()))
 
     def _play_block(self, hosted: HostedSession, out: np.ndarray) -> None:
-        sample = hosted.buffer.playhead_frames
+        sample, position = hosted.buffer.played_frames, hosted.buffer.position
         hosted.renderer.render(out, self.block_frames)
         for subscription in tuple(hosted.subscriptions):
-            subscription.put(out, sample, sample % hosted.buffer.frames)
+            subscription.put(out, sample, position)
 
     def _get(self, name: str) -> HostedSession:
         with self._lock:
@@ -351,15 +373,21 @@ def _knob_value(registry: KnobRegistry, name: str) -> float | str:
     return spec.choice(value) if spec.choices else value
 
 
-def _session_frames(spec: SessionSpec) -> tuple[int, int]:
-    """(frames of the session's playback buffer, T of its requests): a loop and its window (the loop itself when
-    the window covers it), or an endless song's ring and its window. ValueError, naming the field, otherwise."""
+def _session_frames(spec: SessionSpec, grid: Grid | None, hop: int, rate: int) -> tuple[int, int]:
+    """(samples of the session's playback buffer, T of its requests): a loop (of whole bars, with a grid) and its
+    window (the loop itself when the window covers it), or an endless song's ring and its window. ValueError, naming
+    the field, otherwise."""
     check_window_seconds(spec.window_seconds, "window_seconds")
     if spec.endless:
         if spec.window_seconds == 0:
             raise ValueError("endless play needs a window: give window_seconds, e.g. 20")
         window = window_frames(spec.window_seconds, None)
-        return ring_frames(window, None), window
-    frames = song_frames(spec.seconds, "seconds")
+        return ring_frames(window, None) * hop, window
+    samples = song_frames(spec.seconds, "seconds") * hop
+    if grid is not None:
+        bars = spec.bars or max(1, round(samples / grid.bar_samples(rate)))
+        samples = grid.loop_samples(bars, rate)
+        song_frames(samples / rate, "bars")
+    frames = LoopMap(samples, hop).frames
     window = window_frames(spec.window_seconds, frames)
-    return frames, frames if window is None else window
+    return samples, frames if window is None else window

@@ -151,6 +151,16 @@ CASES = {
     "live --seconds inf": Case("live", lambda f: ["--seconds", "inf"], "leave it out to play until Ctrl-C"),
     "live --seconds 0": Case("live", lambda f: ["--seconds", "0"], "--seconds must be a finite number > 0"),
     "live --prompt ''": Case("live", lambda f: ["--prompt", ""], "the prompt is empty"),
+    "live --bars 2": Case("live", lambda f: ["--bars", "2"], "--bars needs a tempo: give --bpm, or follow a clock"),
+    "live --bpm 400": Case("live", lambda f: ["--bpm", "400"], "--bpm must be a number in 30..300, got 400"),
+    "live --bpm 120 --bars 0": Case("live", lambda f: ["--bpm", "120", "--bars", "0"], "--bars must be at least 1"),
+    "live --time-signature 5": Case(
+        "live", lambda f: ["--bpm", "120", "--time-signature", "5"], "numerator must be one of"
+    ),
+    "live --click": Case("live", lambda f: ["--click"], "--click needs a tempo"),
+    "live --sync midi": Case("live", lambda f: ["--sync", "midi"], "--sync midi reads the clock from --midi-port"),
+    "live --bars --endless": Case("live", lambda f: ["--bpm", "120", "--bars", "2", "--endless"], "--endless has none"),
+    "live --source-bpm": Case("live", lambda f: ["--source-bpm", "120"], "describe a --source: give one"),
     "live --depth 99": Case("live", lambda f: ["--depth", "99"], "--depth 99 is outside 1..8"),
     "live --depth 0": Case("live", lambda f: ["--depth", "0"], "--depth 0 is outside 1..8"),
     "live --blocksize 0": Case("live", lambda f: ["--blocksize", "0"], "--blocksize must be 32..8192 frames"),

@@ -2,7 +2,7 @@
 playhead is from where a clock's beat puts it."""
 
 import pytest
-from flowjam.live.sync.grid import Grid, loop_phase_error
+from flowjam.live.sync.grid import Grid, phase_error
 
 RATE = 48_000
 
@@ -36,7 +36,23 @@ def test_a_grid_outside_what_the_model_knows_is_refused(bpm, beats_per_bar, mess
 def test_the_phase_error_is_the_shortest_way_round_the_loop():
     grid = Grid(120.0, 4)
     loop = grid.loop_samples(2, RATE)  # 8 beats
-    assert loop_phase_error(0, loop, 8.0, grid, RATE) == 0  # the clock's bar line at the loop's start
-    assert loop_phase_error(240, loop, 0.0, grid, RATE) == 240  # 5 ms ahead
-    assert loop_phase_error(loop - 240, loop, 16.0, grid, RATE) == -240  # 5 ms behind, across the seam
-    assert loop_phase_error(RATE, loop, 2.0, grid, RATE) == 0  # beat 3 of bar 1
+    assert phase_error(0, loop, 8.0, 8) == 0  # the clock's bar line at the loop's start
+    assert phase_error(240, loop, 0.0, 8) == 240  # 5 ms ahead
+    assert phase_error(loop - 240, loop, 16.0, 8) == -240  # 5 ms behind, across the seam
+    assert phase_error(RATE, loop, 2.0, 8) == 0  # beat 3 of bar 1
+
+
+def test_a_loop_rounded_to_the_sample_does_not_drift_against_the_clock():
+    grid = Grid(123.0, 4)
+    loop = grid.loop_samples(1, RATE)  # 93,658.5 samples, rounded
+    assert loop != grid.bar_samples(RATE)
+    for laps in (1, 1_000, 100_000):  # the clock's bar 1 of lap after lap is the loop's frame 0
+        assert phase_error(0, loop, 4.0 * laps, 4) == 0
+        assert phase_error(loop // 2, loop, 4.0 * laps + 2.0, 4) == pytest.approx(loop // 2 - loop / 2)
+
+
+def test_endless_play_locks_the_phase_within_a_bar():
+    grid = Grid(120.0, 4)
+    bar = grid.bar_samples(RATE)
+    song = 1000 * bar + 480  # far into the song: only the bar phase counts
+    assert phase_error(song, bar, 37 * 4.0, 4) == pytest.approx(480)

@@ -39,7 +39,7 @@ def timebase_master(jack_server):
 def test_the_follower_reads_tempo_metre_play_stop_and_locate_from_the_timebase_master(timebase_master, jack_server):
     follower = JackTransportFollower("fj-follower", server=jack_server)
     try:
-        timebase_master.transport_locate(0)
+        timebase_master.transport_frame = 0
         wait_for(lambda: follower.state().bpm == BPM, 3, "the master's tempo")
         assert not follower.state().playing and follower.metre() == (BEATS_PER_BAR, 4.0)
         timebase_master.transport_start()
@@ -51,7 +51,7 @@ def test_the_follower_reads_tempo_metre_play_stop_and_locate_from_the_timebase_m
         assert state.beats == pytest.approx(elapsed * BPM / 60.0, abs=0.25), state  # within a JACK cycle or two
         timebase_master.transport_stop()
         wait_for(lambda: not follower.state().playing, 3, "stopped")
-        timebase_master.transport_locate(int(48_000 * 60.0 / BPM * 7))  # beat 7: bar 3, beat 2 in 3/4
+        timebase_master.transport_frame = int(48_000 * 60.0 / BPM * 7)  # beat 7: bar 3, beat 2 in 3/4
         wait_for(lambda: follower.state().beats == pytest.approx(7.0, abs=1e-3), 3, "the locate")
     finally:
         follower.close()

@@ -28,7 +28,7 @@ from flowjam.engine.stream.windows import cyclic_crop
 from flowjam.live.app import LiveApp, LiveConfig
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import PLAYED, LoopBuffer
-from flowjam.live.playback import BlockRenderer
+from flowjam.live.renderer import BlockRenderer
 from flowjam.live.runner import LiveRunner, RunnerConfig
 from helpers import wait_for
 from pythonosc.udp_client import SimpleUDPClient

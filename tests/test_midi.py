@@ -485,6 +485,7 @@ def test_jack_a_midi_clock_gives_the_tempo_and_the_song_position(connected):
     """A DAW's MIDI clock over JACK MIDI: 24 pulses a beat at 120 BPM sent by a thread on absolute deadlines, a
     Song Position Pointer at bar 3 (4/4) and Continue: the follower hears the tempo and plays on from beat 8. The
     tempo bound here covers a loaded CI machine's sending jitter; `bench sync` measures the fine one."""
+    from flowjam.live.sync.clock import now_s
     from flowjam.live.sync.midi_clock import MidiClockFollower
 
     follower = MidiClockFollower()
@@ -498,8 +499,8 @@ def test_jack_a_midi_clock_gives_the_tempo_and_the_song_position(connected):
         while time.perf_counter() < started + pulse * period:
             time.sleep(0.0005)
         send(mido.Message("clock"))
-    wait_for(lambda: follower.state(time.perf_counter()).beats > 8 + 5.5, 3, "the pulses")
+    wait_for(lambda: follower.state(now_s()).beats > 8 + 5.5, 3, "the pulses")
     assert follower.bpm == pytest.approx(120.0, abs=0.5)
-    state = follower.state(time.perf_counter())
+    state = follower.state(now_s())
     assert state.playing and 8 + 5.5 < state.beats < 8 + 6.5, state
     assert mapper.stats().received == 0, "clock messages reached the knob mapper"

@@ -112,3 +112,42 @@ def test_bad_clock_messages_name_what_is_expected():
         follower.handle("tick", 0.0)
     with pytest.raises(ValueError, match="0..16383"):
         follower.handle(SONG_POSITION, 0.0, position_16ths=20000)
+
+
+@pytest.mark.parametrize(("old_bpm", "new_bpm"), [(60.0, 62.0), (120.0, 128.0), (200.0, 190.0)])
+def test_a_frame_exact_clocks_small_tempo_change_is_followed_within_two_seconds(old_bpm, new_bpm):
+    """A clock read with its frames (JACK MIDI: a pulse's time to the frame): a small change is seen a few pulses
+    in, and the new tempo is measured from its own pulses only, not from the old ones still in the last beat."""
+    follower = MidiClockFollower()
+    before = pulses(old_bpm, 8.0, jitter_s=1e-5)
+    after = pulses(new_bpm, 2.0, start_s=before[-1] + 60.0 / (new_bpm * PULSES_PER_BEAT), jitter_s=1e-5, seed=5)
+    for at in before:
+        follower.handle(CLOCK, at)
+    for at in after:
+        follower.handle(CLOCK, at)
+    assert follower.bpm == pytest.approx(new_bpm, abs=0.05)
+
+
+def test_pulses_lost_on_the_way_keep_the_tempo_and_the_beat():
+    """A clock read with its frames whose transport drops pulses now and then (a JACK xrun loses a cycle's MIDI):
+    the song went on without them, so the tempo and the beat hold."""
+    follower = MidiClockFollower()
+    follower.handle(START, 0.0)
+    times = pulses(128.0, 8.0, jitter_s=1e-5)
+    lost = {90, 150, 151, 250}  # one pulse, two in a row, one (from the fourth beat: the jitter is known by then)
+    for k, at in enumerate(times):
+        if k not in lost:
+            follower.handle(CLOCK, at)
+    state = follower.state(times[-1])
+    assert state.bpm == pytest.approx(128.0, abs=0.01)
+    assert state.beats == pytest.approx((len(times) - 1) / PULSES_PER_BEAT, abs=0.01)
+
+
+@pytest.mark.parametrize(("old_bpm", "new_bpm"), [(120.0, 60.0), (100.0, 50.0)])
+def test_a_tempo_halved_is_not_taken_for_lost_pulses(old_bpm, new_bpm):
+    follower = MidiClockFollower()
+    before = pulses(old_bpm, 6.0, jitter_s=1e-5)
+    after = pulses(new_bpm, 2.0, start_s=before[-1] + 60.0 / (new_bpm * PULSES_PER_BEAT), jitter_s=1e-5, seed=4)
+    for at in before + after:
+        follower.handle(CLOCK, at)
+    assert follower.bpm == pytest.approx(new_bpm, abs=0.05)

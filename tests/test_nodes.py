@@ -503,6 +503,31 @@ def test_a_stream_node_walks_a_window_or_plays_endless_and_refuses_what_cannot_a
         stream(model, prompt_a, "short", window_seconds=2.0)
 
 
+def test_a_stream_node_on_a_grid_loops_whole_bars_and_keeps_its_grid(model, prompt_a):
+    """bpm, time_signature, bars and click make the loop whole bars (not whole latent frames), clicking on its bar
+    starts; a requeue with another grid is refused and the stream plays on; grid inputs that cannot work are refused
+    before anything starts."""
+    stream(model, prompt_a, "grid", bpm=123.0, time_signature="3", bars=2, click=True)
+    app = performances.get("grid")
+    wait_for(lambda: app.runner.stats.writes > 0, 60, "the first write")
+    assert app.buffer.frames == round(2 * 3 * 60 / 123 * 48_000) and app.runner.frames == 74
+    assert app.buffer.click_bar_frames == pytest.approx(3 * 60 / 123 * 48_000)
+    assert app.status()["bpm"] == 123.0 and app.status()["beats_per_bar"] == 3
+    with pytest.raises(NodeInputError, match="bpm/time_signature/bars/sync/click cannot apply"):
+        stream(model, prompt_a, "grid", bpm=124.0, time_signature="3", bars=2, click=True)
+    assert performances.get("grid") is app and app.runner.alive
+    node("FlowjamStreamStop").run(stream="grid")
+    for values, message in (
+        (dict(bars=2), "inputs 'bars' and 'click' need a tempo"),
+        (dict(bpm=400.0), "input 'bpm' = 400.0 is outside 30 .. 300"),
+        (dict(bpm=120.0, bars=2, endless=True, window_seconds=4.0), "endless play has none"),
+        (dict(sync="midi"), "input 'sync' 'midi'"),
+    ):
+        with pytest.raises(NodeInputError, match=re.escape(message)):
+            stream(model, prompt_a, "bad-grid", **values)
+    assert performances.get("bad-grid") is None
+
+
 def test_a_stream_with_no_audio_device_says_so_on_its_panel_and_keeps_generating(model, prompt_a, monkeypatch):
     """With no output to open, a Stream with audio_device empty plays into a silent clock. It used to look as if it
     played: the only hint was a server log line naming command-line flags that ComfyUI does not have."""

@@ -14,6 +14,7 @@ from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import LoopBuffer
 from flowjam.live.runner import LiveRunner
 from flowjam.live.shared_ticker import SharedTicker
+from flowjam.live.sync.grid import Grid
 from flowjam.serve.bench import measure_sessions
 from flowjam.serve.errors import SessionRefused, UnknownSession
 from flowjam.serve.host import HostOptions, RingHost, SessionSpec
@@ -274,3 +275,24 @@ def test_the_sessions_bench_plays_every_session_follows_its_knobs_to_the_ear_and
     parts_ms = phases.runners_ms + phases.tick_ms + phases.handout_ms
     assert phases.cycle_ms * 0.5 <= parts_ms <= phases.cycle_ms + 1e-9, "the phases do not add up to the cycle"
     assert host.names() == [], "the bench left sessions playing"
+
+
+def test_a_session_on_a_grid_loops_whole_bars_with_the_tempo_in_its_metas(host):
+    host.create("g", SessionSpec("drums", bpm=123, time_signature="3/4", bars=2, knobs={"depth": 2}))
+    status = host.status("g")
+    assert status["loop_s"] == round(Grid(123, 3).loop_samples(2, 48_000) / 48_000, 3) == 2.927
+    runner = host.runner("g")
+    assert runner.config.bpm == 123 and runner.config.time_signature == 3
+    assert runner.frames == 74, "2 bars of 3/4 at 123 BPM: 140,488 samples over 74 latent frames (73.2)"
+    listen = host.subscribe("g")
+    assert max(np.abs(c.audio).max() for c in drain(listen, 1.5)[-5:]) > 0.01, "the session is silent"
+    for spec, message in (
+        (SessionSpec("x", bars=2), "bars and time_signature need a tempo"),
+        (SessionSpec("x", bpm=400), "bpm must be a number in 30..300"),
+        (SessionSpec("x", bpm=120, bars=0), "bars must be a whole number"),
+        (SessionSpec("x", bpm=120, bars=2, endless=True), "an endless session has none"),
+        (SessionSpec("x", bpm=120, time_signature=5), "numerator must be one of"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            host.create("x", spec)
+    assert host.status("g")["errors"] == 0

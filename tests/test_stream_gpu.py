@@ -443,6 +443,7 @@ def test_the_writer_reads_an_offered_latent_only_once_the_offering_stream_has_ma
     for: read early, the writer decoded whatever the memory held before (a soak heard it as silence)."""
     from flowjam.live.latency import RunnerStats
     from flowjam.live.loop_buffer import LoopBuffer
+    from flowjam.live.loop_map import LoopMap
     from flowjam.live.writer import AheadWriter
 
     session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
@@ -451,7 +452,10 @@ def test_the_writer_reads_an_offered_latent_only_once_the_offering_stream_has_ma
     expected = session.decode(latent)
     buffer = LoopBuffer(frames * session.models.vae.hop_samples, channels=2, sample_rate=session.sample_rate)
     errors = []
-    writer = AheadWriter(session, buffer, RunnerStats(), errors.append, (0.02, 0.2), 0.4, loop_filled=False)
+    hop = session.models.vae.hop_samples
+    writer = AheadWriter(
+        session, buffer, RunnerStats(), errors.append, (0.02, 0.2), 0.4, False, LoopMap(buffer.frames, hop)
+    )
     try:
         torch.zeros_like(latent)  # the block the copy below gets holds zeros until the copy runs
         torch.cuda.synchronize()

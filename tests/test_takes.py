@@ -17,8 +17,9 @@ import pytest
 import soundfile
 from flowjam.engine.outputs import atomic_output, write_atomic
 from flowjam.live.loop_buffer import RECORDED, LoopBuffer
-from flowjam.live.playback import BlockRenderer, Playback
+from flowjam.live.playback import Playback
 from flowjam.live.recording import HEADER_BYTES, RecordingDrain, WavStream, partial_path, wav_header
+from flowjam.live.renderer import BlockRenderer
 
 SR = 48_000
 BLOCK = 1024

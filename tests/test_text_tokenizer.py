@@ -327,8 +327,8 @@ def test_all_seventy_key_scales_are_accepted():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"bpm": 29}, "bpm 29"),
-        ({"bpm": 301}, "bpm 301"),
+        ({"bpm": 29}, "bpm must be a number in 30..300, got 29"),
+        ({"bpm": 301}, "bpm must be a number in 30..300, got 301"),
         ({"duration_s": 9.5}, "duration 9.5"),
         ({"duration_s": 601}, "duration 601"),
         ({"time_signature": 5}, "numerator must be one of"),

@@ -445,7 +445,7 @@ def test_runner_rejects_what_comfyui_would_reject(runner):
     )
     audio_link = lambda wf: next(link for link in wf["links"] if link[5] == "AUDIO")  # noqa: E731
     assert any("typed FLOWJAM_STREAM" in p for p in broken(lambda wf: audio_link(wf).__setitem__(5, "FLOWJAM_STREAM")))
-    assert any("has 13 values" in p for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].pop()))
+    assert any("has 18 values" in p for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].pop()))
     assert any(
         "'depth'" in p and "outside" in p
         for p in broken(lambda wf: node(wf, "FlowjamStream")["widgets_values"].__setitem__(2, 9))

@@ -9,18 +9,22 @@ from typing import Any
 from .clock import ClockState
 
 
-def clock_state(playing: bool, position: dict[str, Any]) -> ClockState:
+def clock_state(playing: bool, position: dict[str, Any], at_s: float | None = None) -> ClockState:
     """A `ClockState` from a transport's state and its position (`jack.Client.transport_query()`'s dict): with a
     timebase master (bar/beat/tick valid) its tempo and beats since the song's start; without one no tempo, and
-    beats 0."""
+    beats 0. The position holds at the start of the current cycle (`usecs`, on the sync clock); `at_s` (same clock)
+    carries a rolling transport's beats on to that moment."""
     if "beats_per_minute" not in position:
         return ClockState(None, playing, 0.0)
+    bpm = float(position["beats_per_minute"])
     beats = (
         (position["bar"] - 1) * position["beats_per_bar"]
         + (position["beat"] - 1)
         + position["tick"] / position["ticks_per_beat"]
     )
-    return ClockState(float(position["beats_per_minute"]), playing, float(beats))
+    if playing and at_s is not None and "usecs" in position:
+        beats += (at_s - position["usecs"] / 1e6) * bpm / 60.0
+    return ClockState(bpm, playing, float(beats))
 
 
 def metre(position: dict[str, Any]) -> tuple[float, float] | None:
@@ -47,9 +51,10 @@ class JackTransportFollower:
         self._client.activate()
         self._rolling = (jack.ROLLING, jack.STARTING)  # a transport that is (about to be) playing
 
-    def state(self) -> ClockState:
+    def state(self, at_s: float | None = None) -> ClockState:
+        """The transport now, or carried on to `at_s` (the sync clock) while it rolls."""
         state, position = self._client.transport_query()
-        return clock_state(state in self._rolling, position)
+        return clock_state(state in self._rolling, position, at_s)
 
     def metre(self) -> tuple[float, float] | None:
         return metre(self._client.transport_query()[1])

@@ -46,10 +46,14 @@ class LinkFollower:
     def peers(self) -> int:
         return int(self._link.num_peers)
 
-    def state(self) -> ClockState:
+    def state(self, at_s: float | None = None) -> ClockState:
+        """The session now, or its beat carried on to `at_s` (the sync clock: Link's own on Linux)."""
         link = self._link
         playing = bool(link.playing) if self._start_stop else True
-        return ClockState(float(link.tempo), playing, float(link.beat))
+        tempo, beat, now = float(link.tempo), float(link.beat), link.time.total_seconds()
+        if at_s is not None:
+            beat += (at_s - now) * tempo / 60.0
+        return ClockState(tempo, playing, beat)
 
     def close(self) -> None:
         async def leave() -> None:

@@ -14,6 +14,7 @@ Song Position Pointer (in sixteenths) sets it while stopped, Continue plays on f
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 from .clock import ClockState
@@ -24,6 +25,8 @@ CLOCK_MESSAGES = frozenset({CLOCK, START, CONTINUE, STOP, SONG_POSITION})
 RECENT_PULSES = 24  # the pulses (a beat) whose mean offset from the line tells a tempo change
 MIN_PULSES = 6  # pulses before a tempo is reported (a quarter of a beat)
 GAP_PULSES = 6  # a silence of this many pulse periods is a paused clock, not a slower tempo
+LOST_PULSE_REACH = 0.25  # pulses this steady (jitter within a quarter period) can tell a lost pulse from a late one
+LOST_PULSE_SLACK = 0.25  # a gap this close to whole periods, then a pulse one period on: pulses were lost
 
 
 class MidiClockFollower:
@@ -37,11 +40,19 @@ class MidiClockFollower:
         self._pulses: deque[tuple[float, int]] = deque()  # (arrival, index) since the tempo last changed
         self._origin = 1  # the pulse index at which the song position is `_base`
         self._base = 0  # song position in pulses at `_origin`
+        self._lock = threading.Lock()  # messages come on the MIDI thread, readings on others
+        self._held: tuple[float, float] | None = None  # the old tempo's line, standing in at a change
+        self._reach: float | None = None  # the pulses' largest offset from their line, in periods (their jitter)
+        self._suspect: tuple[int, float] | None = None  # (pulses perhaps lost before the newest, the period then)
 
     def handle(self, kind: str, at_s: float, position_16ths: int | None = None) -> None:
         """One MIDI real-time message (`CLOCK`, `START`, `CONTINUE`, `STOP`) or a `SONG_POSITION` (with its
         `position_16ths`), arrived at `at_s`. After Start the next pulse is the song's first (position 0); after
         Continue the next pulse is at the last Song Position Pointer's place."""
+        with self._lock:
+            self._handle(kind, at_s, position_16ths)
+
+    def _handle(self, kind: str, at_s: float, position_16ths: int | None) -> None:
         if kind == CLOCK:
             self._pulse(at_s)
         elif kind in (START, CONTINUE):
@@ -61,47 +72,83 @@ class MidiClockFollower:
 
     @property
     def bpm(self) -> float | None:
-        line = self._line()
+        with self._lock:
+            line = self._line()
         return None if line is None else 60.0 / (line[0] * PULSES_PER_BEAT)
 
-    def state(self, at_s: float) -> ClockState:
+    def state(self, at_s: float | None = None) -> ClockState:
         """Tempo, transport and beat position at `at_s` (on the fitted line between pulses, so a pulse's jitter
         does not move it)."""
+        with self._lock:
+            return self._state(at_s)
+
+    def _state(self, at_s: float | None) -> ClockState:
         line = self._line()
-        if not self.playing:
-            return ClockState(self.bpm, False, self._base / PULSES_PER_BEAT)
-        index = self._index if line is None else (at_s - line[1]) / line[0]
         bpm = None if line is None else 60.0 / (line[0] * PULSES_PER_BEAT)
+        if not self.playing:
+            return ClockState(bpm, False, self._base / PULSES_PER_BEAT)
+        index = self._index if line is None or at_s is None else (at_s - line[1]) / line[0]
         return ClockState(bpm, True, (self._base + index - self._origin) / PULSES_PER_BEAT)
 
     def _pulse(self, at_s: float) -> None:
         """A clock pulse feeds the tempo whether or not the transport plays (a DAW sends its clock while stopped)."""
-        self._index += 1
         line = self._line()
-        if line is not None and at_s - self._pulses[-1][0] > GAP_PULSES * line[0]:
-            self._pulses.clear()  # the clock paused (many DAWs stop it with the transport): a new line from here
+        periods = None
+        if line is not None and self._pulses:
+            periods = (at_s - self._pulses[-1][0]) / line[0]
+            if periods > GAP_PULSES:
+                self._pulses.clear()  # the clock paused (many DAWs stop it with the transport): a new line from here
+                self._held, self._suspect, periods = None, None, None
+        if periods is not None:
+            self._resolve_lost(at_s - self._pulses[-1][0])
+        self._index += 1
         self._pulses.append((at_s, self._index))
+        if periods is not None and self._reach is not None and self._reach < LOST_PULSE_REACH:
+            whole = round(periods)
+            if whole >= 2 and abs(periods - whole) < LOST_PULSE_SLACK:  # pulses lost on the way, or a slower tempo:
+                self._suspect = (whole - 1, line[0])  # the next pulse tells
         while at_s - self._pulses[0][0] > self.window_s:
             self._pulses.popleft()
-        if self._drifted():
-            self._pulses = deque(list(self._pulses)[-RECENT_PULSES:])  # a new tempo, measured from these pulses
+        kept = self._new_tempo()
+        if kept is not None:
+            self._pulses = deque(kept)  # a new tempo, measured from its own pulses
 
-    def _drifted(self) -> bool:
-        """The last `RECENT_PULSES` pulses' mean offset from the line through the pulses before them is beyond
-        every offset of those (the jitter's reach: a mean of jitter never exceeds its largest value, a new tempo's
-        drift grows past it)."""
+    def _resolve_lost(self, gap_s: float) -> None:
+        """After a gap of whole periods, a pulse one of those periods on means the pulses in the gap were lost on
+        the way (a JACK xrun drops a cycle's MIDI): the song went on without them, so the pulse before counts them.
+        Another long gap is a slower tempo."""
+        if self._suspect is not None and abs(gap_s / self._suspect[1] - 1.0) < LOST_PULSE_SLACK:
+            at, index = self._pulses.pop()
+            self._pulses.append((at, index + self._suspect[0]))
+            self._index += self._suspect[0]
+        self._suspect = None
+
+    def _new_tempo(self) -> list[tuple[float, int]] | None:
+        """The pulses of a new tempo, or None while the tempo holds. A new tempo: the last `RECENT_PULSES` pulses'
+        mean offset from the line through the pulses before them is beyond every offset of those (the jitter's
+        reach: a mean of jitter never exceeds its largest value, a new tempo's drift grows past it). Its pulses are
+        the trailing run of recent ones off the old line (beyond the reach), or all recent ones if the newest is on
+        it; until they are `MIN_PULSES`, the old line stands in."""
         pulses = list(self._pulses)
         older, recent = pulses[:-RECENT_PULSES], pulses[-RECENT_PULSES:]
         line = _fit(older)
         if line is None or len(older) < 2 * RECENT_PULSES:  # a jitter's pattern (a JACK cycle beating against
-            return False  # the pulses) repeats within two beats: its reach is seen before it is compared
+            return None  # the pulses) repeats within two beats: its reach is seen before it is compared
         period, offset = line
+        offsets = [t - (offset + i * period) for t, i in recent]
         reach = max(abs(t - (offset + i * period)) for t, i in older)
-        drift = abs(sum(t - (offset + i * period) for t, i in recent)) / RECENT_PULSES
-        return drift > max(reach, self.min_drift * period)
+        self._reach = reach / period
+        if abs(sum(offsets)) / RECENT_PULSES <= max(reach, self.min_drift * period):
+            return None
+        self._held = line
+        off_line = 0  # the trailing run of pulses off the old line: the new tempo's
+        while off_line < RECENT_PULSES and abs(offsets[-1 - off_line]) > reach:
+            off_line += 1
+        return recent[-off_line:] if off_line else recent
 
     def _line(self) -> tuple[float, float] | None:
-        return _fit(self._pulses)
+        """The tempo line through the pulses, or the old tempo's while a new one has too few pulses for its own."""
+        return _fit(self._pulses) or self._held
 
 
 def _fit(pulses) -> tuple[float, float] | None:

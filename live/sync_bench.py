@@ -1,0 +1,201 @@
+"""`flowjam bench sync`: flowjam follows a band's clock on a JACK dummy server, its metronome clicking on every bar
+start, while the band (a process of its own, as a DAW is) records flowjam's output frame by frame. Each click's
+distance from the band's bar line is the phase error; the follower's tempo against the band's is the tempo error."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .app import LiveApp, LiveConfig
+from .renderer import click_wave
+from .sync.band import BandPlan, bar_errors, play_band, wait_until
+from .sync.clock import now_s
+
+RATE = 48_000
+PROMPT = "steady drum machine groove, techno"
+
+
+@dataclass
+class SyncReport:
+    kind: str
+    bpm: float
+    bars_heard: int  # bar lines with flowjam's click found
+    bars_missed: int  # bar lines after flowjam started with no click found
+    errors_ms: list[float] = field(default_factory=list)
+    clock_bpm: float | None = None  # the follower's tempo at the end
+    underruns: int = 0
+    gaps: int = 0
+    late_blocks: int = 0
+    corrections: int = 0
+    runner_errors: int = 0
+    latency_ms: float = 0.0  # the output's latency (Link aims the heard beat: its bar lines are this much earlier)
+    tempo_change: float | None = None
+    change_bars_late: int | None = None  # the bar line after the tempo change the new tempo's loop began on
+    tempo_settled_s: float | None = None  # from the change until the followed tempo stays within 0.05 BPM of it
+    switches: int = 0
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(abs(e) for e in self.errors_ms) if self.errors_ms else float("nan")
+
+    @property
+    def max_ms(self) -> float:
+        return max((abs(e) for e in self.errors_ms), default=float("nan"))
+
+
+class PrivateJackServer:
+    """`jackd -d dummy` under a name of its own (JACK_DEFAULT_SERVER is set for this process and its children)."""
+
+    def __init__(self, period: int, rate: int = RATE):
+        if shutil.which("jackd") is None:
+            raise RuntimeError("bench sync needs jackd (Debian: apt install jackd2)")
+        self.name = f"flowjam-bench-{os.getpid()}"
+        os.environ["JACK_DEFAULT_SERVER"] = self.name
+        os.environ["JACK_NO_AUDIO_RESERVATION"] = "1"
+        command = ["jackd", "-R", "-n", self.name, "-d", "dummy", "-r", str(rate), "-p", str(period)]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while subprocess.run(["jack_wait", "-c"], capture_output=True, text=True).stdout.strip() != "running":
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.close()
+                raise RuntimeError("jackd did not start within 10 s")
+            time.sleep(0.1)
+        time.sleep(0.5)  # it answers jack_wait a moment before it accepts clients
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def _flowjam_output(period: int) -> str:
+    """The first output port of flowjam's PortAudio client."""
+    import jack
+
+    client = jack.Client("flowjam-bench-probe", no_start_server=True)
+    try:
+        ports = [
+            p.name
+            for p in client.get_ports(is_audio=True, is_output=True)
+            if not p.name.startswith(("system:", "flowjam-band:"))
+        ]
+    finally:
+        client.close()
+    if not ports:
+        raise RuntimeError("flowjam's output is not on the JACK server")
+    return sorted(ports)[0]
+
+
+def bench_sync(
+    session,
+    kind: str,
+    bpm: float,
+    beats_per_bar: int,
+    bars: int,
+    seconds: float,
+    period: int,
+    report: Callable,
+    tempo_change: float | None = None,
+) -> SyncReport:
+    """flowjam following `kind` for `seconds` of the band's clock, its clicks measured against the band's bar lines."""
+
+    server = PrivateJackServer(period)
+    context = multiprocessing.get_context("spawn")
+    conn, band_conn = context.Pipe()
+    band = context.Process(
+        target=play_band, args=(BandPlan(kind, bpm, beats_per_bar, seconds, tempo_change), band_conn)
+    )
+    band.start()
+    app = None
+    try:
+        if not conn.poll(30):
+            raise RuntimeError("the band did not start")
+        _, clock_port = conn.recv()
+        config = LiveConfig(
+            prompt=PROMPT,
+            audio_device="jack",
+            blocksize=period,
+            osc_port=None,
+            sync=kind,
+            bars=bars,
+            time_signature=beats_per_bar,
+            click=True,
+            midi_port=clock_port,
+            midi_backend="jack" if kind == "midi" else None,
+        )
+        app = LiveApp(session, config)
+        app.registry.set("volume", 0.1, origin="bench")  # the clicks stand out of the loop
+        app.start()
+        wait_until(lambda: app.runner.stats.writes > 0, 120, "flowjam's first write")
+        conn.send(("go", _flowjam_output(period)))
+        started = last_report = time.monotonic()
+        tempi: list[tuple[float, float]] = []  # (sync clock, the followed tempo), every 50 ms
+        while not conn.poll(0.05):
+            state = app.following.lock.state
+            if state is not None and state.bpm is not None:
+                tempi.append((now_s(), state.bpm))
+            if time.monotonic() - last_report >= 30.0:
+                last_report = time.monotonic()
+                report(f"{last_report - started:5.0f} s  {app.status_line()}")
+        _, path, first_frame, bar_frames, changed_at, changed_s, recorded_until_s = conn.recv()
+        status, latency_s = app.status(), app.buffer.latency_s
+        gaps, late_blocks = app.buffer.gaps, app.buffer.late_blocks
+        switched_s = None if app.following is None else app.following.tempo_switch.switched_at_s
+        conn.send(("bye",))
+    finally:
+        if app is not None:
+            app.stop()
+        band.join(10)
+        if band.is_alive():
+            band.kill()
+        server.close()
+    audio = np.load(path)
+    os.unlink(path)
+    bar_frames = np.asarray(bar_frames)
+    if kind == "link":  # Link's beat is the one heard: a bar line's audio is in the graph the output's latency before
+        bar_frames -= latency_s * RATE
+    errors = bar_errors(audio, first_frame, bar_frames, click_wave(RATE)[:, 0], int(0.05 * RATE))
+    heard = np.flatnonzero(~np.isnan(errors))
+    missed = 0 if heard.size == 0 else int(np.isnan(errors[heard[0] : heard[-1] + 1]).sum())
+    tempi = [(at, bpm) for at, bpm in tempi if at <= recorded_until_s]  # the band plays on unwatched after it
+    late, steady, settled = None, heard, None
+    if changed_s is not None and tempo_change is not None:  # from when on the followed tempo stays within 0.05 BPM
+        after = [(at, abs(bpm - tempo_change) <= 0.05) for at, bpm in tempi if at >= changed_s]
+        if after and after[-1][1]:
+            settled = max((at for at, near in after if not near), default=changed_s) - changed_s
+    if changed_at is not None and tempo_change is not None:
+        new_bar_s = beats_per_bar * 60.0 / tempo_change
+        if switched_s is not None and switched_s > changed_s - 0.5 * new_bar_s:
+            late = round((switched_s - changed_s) / new_bar_s)  # the bar line after the change the new loop began on
+            change_index = int(np.searchsorted(bar_frames, changed_at - 1))
+            steady = heard[(heard < change_index) | (heard >= change_index + late)]
+    sync = status.get("sync", {})
+    return SyncReport(
+        kind=kind,
+        bpm=bpm,
+        bars_heard=int(heard.size),
+        bars_missed=missed,
+        errors_ms=(errors[steady] / RATE * 1000.0).tolist(),
+        tempo_change=tempo_change,
+        change_bars_late=late,
+        tempo_settled_s=settled,
+        switches=int(status.get("sync", {}).get("switches", 0)),
+        clock_bpm=tempi[-1][1] if tempi else None,
+        underruns=int(status.get("underruns") or 0),
+        gaps=gaps,
+        late_blocks=late_blocks,
+        corrections=int(sync.get("corrections", 0)),
+        runner_errors=int(status.get("errors", 0)),
+        latency_ms=latency_s * 1000.0,
+    )
