@@ -179,12 +179,13 @@ class PhaseLock:
         while blocks[0][0] < played - BLOCK_CLOCK_S * rate:
             blocks.popleft()
         offsets = [(p, t - p / rate) for p, t in blocks]
+        earliest = min(offset for _, offset in offsets)
         recent = min(offset for p, offset in offsets if p >= played - RECENT_S * rate)
-        if offsets[0][0] < played - RECENT_S * rate and recent - min(o for _, o in offsets) > SHIFTED_S:
+        if offsets[0][0] < played - RECENT_S * rate and recent - earliest > SHIFTED_S:
             while blocks[0][0] < played - RECENT_S * rate:
                 blocks.popleft()
             return played, recent + played / rate
-        return played, min(o for _, o in offsets) + played / rate
+        return played, earliest + played / rate
 
     def aligned_shift(self, cycle: Cycle) -> int | None:
         """The shift that puts a loop of `cycle` on the clock's bar lines now (from the newest reading); None before
