@@ -66,6 +66,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_window_seconds(tick, default=0.0)
     tick.add_argument("--endless", action="store_true", help="also time an endless song (needs --window-seconds)")
     tick.add_argument("--profile", action="store_true", help="print a torch.profiler summary of 8 ticks per run")
+    tick.add_argument(
+        "--fused-kernels",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="compile-graph's fused GEMM epilogues (Hopper GPUs with Triton); 'on off' times both, side by side",
+    )
     add_precision(tick, multiple=True, more_help="; fp8 also prints its error vs bf16")
     add_random_model(tick)
 

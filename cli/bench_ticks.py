@@ -4,6 +4,7 @@ the FLOP bound: one stream, several sessions in one ring, and the cost of LoRAs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from ..engine.params import REALTIME_LATENT_INTERVAL_MS
 from .flags import describe_device
@@ -24,6 +25,7 @@ def bench_tick(args: argparse.Namespace) -> int:
     import torch
 
     from ..engine.bench.ticks import bench_tick as measure
+    from ..engine.kernels import fused_kernels_turned
     from ..engine.params import LATENT_RATE_HZ
     from ..engine.stream.windows import ring_frames, window_frames
 
@@ -49,21 +51,27 @@ def bench_tick(args: argparse.Namespace) -> int:
                     f"  fp8 vs bf16: velocity relative error {error.velocity:.4f} (one forward, 8 rows), finished "
                     f"{args.steps}-step latent {error.latent:.4f} (relative L2)"
                 )
-            for depth, cfg, backend in ((d, c, b) for d in args.depth for c in args.cfg for b in args.backend):
-                r = measure(
-                    fixture,
-                    depth,
-                    args.steps,
-                    cfg,
-                    ticks=args.ticks,
-                    backend=backend,
-                    profile=args.profile,
-                    window_s=args.window_seconds,
-                    endless=endless,
-                )
+            runs = (
+                (d, c, b, f) for d in args.depth for c in args.cfg for b in args.backend for f in args.fused_kernels
+            )
+            for depth, cfg, backend, fused in runs:
+                with fused_kernels_turned(fused == "on"):
+                    r = measure(
+                        fixture,
+                        depth,
+                        args.steps,
+                        cfg,
+                        ticks=args.ticks,
+                        backend=backend,
+                        profile=args.profile,
+                        window_s=args.window_seconds,
+                        endless=endless,
+                    )
+                if len(args.fused_kernels) > 1:
+                    r = dataclasses.replace(r, backend=f"{backend} ({'fused' if fused == 'on' else 'unfused'})")
                 reports.append((song, r))
                 print(
-                    f"  song {song} depth {depth} cfg {cfg:10s} {backend:13s} {precision} {r.rows_per_tick:5.2f} rows  "
+                    f"  song {song} depth {depth} cfg {cfg:10s} {r.backend:13s} {precision} {r.rows_per_tick:5.2f} rows  "
                     f"{r.median_ms:7.2f} ms/tick (p95 {r.p95_ms:.2f}, free-running {r.free_ms:.2f}, host "
                     f"{r.host_ms:.2f})  bound {r.bound_ms:.2f} ms = {r.median_ms / r.bound_ms:.2f}x  "
                     f"warm-up {r.warmup_s:.1f} s  {r.audio_s_per_s:.0f} audio s/s"

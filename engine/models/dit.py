@@ -142,19 +142,45 @@ class DiTLayer(nn.Module):
         modulation: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         self_mask: torch.Tensor | None,
+        ops: LayerOps | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer up to its cross-attention: modulated self-attention -> (x, cross-attention queries)."""
+        ops = EAGER_OPS if ops is None else ops
         shift, scale, gate = (self.scale_shift_table[:, :3] + modulation[:, :3]).chunk(3, dim=1)
         h = (self.self_attn_norm(x) * (1 + scale) + shift).type_as(x)
-        x = (x + self.self_attn(h, rope, self_mask) * gate).type_as(x)
+        heads = self.self_attn.flat_heads(self.self_attn.self_heads(h, rope, self_mask))
+        x = ops.residual(x, self.self_attn.o_proj, heads, gate)
         return x, self.cross_attn.query(self.cross_attn_norm(x))
 
-    def finish(self, x: torch.Tensor, cross_heads: torch.Tensor, modulation: torch.Tensor) -> torch.Tensor:
+    def finish(
+        self, x: torch.Tensor, cross_heads: torch.Tensor, modulation: torch.Tensor, ops: LayerOps | None = None
+    ) -> torch.Tensor:
         """The layer after its cross-attention heads: output projection, then the modulated MLP."""
-        x = x + self.cross_attn.project_out(cross_heads)
+        ops = EAGER_OPS if ops is None else ops
+        x = ops.residual(x, self.cross_attn.o_proj, self.cross_attn.flat_heads(cross_heads), None)
         mlp_shift, mlp_scale, mlp_gate = (self.scale_shift_table[:, 3:] + modulation[:, 3:]).chunk(3, dim=1)
         h = (self.mlp_norm(x) * (1 + mlp_scale) + mlp_shift).type_as(x)
-        return (x + self.mlp(h) * mlp_gate).type_as(x)
+        return ops.residual(x, self.mlp.down_proj, ops.swiglu(self.mlp, h), mlp_gate)
+
+
+class LayerOps:
+    """The GEMMs of a DiT layer with the elementwise work that follows them: plain PyTorch here; the fused Triton
+    kernels of `engine.kernels` implement the same two methods."""
+
+    @staticmethod
+    def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """x + linear(inputs) * gate (gate [B, 1, N], one per batch row; None: no gate)."""
+        if gate is None:
+            return x + linear(inputs)
+        return (x + linear(inputs) * gate).type_as(x)
+
+    @staticmethod
+    def swiglu(mlp: SwiGLU, h: torch.Tensor) -> torch.Tensor:
+        """The MLP's activations before its down projection: silu(gate(h)) * up(h)."""
+        return mlp.activations(h)
+
+
+EAGER_OPS = LayerOps()
 
 
 @dataclass(frozen=True)

@@ -92,16 +92,27 @@ class Attention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=self.kv_heads != self.heads
         )
 
+    def flat_heads(self, heads: torch.Tensor) -> torch.Tensor:
+        """[B, heads, S, head_dim] -> [B, S, heads * head_dim], what the output projection reads."""
+        b, _, s, _ = heads.shape
+        return heads.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+
     def project_out(self, heads: torch.Tensor) -> torch.Tensor:
         """[B, heads, S, head_dim] -> o_proj -> [B, S, hidden]."""
-        b, _, s, _ = heads.shape
-        return self.o_proj(heads.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+        return self.o_proj(self.flat_heads(heads))
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool = False
+    def self_heads(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
     ) -> torch.Tensor:
-        """SDPA over prepared heads, then the output projection: -> [B, S, hidden]."""
-        return self.project_out(self.heads_attention(q, k, v, mask, causal))
+        """Self-attention heads [B, heads, S, head_dim] with RoPE on q and k (after their norms), before o_proj."""
+        q = self.query(x)
+        k, v = self.key_value(x)
+        cos, sin = rope
+        return self.heads_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, mask, causal)
 
     def forward(
         self,
@@ -110,11 +121,8 @@ class Attention(nn.Module):
         mask: torch.Tensor | None = None,
         causal: bool = False,
     ) -> torch.Tensor:
-        """Self-attention with RoPE on q and k (after their norms)."""
-        q = self.query(x)
-        k, v = self.key_value(x)
-        cos, sin = rope
-        return self.attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, mask, causal)
+        """Self-attention with RoPE on q and k (after their norms), projected out."""
+        return self.project_out(self.self_heads(x, rope, mask, causal))
 
 
 class SwiGLU(nn.Module):
@@ -126,8 +134,12 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
+    def activations(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x)) * up(x): what the down projection reads."""
+        return F.silu(self.gate_proj(x)) * self.up_proj(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activations(x))
 
 
 class TransformerBlock(nn.Module):

@@ -1,7 +1,7 @@
 """How the DiT runs inside a stream: `eager` PyTorch; `compile` (torch.compile/Inductor over one DiT layer, the
 same compiled graph for all layers: fused elementwise work around the GEMMs); `graph` (the whole tick, eager
 kernels, replayed as one CUDA graph per tick plan, see tick_graph.py); `compile-graph` (compiled layers inside the
-graph). docs/benchmarks.md, "Stream ticks", has the measured table."""
+graph, with the fused GEMM epilogues of engine/kernels where the GPU runs them). docs/benchmarks.md, "Stream ticks", has the measured table."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..kernels import fused_kernels_available
+from ..kernels.ops import FUSED_OPS, pair_mlp_weights
 from ..models.dit import DiTDecoder, DiTLayer, LayerStages
 from ..params import BACKENDS
 
@@ -20,6 +22,14 @@ def _attend_self(layer: DiTLayer, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _finish(layer: DiTLayer, *inputs) -> torch.Tensor:
     return layer.finish(*inputs)
+
+
+def _attend_self_fused(layer: DiTLayer, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return layer.attend_self(*inputs, ops=FUSED_OPS)
+
+
+def _finish_fused(layer: DiTLayer, *inputs) -> torch.Tensor:
+    return layer.finish(*inputs, ops=FUSED_OPS)
 
 
 def _rows_dynamic(compiled: Callable) -> Callable:
@@ -37,6 +47,11 @@ def _rows_dynamic(compiled: Callable) -> Callable:
 
 
 COMPILED_STAGES = LayerStages(_rows_dynamic(torch.compile(_attend_self)), _rows_dynamic(torch.compile(_finish)))
+FUSED_STAGES = LayerStages(
+    _rows_dynamic(torch.compile(_attend_self_fused)), _rows_dynamic(torch.compile(_finish_fused))
+)
+"""Compiled halves whose GEMMs carry their SwiGLU, gate and residual (engine/kernels): `compile-graph` on GPUs
+that run the fused kernels. Only under CUDA graphs: their launches cost host time that a replay does not pay."""
 LAYER_VARIANTS = 16  # compiled variants of a layer half kept (sliding or not x precision x one row or several)
 
 
@@ -51,7 +66,10 @@ def decoder_forward(decoder: DiTDecoder, backend: str = "eager") -> Callable:
         return decoder.forward_rows
     if backend in ("compile", "compile-graph"):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, LAYER_VARIANTS)
-        return functools.partial(decoder.forward_rows, stages=COMPILED_STAGES)
+        fused = backend == "compile-graph" and fused_kernels_available(decoder.proj_in[1].weight.device)
+        if fused:
+            pair_mlp_weights(decoder)
+        return functools.partial(decoder.forward_rows, stages=FUSED_STAGES if fused else COMPILED_STAGES)
     raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
 

@@ -38,7 +38,7 @@ class GraphStep:
         self.graphs = TickGraphs(device)
         self.static = StaticTensors(device)
         self._staging = staging
-        self._kv_owner: dict[int, CrossKV] = {}  # the K/V each group's static tensors hold
+        self._kv_owner: dict[int, tuple[CrossKV, CrossKV]] = {}  # each group's (K/V its static tensors hold, them)
 
     def run(
         self,
@@ -112,15 +112,25 @@ class GraphStep:
         while pending:
             held = {slot.home for slot in pending}
             ready = [slot for slot in pending if target[id(slot)] not in held]
+            copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # one launch for the round: no slot's home is read
             for slot in ready or pending[:1]:
-                self._place(slot, target[id(slot)] if ready else SPARE_HOME)
+                self._place(slot, target[id(slot)] if ready else SPARE_HOME, copies)
+            targets, sources = zip(*copies)
+            torch._foreach_copy_(list(targets), list(sources))
             pending = [slot for slot in pending if slot.home != target[id(slot)]]
 
-    def _place(self, slot: Slot, home: int) -> None:
-        """Copy the slot's tensors into `home`'s static tensors (curves at full length), point the slot at them and
-        give it that home's tensor for its per-step noise: a captured tick finds everything at fixed addresses."""
-        put = self.static.put
+    def _place(self, slot: Slot, home: int, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Point the slot at `home`'s static tensors (curves at full length) and add the copies that fill them to
+        `copies`; give it that home's tensor for its per-step noise: a captured tick finds everything at fixed
+        addresses."""
         frames_shape = (1, slot.x.shape[1], 1)
+
+        def put(name: tuple, value: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+            shape = tuple(value.shape) if shape is None else shape
+            static = self.static.get(name, shape, value.dtype)
+            copies.append((static, value.expand(shape)))
+            return static
+
         slot.x = put((home, "x"), slot.x)
         slot.noise = put((home, "noise"), slot.noise)
         slot.context = put((home, "context"), slot.context)
@@ -204,14 +214,16 @@ class GraphStep:
         K/V were rebuilt (a LoRA strength on the cross K/V projections changed). Every prompt length of a group
         shares one buffer per layer and side (`StaticTensors.prefix`), so new prompts add no memory."""
         kv = conditioning.cross_kv(self.decoder, strengths)
+        owner = self._kv_owner.get(group)
+        if owner is not None and owner[0] is kv:  # the steady case: nothing to look up or copy
+            return owner[1]
         names = [("kv", group, side, layer) for side in "kv" for layer in range(len(kv.keys))]
         growths = self.static.growths
         static = [self.static.prefix(name, tuple(t.shape), t.dtype) for name, t in zip(names, kv.keys + kv.values)]
         if self.static.growths != growths:  # a longer prompt than the group held: new buffers, which no graph reads
             self.graphs.clear()
-            self._kv_owner.pop(group, None)
-        if self._kv_owner.get(group) is not kv:
-            torch._foreach_copy_(static, kv.keys + kv.values)
-            self._kv_owner[group] = kv
+        torch._foreach_copy_(static, kv.keys + kv.values)
         layers = len(kv.keys)
-        return CrossKV(static[:layers], static[layers:])
+        static_kv = CrossKV(static[:layers], static[layers:])
+        self._kv_owner[group] = (kv, static_kv)
+        return static_kv

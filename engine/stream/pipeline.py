@@ -60,6 +60,7 @@ from .tick_graph import DEVICE_WORK, GraphCounters
 
 COST_SAMPLES = 64  # recent (rows, tick ms) pairs admission control predicts from
 MODULATION_CACHE_SIZE = 512
+CONSTANT_CURVES_KEPT = 256  # constant curves kept on the device, by (name, value)
 
 
 @dataclass
@@ -96,6 +97,7 @@ class StreamPipeline:
         self._staging = PinnedStaging(device)
         self._graph = GraphStep(decoder, device, self._staging) if uses_graphs(backend) else None
         self._last_noise: tuple[tuple, torch.Tensor] | None = None
+        self._constant_curves: OrderedDict[tuple[str, float], torch.Tensor] = OrderedDict()
         self._check_finite = FiniteChecks()
         self.cycle_costs = False  # True: whoever drives the ticks reports what a whole cycle costs (record_cycle)
 
@@ -260,7 +262,7 @@ class StreamPipeline:
                 conditioning.cross_kv(self.decoder, kv_strengths)
         frames = request.frames
         curves = {
-            name: self._to_device(as_curve(getattr(request, name), frames, name))
+            name: self._curve(getattr(request, name), frames, name)
             for name in CURVE_FIELDS
             if getattr(request, name) is not None
         }
@@ -277,6 +279,19 @@ class StreamPipeline:
             curves=curves,
             extra_weights=extra_weights,
         )
+
+    def _curve(self, value: Curve, frames: int, name: str) -> torch.Tensor:
+        """A request's curve on the device. A constant is made once per value and kept (a stream resubmits the same
+        knob values every tick: each would be a small synchronous copy); no slot writes into its curves."""
+        if isinstance(value, torch.Tensor) or isinstance(value, bool):
+            return self._to_device(as_curve(value, frames, name))
+        key = (name, float(value))
+        constant = self._constant_curves.get(key)
+        if constant is None:
+            constant = self._constant_curves[key] = self._to_device(as_curve(value, frames, name))
+            if len(self._constant_curves) > CONSTANT_CURVES_KEPT:
+                self._constant_curves.popitem(last=False)
+        return constant
 
     def drain(self, max_ticks: int = 1000) -> list[Finished]:
         """Tick until every slot and the queue are empty; returns everything delivered on the way."""

@@ -1,0 +1,48 @@
+"""Fused GPU kernels for the DiT layer (Triton, Hopper): GEMMs with the SwiGLU, AdaLN gate and residual in their
+epilogues. `fused_kernels_available` says where they run; elsewhere the layer runs as plain PyTorch (or Inductor's
+code), the same math. The `compile-graph` backend uses them (engine/stream/backends.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+from collections.abc import Iterator
+
+import torch
+
+MIN_CAPABILITY = (9, 0)  # the kernels load through the TMA engine (Hopper and newer)
+DISABLE_ENV = "FLOWJAM_FUSED_KERNELS"  # "0" turns them off (today's compiled path everywhere)
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def fused_kernels_available(device: torch.device | str) -> bool:
+    """Whether the fused kernels run on `device`: a CUDA GPU of compute capability 9.0+, Triton installed, and not
+    turned off by FLOWJAM_FUSED_KERNELS=0."""
+    device = torch.device(device)
+    return device.type == "cuda" and _cuda_runs_them(device.index, os.environ.get(DISABLE_ENV, "1") != "0")
+
+
+@functools.cache
+def _cuda_runs_them(index: int | None, enabled: bool) -> bool:
+    return enabled and _triton_importable() and torch.cuda.get_device_capability(index) >= MIN_CAPABILITY
+
+
+@contextlib.contextmanager
+def fused_kernels_turned(on: bool) -> Iterator[None]:
+    """FLOWJAM_FUSED_KERNELS set for the duration (pipelines made inside take that path for good): what `bench tick
+    --fused-kernels on off` compares."""
+    before = os.environ.get(DISABLE_ENV)
+    os.environ[DISABLE_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[DISABLE_ENV]
+        else:
+            os.environ[DISABLE_ENV] = before

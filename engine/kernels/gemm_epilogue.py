@@ -1,0 +1,208 @@
+"""Triton GEMMs with the DiT layer's elementwise work in their epilogues (Hopper: TMA loads, wgmma, a persistent
+grid of one program per multiprocessor walking the output tiles).
+
+`swiglu`: silu(x @ Wg^T) * (x @ Wu^T) from gate and up weights stored as one [2, N, K] tensor (`pair_weights`): one
+TMA box brings a tile's gate and up rows together, one 2 x BLOCK_N-wide product makes both, and the SiLU-mul is
+applied to the fp32 accumulator, so the [M, 2N] activations never reach memory.
+`gated_residual`: residual + (a @ W^T) * gate[row], where `gate` holds one vector per batch row (AdaLN's gate,
+broadcast over that row's tokens): the projection's output is never written on its own.
+
+Row edges (M not a multiple of the tile) are handled by the TMA engine (loads past the end read zeros, stores past
+it are dropped); N and K must be multiples of 64. This module imports Triton, so it is imported only where
+`engine.kernels.fused_kernels_available` said yes."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+ALIGNMENT = 64  # N and K must be multiples of this (every DiT preset's hidden and intermediate sizes are)
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _swiglu_blocks(nargs: dict) -> None:
+    """Autotune pre-hook: give the TMA descriptors the block shapes of the config being run."""
+    block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [block_m, block_k]
+    nargs["w_desc"].block_shape = [2, block_n, block_k]
+    nargs["out_desc"].block_shape = [block_m, block_n]
+
+
+def _single_blocks(nargs: dict) -> None:
+    block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [block_m, block_k]
+    nargs["w_desc"].block_shape = [block_n, block_k]
+    nargs["out_desc"].block_shape = [block_m, block_n]
+
+
+def _config(hook, block_m: int, block_n: int, stages: int, warps: int) -> triton.Config:
+    return triton.Config(
+        {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8},
+        num_stages=stages,
+        num_warps=warps,
+        pre_hook=hook,
+    )
+
+
+# Measured on an H200 at the turbo-2b shapes (docs/benchmarks.md, "Fused kernels"): the paired 128 x (2 x 128) tile
+# on 8 warps leads from 1,500 rows up; the single GEMM's 128 x 256 and 256 x 128 tiles lead at 6,000.
+SWIGLU_CONFIGS = [_config(_swiglu_blocks, *shape) for shape in ((128, 128, 3, 8), (128, 128, 4, 8), (128, 64, 4, 4))]
+SINGLE_CONFIGS = [
+    _config(_single_blocks, *shape)
+    for shape in ((128, 256, 3, 8), (256, 128, 3, 8), (128, 128, 4, 8), (128, 64, 4, 4), (64, 128, 4, 4))
+]
+
+
+@triton.jit
+def _tile_at(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(row block, column block) of the tile'th output tile: GROUP_M row blocks sweep the columns together, so
+    their weight tiles are read from L2."""
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    group_rows = min(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_rows, (tile % per_group) // group_rows
+
+
+@triton.autotune(configs=SWIGLU_CONFIGS, key=["m_band", "N", "K"])
+@triton.jit
+def _swiglu_gemm(
+    a_desc,
+    w_desc,
+    out_desc,
+    M,
+    N,
+    K,
+    m_band,
+    PROGRAMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_at(tile, tiles_m, tiles_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = a_desc.load([off_m, k])
+            w = w_desc.load([0, off_n, k]).reshape(2 * BLOCK_N, BLOCK_K)  # gate rows, then up rows
+            acc = tl.dot(a, w.T, acc)
+        gate, up = acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1).split()
+        out_desc.store([off_m, off_n], (gate * tl.sigmoid(gate) * up).to(out_desc.dtype))
+
+
+@triton.autotune(configs=SINGLE_CONFIGS, key=["m_band", "N", "K", "GATE"])
+@triton.jit
+def _gated_residual_gemm(
+    a_desc,
+    w_desc,
+    out_desc,
+    residual_ptr,
+    gate_ptr,
+    M,
+    N,
+    K,
+    m_band,
+    tokens,
+    residual_stride,
+    gate_stride,
+    GATE: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_at(tile, tiles_m, tiles_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            acc = tl.dot(a_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        inside = (rows < M)[:, None] & (cols < N)[None, :]
+        if GATE:
+            gate_at = gate_ptr + (rows // tokens)[:, None] * gate_stride + cols[None, :]
+            acc = acc * tl.load(gate_at, mask=inside, other=0.0).to(tl.float32)
+        residual = tl.load(residual_ptr + rows[:, None] * residual_stride + cols[None, :], mask=inside, other=0.0)
+        out_desc.store([off_m, off_n], (acc + residual.to(tl.float32)).to(out_desc.dtype))
+
+
+def _band(m: int) -> int:
+    """Rows rounded up to a power of two: the autotuner keys on it, so a new row count re-tunes only in a new band."""
+    return 1 << max(m - 1, 0).bit_length()
+
+
+def _descriptor(t: torch.Tensor) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, [1] * t.dim())  # block shape set per config by the pre-hook
+
+
+def _persistent_grid(m: int, n: int, programs: int):
+    return lambda meta: (min(programs, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),)
+
+
+def supports(m: int, n: int, k: int) -> bool:
+    """Whether these GEMM sizes fit the kernels (N and K multiples of ALIGNMENT, at least one row)."""
+    return m > 0 and n % ALIGNMENT == 0 and k % ALIGNMENT == 0
+
+
+def swiglu(x: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """silu(x @ pair[0]^T) * (x @ pair[1]^T) for x [M, K] and gate|up weights pair [2, N, K] (bf16 or fp16)."""
+    m, k = x.shape
+    n = pair.shape[1]
+    x = x.contiguous()
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    programs = _multiprocessors(x.get_device())
+    grid = _persistent_grid(m, n, programs)
+    _swiglu_gemm[grid](_descriptor(x), _descriptor(pair), _descriptor(out), m, n, k, _band(m), PROGRAMS=programs)
+    return out
+
+
+def gated_residual(
+    a: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor | None, tokens: int
+) -> torch.Tensor:
+    """residual + (a @ weight^T) * gate[row // tokens] for a [M, K], weight [N, K], residual [M, N] and gate
+    [M / tokens, N] (or None: no gate) -> a new [M, N]."""
+    m, k = a.shape
+    n = weight.shape[0]
+    a, residual = a.contiguous(), residual.contiguous()
+    out = torch.empty((m, n), device=a.device, dtype=a.dtype)
+    programs = _multiprocessors(a.get_device())
+    _gated_residual_gemm[_persistent_grid(m, n, programs)](
+        _descriptor(a), _descriptor(weight), _descriptor(out), residual, residual if gate is None else gate,
+        m, n, k, _band(m), tokens, residual.stride(0), 0 if gate is None else gate.stride(0),
+        GATE=gate is not None, PROGRAMS=programs,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _silu_mul(gate_ptr, up_ptr, out_ptr, count, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < count
+    gate = tl.load(gate_ptr + offsets, mask=inside).to(tl.float32)
+    up = tl.load(up_ptr + offsets, mask=inside).to(tl.float32)
+    tl.store(out_ptr + offsets, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in one pass (what Inductor makes of it): the unfused path's second half."""
+    out = torch.empty_like(gate)
+    count = gate.numel()
+    _silu_mul[(triton.cdiv(count, 4096),)](gate.contiguous(), up.contiguous(), out, count, BLOCK=4096)
+    return out

@@ -1,0 +1,203 @@
+"""The fused layer GEMMs as PyTorch custom ops (`torch.ops.flowjam.*`), opaque to torch.compile: Inductor fuses the
+norms and modulation around them, the CUDA graph records them like any kernel. Each op runs, per GEMM shape, the
+faster of the fused Triton kernel and the unfused path (cuBLAS, then one elementwise pass, as Inductor's code does),
+measured side by side the first time the shape comes (`MEASURED`); on the CPU and where the kernels do not run,
+the unfused path in plain PyTorch."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.dit import DiTDecoder, LayerOps
+from ..models.layers import SwiGLU
+from . import fused_kernels_available
+
+TIMING_REPEATS = 10
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One GEMM shape's two paths, timed side by side on its GPU (ms per call)."""
+
+    fused_ms: float
+    unfused_ms: float
+
+    @property
+    def fused_wins(self) -> bool:
+        return self.fused_ms < self.unfused_ms
+
+
+MEASURED: dict[tuple, Measured] = {}
+"""By (op, rows rounded up to a power of two, N, K, gated, dtype, device): what the first call of that shape
+measured."""
+
+
+_FORCED: list[bool] = []  # a path forced by `forced_path` (innermost last)
+
+
+@contextlib.contextmanager
+def forced_path(fused: bool) -> Iterator[None]:
+    """Take the fused kernels (True) or the unfused path (False) wherever they fit, unmeasured: for tests and
+    benches that compare the two."""
+    _FORCED.append(fused)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+def _time_ms(run) -> float:
+    run()  # the fused kernel's first call tunes its tile shapes
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(TIMING_REPEATS):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / TIMING_REPEATS
+
+
+def _use_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
+    """Whether this call takes the fused kernel: measured once per shape band; never timed inside a CUDA-graph
+    capture (a plan is captured only after its shapes ran plain, so a capture finds its shapes measured)."""
+    from .gemm_epilogue import supports
+
+    if not supports(m, n, k):
+        return False
+    if _FORCED:
+        return _FORCED[-1]
+    found = MEASURED.get(key)
+    if found is None:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        found = MEASURED[key] = Measured(_time_ms(fused), _time_ms(unfused))
+    return found.fused_wins
+
+
+def _band(m: int) -> int:
+    return 1 << max(m - 1, 0).bit_length()
+
+
+def paired(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor | None:
+    """The [2, N, K] tensor whose halves are these gate and up weights (`pair_mlp_weights` made them so), else None."""
+    if not (w_gate.is_contiguous() and w_up.is_contiguous() and w_gate.shape == w_up.shape):
+        return None
+    if w_gate.untyped_storage().data_ptr() != w_up.untyped_storage().data_ptr():
+        return None  # separate tensors, however close the allocator put them
+    if w_up.storage_offset() != w_gate.storage_offset() + w_gate.numel():
+        return None
+    n, k = w_gate.shape
+    return w_gate.as_strided((2, n, k), (n * k, k, 1))
+
+
+def pair_mlp(mlp: SwiGLU) -> bool:
+    """Store the MLP's gate and up weights as the two halves of one [2, N, K] tensor, what the fused SwiGLU GEMM
+    reads (no extra memory: the parameters become views of it). Whether it moved them."""
+    gate, up = mlp.gate_proj, mlp.up_proj
+    if not _plain(gate, up) or gate.weight.shape != up.weight.shape or paired(gate.weight, up.weight) is not None:
+        return False
+    pair = torch.stack([gate.weight.detach(), up.weight.detach()])
+    gate.weight = nn.Parameter(pair[0], requires_grad=gate.weight.requires_grad)
+    up.weight = nn.Parameter(pair[1], requires_grad=up.weight.requires_grad)
+    return True
+
+
+def pair_mlp_weights(decoder: DiTDecoder) -> int:
+    """`pair_mlp` every DiT layer; bumps the decoder's structure version when any moved, so tick graphs captured
+    before (which read the old addresses) are never replayed. Returns how many layers it paired."""
+    moved = sum(pair_mlp(layer.mlp) for layer in decoder.layers)
+    if moved:
+        decoder.structure_version += 1
+    return moved
+
+
+@torch.library.custom_op("flowjam::swiglu", mutates_args=())
+def swiglu(h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """silu(h @ w_gate^T) * (h @ w_up^T) for h [..., K] and weights [N, K] -> [..., N]. The fused kernel needs the
+    weights paired (`pair_mlp_weights`)."""
+    rows = h.reshape(-1, h.shape[-1])
+    pair = paired(w_gate, w_up)
+    if pair is None or not fused_kernels_available(h.device):
+        return (F.silu(F.linear(h, w_gate)) * F.linear(h, w_up)).reshape(*h.shape[:-1], w_gate.shape[0])
+    from . import gemm_epilogue
+
+    def fused() -> torch.Tensor:
+        return gemm_epilogue.swiglu(rows, pair)
+
+    def unfused() -> torch.Tensor:
+        return gemm_epilogue.silu_mul(rows @ w_gate.t(), rows @ w_up.t())
+
+    (m, k), n = rows.shape, w_gate.shape[0]
+    key = ("swiglu", _band(m), n, k, False, h.dtype, h.device)
+    out = fused() if _use_fused(key, m, n, k, fused, unfused) else unfused()
+    return out.reshape(*h.shape[:-1], n)
+
+
+@swiglu.register_fake
+def _(h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    return h.new_empty(*h.shape[:-1], w_gate.shape[0])
+
+
+@torch.library.custom_op("flowjam::gated_residual", mutates_args=())
+def gated_residual(
+    x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None
+) -> torch.Tensor:
+    """x + (inputs @ weight^T) * gate for x [B, S, N], inputs [B, S, K], weight [N, K] and gate [B or 1, 1, N]
+    (None: no gate) -> a new [B, S, N]."""
+    if not fused_kernels_available(x.device):
+        out = F.linear(inputs, weight)
+        return (x + out if gate is None else (x + out * gate).type_as(x)).contiguous()
+    from . import gemm_epilogue
+
+    batch, tokens, n = x.shape
+    rows, residual = inputs.reshape(-1, inputs.shape[-1]), x.reshape(-1, n)
+    m, k = rows.shape
+    gate_rows = None if gate is None else gate.reshape(gate.shape[0], n)
+    per_gate = tokens if gate is None or gate.shape[0] == batch else m
+
+    def fused() -> torch.Tensor:
+        return gemm_epilogue.gated_residual(rows, weight, residual, gate_rows, per_gate)
+
+    def unfused() -> torch.Tensor:
+        out = (rows @ weight.t()).view(batch, tokens, n)
+        return (torch.add(x, out) if gate is None else torch.addcmul(x, out, gate)).contiguous()
+
+    key = ("gated_residual", _band(m), n, k, gate is not None, x.dtype, x.device)
+    if _use_fused(key, m, n, k, fused, unfused):
+        return fused().view(batch, tokens, n)
+    return unfused()
+
+
+@gated_residual.register_fake
+def _(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _plain(*linears: nn.Module) -> bool:
+    """Bias-free nn.Linear layers (not FP8, not wrapped by a LoRA): what the fused ops take."""
+    return all(type(linear) is nn.Linear and linear.bias is None for linear in linears)
+
+
+class FusedOps(LayerOps):
+    """A DiT layer's GEMMs through the fused ops; layers the ops do not take (FP8, LoRA-wrapped) run as LayerOps."""
+
+    @staticmethod
+    def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        if not _plain(linear):
+            return LayerOps.residual(x, linear, inputs, gate)
+        return torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
+
+    @staticmethod
+    def swiglu(mlp: SwiGLU, h: torch.Tensor) -> torch.Tensor:
+        if not _plain(mlp.gate_proj, mlp.up_proj):
+            return LayerOps.swiglu(mlp, h)
+        return torch.ops.flowjam.swiglu(h, mlp.gate_proj.weight, mlp.up_proj.weight)
+
+
+FUSED_OPS = FusedOps()

@@ -1,0 +1,147 @@
+"""The fused GEMM-epilogue kernels (engine/kernels) against the eager layer, on a Hopper GPU (skipped elsewhere, the
+reason printed): each kernel at the DiT's real shapes and at row counts that are not a multiple of any tile, a whole
+layer through the fused ops, and compile-graph ticks that take them, replayed without host syncs."""
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from flowjam.engine.kernels import fused_kernels_available
+from flowjam.engine.models.dit import EAGER_OPS, DiTLayer
+from flowjam.engine.models.layers import rope_cos_sin
+from flowjam.engine.models.presets import get_preset
+
+RUNS = torch.cuda.is_available() and fused_kernels_available("cuda")
+if not RUNS:
+    print(
+        "\nSKIPPED tests/test_fused_kernels_gpu.py: needs a CUDA GPU of compute capability 9.0+ with Triton",
+        file=sys.stderr,
+    )
+hopper = pytest.mark.skipif(not RUNS, reason="needs a CUDA GPU of compute capability 9.0+ with Triton")
+
+HIDDEN, INTERMEDIATE = 2048, 6144  # turbo-2b
+ROWS = [6000, 1500, 6001, 1001, 97, 1]  # 8 x 750 tokens (60 s, depth 4, cfg full), 2 x 750, odd counts
+
+
+def _relative(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((value.float() - reference).norm() / reference.norm()).item()
+
+
+def _weights(n: int, k: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator("cuda").manual_seed(seed)
+    return (torch.randn(n, k, generator=generator, device="cuda") / k**0.5).bfloat16()
+
+
+def _within_bf16_of_eager(fused: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor, what: str) -> None:
+    """The fused result is as close to the fp32 result as the eager bf16 one is (one rounding apart at most)."""
+    fused_error, eager_error = _relative(fused, exact), _relative(eager, exact)
+    assert fused_error <= max(2 * eager_error, 4e-3), f"{what}: fused {fused_error:.2e} vs eager {eager_error:.2e}"
+    assert _relative(fused, eager.float()) < 1e-2, (
+        f"{what}: fused and eager differ by {_relative(fused, eager.float()):.2e}"
+    )
+
+
+@hopper
+@pytest.mark.parametrize("rows", ROWS)
+def test_swiglu_kernel_equals_the_eager_mlp_activations(rows):
+    from flowjam.engine.kernels import gemm_epilogue
+
+    pair = torch.stack([_weights(INTERMEDIATE, HIDDEN, 1), _weights(INTERMEDIATE, HIDDEN, 2)])
+    w_gate, w_up = pair
+    x = torch.randn(rows, HIDDEN, device="cuda").bfloat16()
+    exact = F.silu(x.float() @ w_gate.float().t()) * (x.float() @ w_up.float().t())
+    eager = F.silu(x @ w_gate.t()) * (x @ w_up.t())
+    fused = gemm_epilogue.swiglu(x, pair)
+    assert fused.shape == (rows, INTERMEDIATE)
+    _within_bf16_of_eager(fused, eager, exact, f"swiglu at {rows} rows")
+
+
+@hopper
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("k", [HIDDEN, INTERMEDIATE])
+@pytest.mark.parametrize("gated", [True, False])
+def test_gated_residual_kernel_equals_the_eager_projection(rows, k, gated):
+    """o_proj (K = hidden) and down_proj (K = intermediate), with AdaLN's per-batch-row gate or none (cross o_proj)."""
+    from flowjam.engine.kernels import gemm_epilogue
+
+    batch = 8 if rows % 8 == 0 else 1
+    tokens = rows // batch
+    weight = _weights(HIDDEN, k, 3)
+    inputs = torch.randn(rows, k, device="cuda").bfloat16()
+    residual = torch.randn(batch, tokens, HIDDEN, device="cuda").bfloat16()
+    gate = torch.randn(batch, 1, HIDDEN, device="cuda").bfloat16() if gated else None
+    product = (inputs.float() @ weight.float().t()).view(batch, tokens, HIDDEN)
+    projected = (inputs @ weight.t()).view(batch, tokens, HIDDEN)
+    if gated:
+        exact = residual.float() + product * gate.float()
+        eager = (residual + projected * gate).type_as(residual)
+    else:
+        exact, eager = residual.float() + product, residual + projected
+    gate_rows = None if gate is None else gate.view(batch, HIDDEN)
+    fused = gemm_epilogue.gated_residual(inputs, weight, residual.view(rows, HIDDEN), gate_rows, tokens)
+    _within_bf16_of_eager(fused.view(batch, tokens, HIDDEN), eager, exact, f"{rows} rows, K {k}, gated {gated}")
+
+
+@hopper
+@pytest.mark.parametrize("tokens", [750, 251])
+def test_a_dit_layer_through_the_fused_ops_equals_the_eager_layer(tokens):
+    """Both halves of a turbo-2b layer (random weights), 4 rows with their own modulation."""
+    from flowjam.engine.kernels.ops import FUSED_OPS, forced_path, pair_mlp
+
+    config = get_preset("turbo-2b").dit
+    torch.manual_seed(0)
+    layer = DiTLayer(config, 0).cuda().bfloat16().eval()
+    assert pair_mlp(layer.mlp), "the MLP weights were not paired"
+    x = torch.randn(4, tokens, HIDDEN, device="cuda").bfloat16()
+    modulation = (torch.randn(4, 6, HIDDEN, device="cuda") * 0.1).bfloat16()
+    rope = rope_cos_sin(torch.arange(tokens, device="cuda"), config.head_dim, config.rope_theta, torch.bfloat16)
+    heads = torch.randn(4, config.num_attention_heads, tokens, config.head_dim, device="cuda").bfloat16()
+    with torch.no_grad():
+        eager = layer.attend_self(x, modulation, rope, None, EAGER_OPS)
+        eager_out = layer.finish(x, heads, modulation, EAGER_OPS)
+        with forced_path(fused=True):
+            fused = layer.attend_self(x, modulation, rope, None, FUSED_OPS)
+            fused_out = layer.finish(x, heads, modulation, FUSED_OPS)
+    for name, a, b in (("x", fused[0], eager[0]), ("queries", fused[1], eager[1]), ("finish", fused_out, eager_out)):
+        error = _relative(a, b.float())
+        assert error < 1e-2, f"{name} at {tokens} tokens: relative error {error:.2e}"
+
+
+@hopper
+def test_compile_graph_ticks_take_the_fused_kernels_replay_without_syncs_and_match_eager():
+    from flowjam.engine.kernels import ops
+    from flowjam.engine.session import Session
+    from flowjam.engine.stream import StreamPipeline
+
+    session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
+    a = session.encode_text("fused kernels")
+    null = session.null_conditioning(a)
+
+    def stream(backend):
+        pipeline = StreamPipeline(session.models.acestep.decoder, depth=4, backend=backend)
+        out = []
+        for seed in range(40):
+            pipeline.submit(session.make_request(a, 10.0, seed=seed, cfg_mode="full", negative=null, guidance=2.0))
+            out += pipeline.tick()
+        return pipeline, {f.request.seed: f.latent.float() for f in out}
+
+    _, eager = stream("eager")
+    with ops.forced_path(fused=True):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiled:
+            pipeline, fused = stream("compile-graph")
+        kernels = {event.key for event in profiled.key_averages()}
+        for kernel in ("_swiglu_gemm", "_gated_residual_gemm"):
+            assert any(kernel in name for name in kernels), f"the compiled layers did not run {kernel}"
+        counters = pipeline.stats()["graphs"]
+        assert counters["replays"] > 0
+        for seed, latent in eager.items():
+            error = ((fused[seed] - latent).norm() / latent.norm()).item()
+            assert error < 2e-2, f"seed {seed}: relative error {error:.2e}"
+        pipeline.submit(session.make_request(a, 10.0, seed=99, cfg_mode="full", negative=null, guidance=2.0))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            pipeline.tick()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert pipeline.stats()["graphs"]["replays"] == counters["replays"] + 1

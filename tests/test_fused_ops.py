@@ -1,0 +1,66 @@
+"""The fused layer ops where the kernels do not run (the CPU, which CI has): they are the eager layer's math to the
+bit, pairing the MLP weights changes nothing a forward computes, and only compile-graph on a capable GPU fuses.
+The kernels themselves are checked on the GPU (tests/test_fused_kernels_gpu.py)."""
+
+import torch
+from flowjam.engine.kernels.ops import FUSED_OPS, pair_mlp_weights, paired
+from flowjam.engine.models.dit import EAGER_OPS, DiTDecoder
+from flowjam.engine.models.layers import rope_cos_sin
+from flowjam.engine.models.presets import get_preset
+from flowjam.engine.stream.backends import decoder_forward
+
+
+def _decoder() -> DiTDecoder:
+    torch.manual_seed(0)
+    return DiTDecoder(get_preset("tiny").dit).eval()
+
+
+def test_fused_ops_equal_the_eager_layer_bit_for_bit_where_the_kernels_do_not_run():
+    decoder = _decoder()
+    config = decoder.config
+    layer = decoder.layers[0]
+    tokens = 37
+    x = torch.randn(3, tokens, config.hidden_size)
+    modulation = torch.randn(3, 6, config.hidden_size) * 0.1
+    rope = rope_cos_sin(torch.arange(tokens), config.head_dim, config.rope_theta, torch.float32)
+    heads = torch.randn(3, config.num_attention_heads, tokens, config.head_dim)
+    with torch.no_grad():
+        eager = (
+            *layer.attend_self(x, modulation, rope, None, EAGER_OPS),
+            layer.finish(x, heads, modulation, EAGER_OPS),
+        )
+        fused = (
+            *layer.attend_self(x, modulation, rope, None, FUSED_OPS),
+            layer.finish(x, heads, modulation, FUSED_OPS),
+        )
+    for name, a, b in zip(("x", "queries", "finish"), fused, eager):
+        assert torch.equal(a, b), f"{name}: the fused ops' fallback differs from the eager layer"
+    with torch.no_grad():  # and the layer itself moves x: the check above compares something that changes
+        assert not torch.equal(eager[2], x)
+
+
+def test_pairing_the_mlp_weights_keeps_every_output_and_renews_tick_graphs():
+    decoder = _decoder()
+    x = torch.randn(2, 50, 64)
+    t = torch.tensor([0.9, 0.4])
+    context = torch.randn(2, 50, decoder.config.in_channels - 64)
+    condition = torch.randn(1, 9, decoder.config.condition_width)
+    with torch.no_grad():
+        before = decoder(x, t, context, condition)
+        version = decoder.structure_version
+        assert pair_mlp_weights(decoder) == len(decoder.layers)
+        after = decoder(x, t, context, condition)
+    assert torch.equal(before, after), "pairing the MLP weights changed the velocity"
+    assert decoder.structure_version == version + 1, "captured tick graphs would read the old weight addresses"
+    for layer in decoder.layers:
+        pair = paired(layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)
+        assert pair is not None and torch.equal(pair[1], layer.mlp.up_proj.weight)
+    assert pair_mlp_weights(decoder) == 0 and decoder.structure_version == version + 1, "pairing twice moved them"
+
+
+def test_compile_graph_on_the_cpu_leaves_the_weights_and_the_layer_path_as_they_were():
+    decoder = _decoder()
+    decoder_forward(decoder, "compile-graph")
+    layer = decoder.layers[0]
+    assert paired(layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight) is None
+    assert decoder.structure_version == 0
