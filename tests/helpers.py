@@ -154,3 +154,41 @@ def wait_ticks(app, count: int = 3) -> None:
     """Until a running stream's runner has ticked `count` more times."""
     start = app.runner.stats.ticks
     wait_for(lambda: app.runner.stats.ticks >= start + count, 10, f"{count} runner ticks")
+
+
+# ---- graph-replayed streams on a GPU ------------------------------------------------------------------------------
+
+
+def stream_latents(session, backend: str, conditioning, negative, seeds=range(40)):
+    """A depth-4 cfg-full stream on `backend` fed one request per tick (the ring's plans repeat every 8 ticks: seen,
+    captured, then replayed) -> (the pipeline, each seed's finished latent in fp32)."""
+    from flowjam.engine.stream import StreamPipeline
+
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=4, backend=backend)
+    out = []
+    for seed in seeds:
+        pipeline.submit(
+            session.make_request(conditioning, 10.0, seed=seed, cfg_mode="full", negative=negative, guidance=2.0)
+        )
+        out += pipeline.tick()
+    return pipeline, {f.request.seed: f.latent.float() for f in out}
+
+
+def assert_close_latents(latents: dict, reference: dict, tolerance: float = 2e-2) -> None:
+    for seed, latent in reference.items():
+        error = ((latents[seed] - latent).norm() / latent.norm()).item()
+        assert error < tolerance, f"seed {seed}: relative error {error:.2e}"
+
+
+def assert_a_tick_replays_without_host_sync(pipeline, request) -> None:
+    """The next tick (of a plan captured before) is one graph replay and synchronises nothing with the host."""
+    import torch
+
+    replays = pipeline.stats()["graphs"]["replays"]
+    pipeline.submit(request)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pipeline.tick()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert pipeline.stats()["graphs"]["replays"] == replays + 1

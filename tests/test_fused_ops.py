@@ -2,8 +2,11 @@
 bit, pairing the MLP weights changes nothing a forward computes, and only compile-graph on a capable GPU fuses.
 The kernels themselves are checked on the GPU (tests/test_fused_kernels_gpu.py)."""
 
+import contextlib
+
+import pytest
 import torch
-from flowjam.engine.kernels.ops import FUSED_OPS, pair_mlp_weights, paired
+from flowjam.engine.kernels.ops import FUSED_OPS, forced_path, pair_mlp_weights, paired
 from flowjam.engine.models.dit import EAGER_OPS, DiTDecoder
 from flowjam.engine.models.layers import rope_cos_sin
 from flowjam.engine.models.presets import get_preset
@@ -15,7 +18,9 @@ def _decoder() -> DiTDecoder:
     return DiTDecoder(get_preset("tiny").dit).eval()
 
 
-def test_fused_ops_equal_the_eager_layer_bit_for_bit_where_the_kernels_do_not_run():
+@pytest.mark.parametrize("forced", [False, True])
+def test_fused_ops_equal_the_eager_layer_bit_for_bit_where_the_kernels_do_not_run(forced):
+    """As measured (nothing fused on the CPU) and forced through the custom ops (their CPU implementation)."""
     decoder = _decoder()
     config = decoder.config
     layer = decoder.layers[0]
@@ -29,10 +34,11 @@ def test_fused_ops_equal_the_eager_layer_bit_for_bit_where_the_kernels_do_not_ru
             *layer.attend_self(x, modulation, rope, None, EAGER_OPS),
             layer.finish(x, heads, modulation, EAGER_OPS),
         )
-        fused = (
-            *layer.attend_self(x, modulation, rope, None, FUSED_OPS),
-            layer.finish(x, heads, modulation, FUSED_OPS),
-        )
+        with forced_path(True) if forced else contextlib.nullcontext():
+            fused = (
+                *layer.attend_self(x, modulation, rope, None, FUSED_OPS),
+                layer.finish(x, heads, modulation, FUSED_OPS),
+            )
     for name, a, b in zip(("x", "queries", "finish"), fused, eager):
         assert torch.equal(a, b), f"{name}: the fused ops' fallback differs from the eager layer"
     with torch.no_grad():  # and the layer itself moves x: the check above compares something that changes
@@ -64,3 +70,19 @@ def test_compile_graph_on_the_cpu_leaves_the_weights_and_the_layer_path_as_they_
     layer = decoder.layers[0]
     assert paired(layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight) is None
     assert decoder.structure_version == 0
+
+
+def test_fp8_layers_which_the_fused_ops_do_not_take_run_as_the_eager_layer():
+    from flowjam.engine.models.fp8 import to_fp8
+
+    decoder = _decoder()
+    to_fp8(decoder)
+    layer, config = decoder.layers[0], decoder.config
+    x = torch.randn(2, 24, config.hidden_size)
+    modulation = torch.randn(2, 6, config.hidden_size) * 0.1
+    heads = torch.randn(2, config.num_attention_heads, 24, config.head_dim)
+    with torch.no_grad(), forced_path(True):
+        fused = layer.finish(x, heads, modulation, FUSED_OPS)
+    with torch.no_grad():
+        eager = layer.finish(x, heads, modulation, EAGER_OPS)
+    assert torch.equal(fused, eager)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from flowjam.engine.session import Session
 from flowjam.engine.stream import DCW, StreamPipeline
+from helpers import assert_a_tick_replays_without_host_sync, assert_close_latents, stream_latents
 
 if not torch.cuda.is_available():
     print("\nSKIPPED tests/test_stream_gpu.py: no CUDA device (run it on the GPU machine)", file=sys.stderr)
@@ -69,29 +70,13 @@ def test_graph_backend_replays_ticks_close_to_eager_without_host_syncs():
     session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
     a = session.encode_text("graph parity")
     null = session.null_conditioning(a)
-
-    def stream(backend):
-        pipeline = StreamPipeline(session.models.acestep.decoder, depth=4, backend=backend)
-        out = []
-        for seed in range(40):  # the ring's plans repeat every 8 ticks: seen, captured, then replayed
-            pipeline.submit(session.make_request(a, 10.0, seed=seed, cfg_mode="full", negative=null, guidance=2.0))
-            out += pipeline.tick()
-        return pipeline, {f.request.seed: f.latent.float() for f in out}
-
-    _, eager = stream("eager")
-    pipeline, graph = stream("graph")
+    _, eager = stream_latents(session, "eager", a, null)
+    pipeline, graph = stream_latents(session, "graph", a, null)
     counters = pipeline.stats()["graphs"]
     assert counters["captures"] > 0 and counters["replays"] > 0
-    for seed, latent in eager.items():
-        error = ((graph[seed] - latent).norm() / latent.norm()).item()
-        assert error < 2e-2, f"seed {seed}: relative error {error:.2e}"
-    pipeline.submit(session.make_request(a, 10.0, seed=99, cfg_mode="full", negative=null, guidance=2.0))
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        pipeline.tick()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert pipeline.stats()["graphs"]["replays"] == counters["replays"] + 1
+    assert_close_latents(graph, eager)
+    request = session.make_request(a, 10.0, seed=99, cfg_mode="full", negative=null, guidance=2.0)
+    assert_a_tick_replays_without_host_sync(pipeline, request)
 
 
 @cuda

@@ -1,8 +1,9 @@
 """The fused layer GEMMs as PyTorch custom ops (`torch.ops.flowjam.*`), opaque to torch.compile: Inductor fuses the
-norms and modulation around them, the CUDA graph records them like any kernel. Each op runs, per GEMM shape, the
-faster of the fused Triton kernel and the unfused path (cuBLAS, then one elementwise pass, as Inductor's code does),
-measured side by side the first time the shape comes (`MEASURED`); on the CPU and where the kernels do not run,
-the unfused path in plain PyTorch."""
+norms and modulation around them, the CUDA graph records them like any kernel. Where the kernels do not run (the
+CPU, older GPUs), the ops are the eager layer's math in plain PyTorch. Each fusion is taken by measurement: the
+SwiGLU op per GEMM shape band (`MEASURED`: the fused kernel against cuBLAS and one SiLU-mul pass, what Inductor
+makes of it), the gated residual per projection shape before tracing (`RESIDUAL_FUSED`: the kernel against cuBLAS
+alone, since Inductor fuses the unfused gate and residual into the next kernel)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,7 @@ class Measured:
 
 
 MEASURED: dict[tuple, Measured] = {}
-"""By (op, rows rounded up to a power of two, N, K, gated, dtype, device): what the first call of that shape
-measured."""
+"""By (op, rows rounded up to a power of two, N, K, dtype, device): what the first call of that shape measured."""
 
 
 _FORCED: list[bool] = []  # a path forced by `forced_path` (innermost last)
@@ -63,12 +63,16 @@ def _time_ms(run) -> float:
     return start.elapsed_time(end) / TIMING_REPEATS
 
 
+def _kernel_sizes(m: int, n: int, k: int) -> bool:
+    from .gemm_epilogue import supports
+
+    return supports(m, n, k)
+
+
 def _use_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
     """Whether this call takes the fused kernel: measured once per shape band; never timed inside a CUDA-graph
     capture (a plan is captured only after its shapes ran plain, so a capture finds its shapes measured)."""
-    from .gemm_epilogue import supports
-
-    if not supports(m, n, k):
+    if not _kernel_sizes(m, n, k):
         return False
     if _FORCED:
         return _FORCED[-1]
@@ -134,7 +138,7 @@ def swiglu(h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
         return gemm_epilogue.silu_mul(rows @ w_gate.t(), rows @ w_up.t())
 
     (m, k), n = rows.shape, w_gate.shape[0]
-    key = ("swiglu", _band(m), n, k, False, h.dtype, h.device)
+    key = ("swiglu", _band(m), n, k, h.dtype, h.device)
     out = fused() if _use_fused(key, m, n, k, fused, unfused) else unfused()
     return out.reshape(*h.shape[:-1], n)
 
@@ -149,34 +153,62 @@ def gated_residual(
     x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None
 ) -> torch.Tensor:
     """x + (inputs @ weight^T) * gate for x [B, S, N], inputs [B, S, K], weight [N, K] and gate [B or 1, 1, N]
-    (None: no gate) -> a new [B, S, N]."""
-    if not fused_kernels_available(x.device):
+    (None: no gate) -> a new [B, S, N], in one kernel where it runs."""
+    batch, tokens, n = x.shape
+    rows = inputs.reshape(-1, inputs.shape[-1])
+    m, k = rows.shape
+    if not fused_kernels_available(x.device) or not _kernel_sizes(m, n, k):
         out = F.linear(inputs, weight)
         return (x + out if gate is None else (x + out * gate).type_as(x)).contiguous()
     from . import gemm_epilogue
 
-    batch, tokens, n = x.shape
-    rows, residual = inputs.reshape(-1, inputs.shape[-1]), x.reshape(-1, n)
-    m, k = rows.shape
     gate_rows = None if gate is None else gate.reshape(gate.shape[0], n)
     per_gate = tokens if gate is None or gate.shape[0] == batch else m
-
-    def fused() -> torch.Tensor:
-        return gemm_epilogue.gated_residual(rows, weight, residual, gate_rows, per_gate)
-
-    def unfused() -> torch.Tensor:
-        out = (rows @ weight.t()).view(batch, tokens, n)
-        return (torch.add(x, out) if gate is None else torch.addcmul(x, out, gate)).contiguous()
-
-    key = ("gated_residual", _band(m), n, k, gate is not None, x.dtype, x.device)
-    if _use_fused(key, m, n, k, fused, unfused):
-        return fused().view(batch, tokens, n)
-    return unfused()
+    return gemm_epilogue.gated_residual(rows, weight, x.reshape(m, n), gate_rows, per_gate).view(batch, tokens, n)
 
 
 @gated_residual.register_fake
 def _(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape)
+
+
+RESIDUAL_ROWS = 4096  # rows the gated-residual kernel is timed at against cuBLAS
+RESIDUAL_FUSED: dict[tuple, bool] = {}
+"""By (N, K, dtype, device): whether the gated-residual kernel beat cuBLAS's GEMM alone (`choose_residuals`)."""
+
+
+def choose_residuals(decoder: DiTDecoder) -> dict[tuple, bool]:
+    """Time the gated-residual kernel against cuBLAS's bare GEMM at each of the decoder's projection shapes (o_proj,
+    down_proj), once per shape and device: where the kernel is not faster, `FusedOps` leaves the gate and residual
+    to Inductor, which fuses them into the kernel after the GEMM (today's path, unchanged). Decided before the
+    layers are traced, so compiled code never re-decides. Returns the decisions for this decoder's shapes."""
+    layer = decoder.layers[0]
+    weights = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
+    for weight in weights:
+        key = _residual_key(weight)
+        if key not in RESIDUAL_FUSED:
+            RESIDUAL_FUSED[key] = _residual_kernel_wins(weight)
+    return {_residual_key(weight): RESIDUAL_FUSED[_residual_key(weight)] for weight in weights}
+
+
+def _residual_kernel_wins(weight: torch.Tensor) -> bool:
+    from .gemm_epilogue import supports
+
+    n, k = weight.shape
+    if weight.dtype not in (torch.bfloat16, torch.float16) or not supports(RESIDUAL_ROWS, n, k):
+        return False
+    batch, like = 8, dict(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        inputs = torch.randn(batch, RESIDUAL_ROWS // batch, k, **like)
+        x = torch.randn(batch, RESIDUAL_ROWS // batch, n, **like)
+        gate = torch.randn(batch, 1, n, **like)
+        fused_ms = _time_ms(lambda: gated_residual(x, inputs, weight, gate))
+        bare_ms = _time_ms(lambda: inputs @ weight.t())
+    return fused_ms < bare_ms
+
+
+def _residual_key(weight: torch.Tensor) -> tuple:
+    return (*weight.shape, weight.dtype, weight.device)
 
 
 def _plain(*linears: nn.Module) -> bool:
@@ -185,11 +217,13 @@ def _plain(*linears: nn.Module) -> bool:
 
 
 class FusedOps(LayerOps):
-    """A DiT layer's GEMMs through the fused ops; layers the ops do not take (FP8, LoRA-wrapped) run as LayerOps."""
+    """A DiT layer's GEMMs through the fused ops: the SwiGLU always (each shape's faster path measured inside the op),
+    a gated residual where `choose_residuals` found the kernel faster; layers the ops do not take (FP8,
+    LoRA-wrapped) run as LayerOps."""
 
     @staticmethod
     def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        if not _plain(linear):
+        if not _plain(linear) or not (_FORCED[-1] if _FORCED else RESIDUAL_FUSED.get(_residual_key(linear.weight))):
             return LayerOps.residual(x, linear, inputs, gate)
         return torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
 

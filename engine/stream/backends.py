@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from ..kernels import fused_kernels_available
-from ..kernels.ops import FUSED_OPS, pair_mlp_weights
+from ..kernels.ops import FUSED_OPS, choose_residuals, pair_mlp_weights
 from ..models.dit import DiTDecoder, DiTLayer, LayerStages
 from ..params import BACKENDS
 
@@ -69,6 +69,7 @@ def decoder_forward(decoder: DiTDecoder, backend: str = "eager") -> Callable:
         fused = backend == "compile-graph" and fused_kernels_available(decoder.proj_in[1].weight.device)
         if fused:
             pair_mlp_weights(decoder)
+            choose_residuals(decoder)
         return functools.partial(decoder.forward_rows, stages=FUSED_STAGES if fused else COMPILED_STAGES)
     raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
