@@ -1,7 +1,8 @@
 """How the DiT runs inside a stream: `eager` PyTorch; `compile` (torch.compile/Inductor over one DiT layer, the
 same compiled graph for all layers: fused elementwise work around the GEMMs); `graph` (the whole tick, eager
 kernels, replayed as one CUDA graph per tick plan, see tick_graph.py); `compile-graph` (compiled layers inside the
-graph, with the fused GEMM epilogues of engine/kernels where the GPU runs them). docs/benchmarks.md, "Stream ticks", has the measured table."""
+graph, with the fused GEMMs of engine/kernels where the GPU runs them). docs/benchmarks.md, "Stream ticks" and
+"Fused kernels", has the measured tables."""
 
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ COMPILED_STAGES = LayerStages(_rows_dynamic(torch.compile(_attend_self)), _rows_
 FUSED_STAGES = LayerStages(
     _rows_dynamic(torch.compile(_attend_self_fused)), _rows_dynamic(torch.compile(_finish_fused))
 )
-"""Compiled halves whose GEMMs carry their SwiGLU, gate and residual (engine/kernels): `compile-graph` on GPUs
-that run the fused kernels. Only under CUDA graphs: their launches cost host time that a replay does not pay."""
+"""Compiled halves whose GEMMs carry their SwiGLU (and their gate and residual where that was measured faster;
+engine/kernels/ops.py): `compile-graph` on GPUs that run the fused kernels. Only under CUDA graphs: the custom ops'
+launches cost host time that a replay does not pay."""
 LAYER_VARIANTS = 16  # compiled variants of a layer half kept (sliding or not x precision x one row or several)
 
 

@@ -283,7 +283,7 @@ class StreamPipeline:
     def _curve(self, value: Curve, frames: int, name: str) -> torch.Tensor:
         """A request's curve on the device. A constant is made once per value and kept (a stream resubmits the same
         knob values every tick: each would be a small synchronous copy); no slot writes into its curves."""
-        if isinstance(value, torch.Tensor) or isinstance(value, bool):
+        if isinstance(value, (torch.Tensor, bool)):
             return self._to_device(as_curve(value, frames, name))
         key = (name, float(value))
         constant = self._constant_curves.get(key)
