@@ -281,7 +281,9 @@ def test_bridge_forwards_real_osc_messages_and_starts_where_the_session_is(clien
         controller.send_message("/flowjam/jam/knob/velocity_scale", 1.5)
         controller.send_message("/flowjam/jam/norm/denoise", 1.0)
         wait_for(lambda: client.status(session)["knobs"]["velocity_scale"] == 1.5, 5.0, "the OSC knob on the server")
-        assert client.status(session)["knobs"]["denoise"] == 1.0
+        wait_for(
+            lambda: client.status(session)["knobs"]["denoise"] == 1.0, 5.0, "the normalised OSC knob on the server"
+        )
         controller.send_message("/flowjam/jam/knob/lora/glow", 0.25)  # the server's LoRA: this session's strength
         wait_for(lambda: client.status(session)["knobs"]["lora/glow"] == 0.25, 5.0, "the LoRA knob on the server")
         with client.stream(session) as stream:
