@@ -1,6 +1,7 @@
 """What several test modules need: waiting for a condition with a deadline, a free local port, a JACK client that
 records what is played, and the ComfyUI nodes driven without ComfyUI (text conditioning, a live stream)."""
 
+import contextlib
 import socket
 import time
 
@@ -180,15 +181,22 @@ def assert_close_latents(latents: dict, reference: dict, tolerance: float = 2e-2
         assert error < tolerance, f"seed {seed}: relative error {error:.2e}"
 
 
-def assert_a_tick_replays_without_host_sync(pipeline, request) -> None:
-    """The next tick (of a plan captured before) is one graph replay and synchronises nothing with the host."""
+@contextlib.contextmanager
+def no_host_sync():
+    """Inside, any CUDA call that synchronises the host with the device raises."""
     import torch
 
-    replays = pipeline.stats()["graphs"]["replays"]
-    pipeline.submit(request)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        pipeline.tick()
+        yield
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def assert_a_tick_replays_without_host_sync(pipeline, request) -> None:
+    """The next tick (of a plan captured before) is one graph replay and synchronises nothing with the host."""
+    replays = pipeline.stats()["graphs"]["replays"]
+    pipeline.submit(request)
+    with no_host_sync():
+        pipeline.tick()
     assert pipeline.stats()["graphs"]["replays"] == replays + 1

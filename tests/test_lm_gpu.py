@@ -6,6 +6,7 @@ from flowjam.engine.bench.lm import random_lm
 from flowjam.engine.lm.generate import CodeGenerator, CodeRequest
 from flowjam.engine.lm.sampling import SamplingParams
 from flowjam.engine.models.lm import compiled_layer_step
+from helpers import no_host_sync
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -33,12 +34,9 @@ def test_decode_steps_make_no_host_device_sync():
     generator = CodeGenerator(lm, SamplingParams(), cuda_graphs=True)
     generator.generate(REQUESTS)  # graphs captured
     generator._start(REQUESTS)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for step in range(1, 60):
             generator._run_step(len(REQUESTS), generator._keys_end(step))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 @cuda

@@ -8,7 +8,7 @@ import pytest
 import torch
 from flowjam.engine.session import Session
 from flowjam.engine.stream import DCW, StreamPipeline
-from helpers import assert_a_tick_replays_without_host_sync, assert_close_latents, stream_latents
+from helpers import assert_a_tick_replays_without_host_sync, assert_close_latents, no_host_sync, stream_latents
 
 if not torch.cuda.is_available():
     print("\nSKIPPED tests/test_stream_gpu.py: no CUDA device (run it on the GPU machine)", file=sys.stderr)
@@ -33,18 +33,12 @@ def test_tick_makes_no_host_device_sync():
     pipeline.drain()
     for request in requests:
         pipeline.submit(request)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with no_host_sync():
             pipeline.tick()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for _ in range(8):
             pipeline.tick()
             pipeline.stats()  # reads CUDA events without waiting
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert pipeline.stats()["gpu_tick_ms"] > 0
 
@@ -111,11 +105,8 @@ def test_window_decoder_replays_the_plain_decode_without_host_syncs():
     decoder = WindowDecoder(vae, device, torch.bfloat16)
     for _ in range(2):  # plain warm-up, then the capture
         decoder(latent, 19.7, 0.6, margin_frames=12)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         replayed = decoder(latent, 19.7, 0.6, margin_frames=12)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert decoder.counters.captures == 1 and decoder.counters.replays == 1
     assert torch.equal(replayed, plain), f"max diff {(replayed - plain).abs().max().item()}"
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
+ALIGNMENT = 64  # the kernels' N and K must be multiples of this (every DiT preset's hidden and intermediate sizes are)
 MIN_CAPABILITY = (9, 0)  # the kernels load through the TMA engine (Hopper and newer)
 DISABLE_ENV = "FLOWJAM_FUSED_KERNELS"  # "0" turns them off (today's compiled path everywhere)
 
@@ -26,6 +27,16 @@ def fused_kernels_available(device: torch.device | str) -> bool:
     turned off by FLOWJAM_FUSED_KERNELS=0."""
     device = torch.device(device)
     return device.type == "cuda" and _cuda_runs_them(device.index, os.environ.get(DISABLE_ENV, "1") != "0")
+
+
+def supports(m: int, n: int, k: int) -> bool:
+    """Whether these GEMM sizes fit the kernels (N and K multiples of ALIGNMENT, at least one row)."""
+    return m > 0 and n % ALIGNMENT == 0 and k % ALIGNMENT == 0
+
+
+def row_band(m: int) -> int:
+    """Rows rounded up to a power of two: kernel choices and tile shapes are made once per band, not per row count."""
+    return 1 << max(m - 1, 0).bit_length()
 
 
 @functools.cache

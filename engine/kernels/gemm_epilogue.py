@@ -1,15 +1,15 @@
 """Triton GEMMs with the DiT layer's elementwise work in their epilogues (Hopper: TMA loads, wgmma, a persistent
 grid of one program per multiprocessor walking the output tiles).
 
-`swiglu`: silu(x @ Wg^T) * (x @ Wu^T) from gate and up weights stored as one [2, N, K] tensor (`pair_weights`): one
+`swiglu`: silu(x @ Wg^T) * (x @ Wu^T) from gate and up weights stored as one [2, N, K] tensor (`ops.pair_mlp`): one
 TMA box brings a tile's gate and up rows together, one 2 x BLOCK_N-wide product makes both, and the SiLU-mul is
 applied to the fp32 accumulator, so the [M, 2N] activations never reach memory.
 `gated_residual`: residual + (a @ W^T) * gate[row], where `gate` holds one vector per batch row (AdaLN's gate,
 broadcast over that row's tokens): the projection's output is never written on its own.
 
 Row edges (M not a multiple of the tile) are handled by the TMA engine (loads past the end read zeros, stores past
-it are dropped); N and K must be multiples of 64. This module imports Triton, so it is imported only where
-`engine.kernels.fused_kernels_available` said yes."""
+it are dropped); N and K must be multiples of 64 (`engine.kernels.supports`). This module imports Triton, so it is
+imported only where `engine.kernels.fused_kernels_available` said yes."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-ALIGNMENT = 64  # N and K must be multiples of this (every DiT preset's hidden and intermediate sizes are)
+from . import row_band
 
 
 @functools.cache
@@ -143,22 +143,12 @@ def _gated_residual_gemm(
         out_desc.store([off_m, off_n], (acc + residual.to(tl.float32)).to(out_desc.dtype))
 
 
-def _band(m: int) -> int:
-    """Rows rounded up to a power of two: the autotuner keys on it, so a new row count re-tunes only in a new band."""
-    return 1 << max(m - 1, 0).bit_length()
-
-
 def _descriptor(t: torch.Tensor) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, [1] * t.dim())  # block shape set per config by the pre-hook
 
 
 def _persistent_grid(m: int, n: int, programs: int):
     return lambda meta: (min(programs, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),)
-
-
-def supports(m: int, n: int, k: int) -> bool:
-    """Whether these GEMM sizes fit the kernels (N and K multiples of ALIGNMENT, at least one row)."""
-    return m > 0 and n % ALIGNMENT == 0 and k % ALIGNMENT == 0
 
 
 def swiglu(x: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
@@ -169,7 +159,7 @@ def swiglu(x: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     programs = _multiprocessors(x.get_device())
     grid = _persistent_grid(m, n, programs)
-    _swiglu_gemm[grid](_descriptor(x), _descriptor(pair), _descriptor(out), m, n, k, _band(m), PROGRAMS=programs)
+    _swiglu_gemm[grid](_descriptor(x), _descriptor(pair), _descriptor(out), m, n, k, row_band(m), PROGRAMS=programs)
     return out
 
 
@@ -185,7 +175,7 @@ def gated_residual(
     programs = _multiprocessors(a.get_device())
     _gated_residual_gemm[_persistent_grid(m, n, programs)](
         _descriptor(a), _descriptor(weight), _descriptor(out), residual, residual if gate is None else gate,
-        m, n, k, _band(m), tokens, residual.stride(0), 0 if gate is None else gate.stride(0),
+        m, n, k, row_band(m), tokens, residual.stride(0), 0 if gate is None else gate.stride(0),
         GATE=gate is not None, PROGRAMS=programs,
     )  # fmt: skip
     return out

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..models.dit import DiTDecoder, LayerOps
 from ..models.layers import SwiGLU
-from . import fused_kernels_available
+from . import fused_kernels_available, row_band, supports
 
 TIMING_REPEATS = 10
 
@@ -63,16 +63,10 @@ def _time_ms(run) -> float:
     return start.elapsed_time(end) / TIMING_REPEATS
 
 
-def _kernel_sizes(m: int, n: int, k: int) -> bool:
-    from .gemm_epilogue import supports
-
-    return supports(m, n, k)
-
-
 def _use_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
     """Whether this call takes the fused kernel: measured once per shape band; never timed inside a CUDA-graph
     capture (a plan is captured only after its shapes ran plain, so a capture finds its shapes measured)."""
-    if not _kernel_sizes(m, n, k):
+    if not supports(m, n, k):
         return False
     if _FORCED:
         return _FORCED[-1]
@@ -82,10 +76,6 @@ def _use_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
             return False
         found = MEASURED[key] = Measured(_time_ms(fused), _time_ms(unfused))
     return found.fused_wins
-
-
-def _band(m: int) -> int:
-    return 1 << max(m - 1, 0).bit_length()
 
 
 def paired(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor | None:
@@ -138,7 +128,7 @@ def swiglu(h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
         return gemm_epilogue.silu_mul(rows @ w_gate.t(), rows @ w_up.t())
 
     (m, k), n = rows.shape, w_gate.shape[0]
-    key = ("swiglu", _band(m), n, k, h.dtype, h.device)
+    key = ("swiglu", row_band(m), n, k, h.dtype, h.device)
     out = fused() if _use_fused(key, m, n, k, fused, unfused) else unfused()
     return out.reshape(*h.shape[:-1], n)
 
@@ -157,7 +147,7 @@ def gated_residual(
     batch, tokens, n = x.shape
     rows = inputs.reshape(-1, inputs.shape[-1])
     m, k = rows.shape
-    if not fused_kernels_available(x.device) or not _kernel_sizes(m, n, k):
+    if not fused_kernels_available(x.device) or not supports(m, n, k):
         out = F.linear(inputs, weight)
         return (x + out if gate is None else (x + out * gate).type_as(x)).contiguous()
     from . import gemm_epilogue
@@ -192,8 +182,6 @@ def choose_residuals(decoder: DiTDecoder) -> dict[tuple, bool]:
 
 
 def _residual_kernel_wins(weight: torch.Tensor) -> bool:
-    from .gemm_epilogue import supports
-
     n, k = weight.shape
     if weight.dtype not in (torch.bfloat16, torch.float16) or not supports(RESIDUAL_ROWS, n, k):
         return False
