@@ -73,6 +73,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=["on"],
         help="compile-graph's fused GEMM epilogues (Hopper GPUs with Triton); 'on off' times both, side by side",
     )
+    tick.add_argument(
+        "--fresh-seeds",
+        action="store_true",
+        help="a new seed every tick (each admission draws its noise on the host); default: one seed, as a live "
+        "stream's seed knob",
+    )
     add_precision(tick, multiple=True, more_help="; fp8 also prints its error vs bf16")
     add_random_model(tick)
 

@@ -66,6 +66,7 @@ def bench_tick(args: argparse.Namespace) -> int:
                         profile=args.profile,
                         window_s=args.window_seconds,
                         endless=endless,
+                        fresh_seeds=args.fresh_seeds,
                     )
                 if len(args.fused_kernels) > 1:
                     r = dataclasses.replace(r, backend=f"{backend} ({'fused' if fused == 'on' else 'unfused'})")
@@ -114,7 +115,9 @@ def print_interleaved(args: argparse.Namespace, songs: list[tuple[str, float, bo
     )
     for depth, cfg, backend in ((d, c, b) for d in args.depth for c in args.cfg for b in args.backend):
         runs = [
-            TickRun(fixture, depth, args.steps, cfg, backend, args.window_seconds, endless)
+            TickRun(
+                fixture, depth, args.steps, cfg, backend, args.window_seconds, endless, fresh_seeds=args.fresh_seeds
+            )
             for fixture, (_, _, endless) in zip(fixtures, songs)
         ]
         for run in runs:

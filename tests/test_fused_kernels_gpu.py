@@ -11,7 +11,12 @@ from flowjam.engine.kernels import fused_kernels_available
 from flowjam.engine.models.dit import EAGER_OPS, DiTLayer
 from flowjam.engine.models.layers import rope_cos_sin
 from flowjam.engine.models.presets import get_preset
-from helpers import assert_a_tick_replays_without_host_sync, assert_close_latents, stream_latents
+from helpers import (
+    assert_a_tick_replays_without_host_sync,
+    assert_close_latents,
+    check_fused_op_fakes,
+    stream_latents,
+)
 
 RUNS = torch.cuda.is_available() and fused_kernels_available("cuda")
 if not RUNS:
@@ -85,9 +90,53 @@ def test_gated_residual_kernel_equals_the_eager_projection(rows, k, gated):
 
 
 @hopper
+@pytest.mark.parametrize(
+    "batch, tokens, n", [(8, 750, HIDDEN), (2, 750, HIDDEN), (3, 251, HIDDEN), (1, 1, HIDDEN), (5, 7, 1000)]
+)
+@pytest.mark.parametrize(
+    "add, gate, modulate",
+    [(True, True, True), (True, False, True), (True, True, False), (False, False, True), (False, False, False)],
+)
+def test_norm_kernel_equals_the_eager_residual_norm_and_modulation(batch, tokens, n, add, gate, modulate):
+    """x + delta * gate, RMSNorm, AdaLN's (1 + scale) and shift, per batch row; a width that is no power of two."""
+    from flowjam.engine.kernels import norm_modulate
+
+    def vector(scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(batch, 1, n, device="cuda") * scale).bfloat16()
+
+    x = torch.randn(batch, tokens, n, device="cuda").bfloat16()
+    delta = torch.randn(batch, tokens, n, device="cuda").bfloat16() if add else None
+    gates = vector() if gate else None
+    weight = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
+    scale, shift = (vector(0.3), vector(0.3)) if modulate else (None, None)
+    exact_x = x.float() + (0 if delta is None else delta.float() * (1 if gates is None else gates.float()))
+    eager_x = x if delta is None else (x + delta if gates is None else (x + delta * gates).type_as(x))
+    exact = F.rms_norm(exact_x, (n,), weight.float(), 1e-6)
+    eager = F.rms_norm(eager_x, (n,), weight, 1e-6)
+    if modulate:
+        exact = exact * (1 + scale.float()) + shift.float()
+        eager = (eager * (1 + scale) + shift).type_as(x)
+    vectors = [None if v is None else v.view(batch, n) for v in (gates, scale, shift)]
+    fused_x, fused = norm_modulate.add_norm_modulate(x, delta, vectors[0], weight, *vectors[1:], 1e-6)
+    what = f"{batch}x{tokens}x{n}, add {add}, gate {gate}, modulate {modulate}"
+    _within_bf16_of_eager(fused, eager, exact, what)
+    if add:
+        _within_bf16_of_eager(fused_x, eager_x, exact_x, what + " (x')")
+    else:
+        assert fused_x.data_ptr() == x.data_ptr(), "x was written without a residual to add"
+
+
+@hopper
+def test_the_fused_ops_fake_kernels_give_the_kernels_shapes_and_strides():
+    check_fused_op_fakes("cuda")
+
+
+@hopper
+@pytest.mark.parametrize("forced", [True, False])
 @pytest.mark.parametrize("tokens", [750, 251])
-def test_a_dit_layer_through_the_fused_ops_equals_the_eager_layer(tokens):
-    """Both halves of a turbo-2b layer (random weights), 4 rows with their own modulation."""
+def test_a_dit_layer_through_the_fused_ops_equals_the_eager_layer(tokens, forced):
+    """Both halves of a turbo-2b layer (random weights), 4 rows with their own modulation; with the GEMM kernels
+    forced on (the norm kernels after them) and off (cuBLAS, then the one-pass residual, norm and modulation)."""
     from flowjam.engine.kernels.ops import FUSED_OPS, forced_path, pair_mlp
 
     config = get_preset("turbo-2b").dit
@@ -101,7 +150,7 @@ def test_a_dit_layer_through_the_fused_ops_equals_the_eager_layer(tokens):
     with torch.no_grad():
         eager = layer.attend_self(x, modulation, rope, None, EAGER_OPS)
         eager_out = layer.finish(x, heads, modulation, EAGER_OPS)
-        with forced_path(fused=True):
+        with forced_path(fused=forced):
             fused = layer.attend_self(x, modulation, rope, None, FUSED_OPS)
             fused_out = layer.finish(x, heads, modulation, FUSED_OPS)
     for name, a, b in (("x", fused[0], eager[0]), ("queries", fused[1], eager[1]), ("finish", fused_out, eager_out)):
@@ -122,7 +171,7 @@ def test_compile_graph_ticks_take_the_fused_kernels_replay_without_syncs_and_mat
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiled:
             pipeline, fused = stream_latents(session, "compile-graph", a, null)
         kernels = {event.key for event in profiled.key_averages()}
-        for kernel in ("_swiglu_gemm", "_gated_residual_gemm"):
+        for kernel in ("_swiglu_gemm", "_gated_residual_gemm", "_add_norm_modulate"):
             assert any(kernel in name for name in kernels), f"the compiled layers did not run {kernel}"
         assert pipeline.stats()["graphs"]["replays"] > 0
         assert_close_latents(fused, eager)

@@ -11,6 +11,7 @@ from flowjam.engine.models.dit import EAGER_OPS, DiTDecoder
 from flowjam.engine.models.layers import rope_cos_sin
 from flowjam.engine.models.presets import get_preset
 from flowjam.engine.stream.backends import decoder_forward
+from helpers import check_fused_op_fakes
 
 
 def _decoder() -> DiTDecoder:
@@ -86,3 +87,7 @@ def test_fp8_layers_which_the_fused_ops_do_not_take_run_as_the_eager_layer():
     with torch.no_grad():
         eager = layer.finish(x, heads, modulation, EAGER_OPS)
     assert torch.equal(fused, eager)
+
+
+def test_the_fused_ops_fake_kernels_give_their_outputs_shapes_and_strides():
+    check_fused_op_fakes("cpu")

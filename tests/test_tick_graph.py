@@ -136,3 +136,22 @@ def test_new_prompt_lengths_reuse_their_groups_static_kv_memory(session):
         torch.testing.assert_close(static, plain, atol=2e-5, rtol=1e-5)
         sizes.append(pipeline.stats()["graphs"]["static_mb"])
     assert sizes[1:] == sizes[:1] * (len(prompts) - 1), sizes
+
+
+def test_bench_host_sections_time_each_step_of_a_tick_and_leave_the_pipeline_as_it_was():
+    """`bench tick --profile`'s host table: every section a graph-backend tick runs is timed once per tick, and the
+    wrapped methods are the originals again afterwards (a later tick pays no timer)."""
+    from flowjam.engine.bench.host_sections import SECTIONS, host_sections
+    from flowjam.engine.bench.ticks import TickFixture, TickRun
+
+    before = {(owner, name): owner.__dict__[name] for owner, name in SECTIONS}
+    fixture = TickFixture.build("tiny", 10.0, "cpu", torch.float32, gemm_tflops=1.0)
+    run = TickRun(fixture, depth=4, steps=8, cfg="full", backend="graph")
+    run.warm_up()
+    report = host_sections(run.tick, lambda: None, ticks=6)
+    for section in ("StreamPipeline.submit", "TickBatch.of", "GraphStep.run", "GraphStep._home", "TickGraphs.run"):
+        line = next((line for line in report.splitlines() if section in line), None)
+        assert line is not None, f"{section} missing from:\n{report}"
+        ms, per_tick = float(line.split()[1]), float(line.split()[3])
+        assert ms > 0 and per_tick == 1.0, line
+    assert {(owner, name): owner.__dict__[name] for owner, name in SECTIONS} == before

@@ -21,6 +21,7 @@ from ..models.vae import OobleckVAE
 from ..params import DEFAULT_PRECISION, LATENT_RATE_HZ
 from ..stream import RealtimeNeed, SlotRequest, StreamPipeline
 from ..stream.windowed import WindowedStream
+from .host_sections import host_sections
 
 CONDITION_TOKENS = 256
 WALK_DENOISE = 0.7  # how far a window re-noises the frames the timeline holds (the live `denoise` knob)
@@ -228,11 +229,15 @@ def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return ((value - reference).norm() / reference.norm()).item()
 
 
+STREAM_SEED = 7  # the seed knob's value in a TickRun's live-like requests
+
+
 class TickRun:
     """One configuration's StreamPipeline fed a new request every tick; `window_s`: the requests walk with a playhead
     one latent frame per tick, windows of that many seconds placed on the song's timeline (or an endless one) by a
     `WindowedStream` (engine/stream/windowed.py), as a live stream places them. `before_tick(i)` runs before each tick (a knob moving every
-    tick, say)."""
+    tick, say). Every request keeps one seed, as a live stream's seed knob does (its noise is drawn once);
+    `fresh_seeds`: a new seed every tick instead, so each admission draws a request's noise on the host."""
 
     def __init__(
         self,
@@ -244,8 +249,9 @@ class TickRun:
         window_s: float = 0.0,
         endless: bool = False,
         before_tick: Callable[[int], None] | None = None,
+        fresh_seeds: bool = False,
     ):
-        self.fixture, self.steps, self.before_tick = fixture, steps, before_tick
+        self.fixture, self.steps, self.before_tick, self.fresh_seeds = fixture, steps, before_tick, fresh_seeds
         self.device = fixture.context.device
         self.pipeline = StreamPipeline(fixture.decoder, depth=depth, backend=backend)
         self.options = dict(cfg_mode=cfg, negative=None if cfg in ("off", "self") else fixture.negative, guidance=2.0)
@@ -260,15 +266,16 @@ class TickRun:
 
     def tick(self) -> list:
         """Submit the next request and tick; -> what finished."""
-        seed = next(self._counter)
+        index = next(self._counter)
         if self.before_tick is not None:
-            self.before_tick(seed)
+            self.before_tick(index)
+        seed = index if self.fresh_seeds else STREAM_SEED
         request = SlotRequest(self.fixture.positive, self.fixture.context, seed=seed, steps=self.steps, **self.options)
         if self.windowed is None:
             self.pipeline.submit(request)
             return self.pipeline.tick()
-        self.windowed.submit(request, at_frame=seed, denoise=WALK_DENOISE)  # the playhead: one latent frame a tick
-        return self.windowed.tick(frozen_frame=seed)
+        self.windowed.submit(request, at_frame=index, denoise=WALK_DENOISE)  # the playhead: one latent frame a tick
+        return self.windowed.tick(frozen_frame=index)
 
     def warm_up(self) -> float:
         """Ticks until every slot has cycled twice (first compiles and captures); -> seconds it took."""
@@ -309,9 +316,10 @@ def bench_tick(
     before_tick: Callable[[int], None] | None = None,
     window_s: float = 0.0,
     endless: bool = False,
+    fresh_seeds: bool = False,
 ) -> TickReport:
     """Steady-state ticks of a `TickRun` against the FLOP bound at the GEMM peak measured in the same process."""
-    run = TickRun(fixture, depth, steps, cfg, backend, window_s, endless, before_tick)
+    run = TickRun(fixture, depth, steps, cfg, backend, window_s, endless, before_tick, fresh_seeds)
     warmup_s = run.warm_up()
     times_ms, host_ms, rows, finished = [], [], [], 0
     for _ in range(ticks):
@@ -325,7 +333,10 @@ def bench_tick(
         run.tick()
     _sync(run.device)
     free_ms = (time.perf_counter() - start) * 1000.0 / ticks
-    table = _profile(run.tick, run.device) if profile and run.device.type == "cuda" else None
+    table = None
+    if profile:
+        host = host_sections(run.tick, lambda: _sync(run.device))
+        table = host if run.device.type != "cuda" else _profile(run.tick, run.device) + "\n" + host
     total_s = sum(times_ms) / 1000.0
     ordered = sorted(times_ms)
     row_flops = dit_row_flops(fixture.decoder.config, run.frames)

@@ -1,9 +1,11 @@
-"""The fused layer GEMMs as PyTorch custom ops (`torch.ops.flowjam.*`), opaque to torch.compile: Inductor fuses the
-norms and modulation around them, the CUDA graph records them like any kernel. Where the kernels do not run (the
-CPU, older GPUs), the ops are the eager layer's math in plain PyTorch. Each fusion is taken by measurement: the
-SwiGLU op per GEMM shape band (`MEASURED`: the fused kernel against cuBLAS and one SiLU-mul pass, what Inductor
-makes of it), the gated residual per projection shape before tracing (`RESIDUAL_FUSED`: the kernel against cuBLAS
-alone, since Inductor fuses the unfused gate and residual into the next kernel)."""
+"""The fused layer kernels as PyTorch custom ops (`torch.ops.flowjam.*`), opaque to torch.compile: the CUDA graph
+records them like any kernel. Where the kernels do not run (the CPU, older GPUs), the ops are the eager layer's math
+in plain PyTorch. The GEMM fusions are taken by measurement: the SwiGLU op per GEMM shape band (`MEASURED`: the fused
+kernel against cuBLAS and one SiLU-mul pass, what Inductor makes of it), the gated residual per projection shape
+before tracing (`RESIDUAL_FUSED`: the kernel against cuBLAS alone). The residual + norm + modulation pass replaces
+Inductor's two kernels for the same math (a row-statistics pass, then an elementwise pass reading everything again)
+wherever the kernels run (at depth 4, cfg full, 60 s on an H100: 7.55 ms of elementwise kernels per tick became 3.0;
+docs/benchmarks.md, "Fused kernels")."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.dit import DiTDecoder, LayerOps
-from ..models.layers import SwiGLU
+from ..models.layers import RMSNorm, SwiGLU
 from . import fused_kernels_available, row_band, supports
 
 TIMING_REPEATS = 10
@@ -162,6 +164,59 @@ def _(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, gate: torch.T
     return x.new_empty(x.shape)
 
 
+def _vectors(x: torch.Tensor, *vectors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Per-batch-row vectors [B or 1, 1, N] as [B or 1, N] views (what the norm kernel reads)."""
+    return [None if v is None else v.reshape(v.shape[0], x.shape[-1]) for v in vectors]
+
+
+def _eager_modulated(x: torch.Tensor, weight: torch.Tensor, scale, shift, eps: float) -> torch.Tensor:
+    h = F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return (h if scale is None else (h * (1 + scale) + shift).type_as(x)).contiguous()
+
+
+@torch.library.custom_op("flowjam::norm_modulate", mutates_args=())
+def norm_modulate(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """rmsnorm(x) * weight * (1 + scale) + shift for x [B, S, N], scale and shift [B or 1, 1, N] (None: the norm
+    alone), in one pass where the kernel runs."""
+    if not fused_kernels_available(x.device):
+        return _eager_modulated(x, weight, scale, shift, eps)
+    from . import norm_modulate as kernel
+
+    return kernel.add_norm_modulate(x, None, None, weight, *_vectors(x, scale, shift), eps)[1]
+
+
+@norm_modulate.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, scale, shift, eps: float) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("flowjam::add_norm_modulate", mutates_args=())
+def add_norm_modulate(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    gate: torch.Tensor | None,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x', h): x' = x + delta * gate, h = rmsnorm(x') * weight * (1 + scale) + shift, for x and delta [B, S, N],
+    gate, scale and shift [B or 1, 1, N] (None: no gate / the norm alone), in one pass where the kernel runs."""
+    if not fused_kernels_available(x.device):
+        added = (x + delta if gate is None else (x + delta * gate).type_as(x)).contiguous()
+        return added, _eager_modulated(added, weight, scale, shift, eps)
+    from . import norm_modulate as kernel
+
+    return kernel.add_norm_modulate(x, delta, *_vectors(x, gate), weight, *_vectors(x, scale, shift), eps)
+
+
+@add_norm_modulate.register_fake
+def _(x: torch.Tensor, delta: torch.Tensor, gate, weight: torch.Tensor, scale, shift, eps: float):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
 RESIDUAL_ROWS = 4096  # rows the gated-residual kernel is timed at against cuBLAS
 RESIDUAL_FUSED: dict[tuple, bool] = {}
 """By (N, K, dtype, device): whether the gated-residual kernel beat cuBLAS's GEMM alone (`choose_residuals`)."""
@@ -204,14 +259,20 @@ def _plain(*linears: nn.Module) -> bool:
     return all(type(linear) is nn.Linear and linear.bias is None for linear in linears)
 
 
+def _residual_kernel_taken(linear: nn.Module) -> bool:
+    """Whether this projection runs as the gated-residual GEMM (forced, or chosen by `choose_residuals`)."""
+    return _plain(linear) and bool(_FORCED[-1] if _FORCED else RESIDUAL_FUSED.get(_residual_key(linear.weight)))
+
+
 class FusedOps(LayerOps):
-    """A DiT layer's GEMMs through the fused ops: the SwiGLU always (each shape's faster path measured inside the op),
-    a gated residual where `choose_residuals` found the kernel faster; layers the ops do not take (FP8,
-    LoRA-wrapped) run as LayerOps."""
+    """A DiT layer through the fused ops: the SwiGLU always (each shape's faster path measured inside the op), a gated
+    residual where `choose_residuals` found the kernel faster, every norm and modulation in one pass with the
+    residual before it. GEMMs the ops do not take (FP8, LoRA-wrapped linears) run as LayerOps' (the norm pass after
+    them still runs)."""
 
     @staticmethod
     def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        if not _plain(linear) or not (_FORCED[-1] if _FORCED else RESIDUAL_FUSED.get(_residual_key(linear.weight))):
+        if not _residual_kernel_taken(linear):
             return LayerOps.residual(x, linear, inputs, gate)
         return torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
 
@@ -220,6 +281,29 @@ class FusedOps(LayerOps):
         if not _plain(mlp.gate_proj, mlp.up_proj):
             return LayerOps.swiglu(mlp, h)
         return torch.ops.flowjam.swiglu(h, mlp.gate_proj.weight, mlp.up_proj.weight)
+
+    @staticmethod
+    def modulated_norm(
+        norm: RMSNorm, x: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None
+    ) -> torch.Tensor:
+        return torch.ops.flowjam.norm_modulate(x, norm.weight, scale, shift, norm.eps)
+
+    def residual_norm(
+        self,
+        x: torch.Tensor,
+        linear: nn.Module,
+        inputs: torch.Tensor,
+        gate: torch.Tensor | None,
+        norm: RMSNorm,
+        scale: torch.Tensor | None,
+        shift: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The projection alone (cuBLAS, or FP8 / LoRA-wrapped as it comes), then the gate, residual, norm and
+        modulation in one pass; with the gated-residual GEMM where that was chosen."""
+        if _residual_kernel_taken(linear):
+            x = torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
+            return x, self.modulated_norm(norm, x, scale, shift)
+        return torch.ops.flowjam.add_norm_modulate(x, linear(inputs), gate, norm.weight, scale, shift, norm.eps)
 
 
 FUSED_OPS = FusedOps()

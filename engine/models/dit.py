@@ -147,19 +147,19 @@ class DiTLayer(nn.Module):
         """The layer up to its cross-attention: modulated self-attention -> (x, cross-attention queries)."""
         ops = EAGER_OPS if ops is None else ops
         shift, scale, gate = (self.scale_shift_table[:, :3] + modulation[:, :3]).chunk(3, dim=1)
-        h = (self.self_attn_norm(x) * (1 + scale) + shift).type_as(x)
+        h = ops.modulated_norm(self.self_attn_norm, x, scale, shift)
         heads = self.self_attn.flat_heads(self.self_attn.self_heads(h, rope, self_mask))
-        x = ops.residual(x, self.self_attn.o_proj, heads, gate)
-        return x, self.cross_attn.query(self.cross_attn_norm(x))
+        x, h = ops.residual_norm(x, self.self_attn.o_proj, heads, gate, self.cross_attn_norm, None, None)
+        return x, self.cross_attn.query(h)
 
     def finish(
         self, x: torch.Tensor, cross_heads: torch.Tensor, modulation: torch.Tensor, ops: LayerOps | None = None
     ) -> torch.Tensor:
         """The layer after its cross-attention heads: output projection, then the modulated MLP."""
         ops = EAGER_OPS if ops is None else ops
-        x = ops.residual(x, self.cross_attn.o_proj, self.cross_attn.flat_heads(cross_heads), None)
         mlp_shift, mlp_scale, mlp_gate = (self.scale_shift_table[:, 3:] + modulation[:, 3:]).chunk(3, dim=1)
-        h = (self.mlp_norm(x) * (1 + mlp_scale) + mlp_shift).type_as(x)
+        heads = self.cross_attn.flat_heads(cross_heads)
+        x, h = ops.residual_norm(x, self.cross_attn.o_proj, heads, None, self.mlp_norm, mlp_scale, mlp_shift)
         return ops.residual(x, self.mlp.down_proj, ops.swiglu(self.mlp, h), mlp_gate)
 
 
@@ -178,6 +178,29 @@ class LayerOps:
     def swiglu(mlp: SwiGLU, h: torch.Tensor) -> torch.Tensor:
         """The MLP's activations before its down projection: silu(gate(h)) * up(h)."""
         return mlp.activations(h)
+
+    @staticmethod
+    def modulated_norm(
+        norm: RMSNorm, x: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None
+    ) -> torch.Tensor:
+        """norm(x) * (1 + scale) + shift (scale and shift [B, 1, N]; None: the norm alone)."""
+        if scale is None:
+            return norm(x)
+        return (norm(x) * (1 + scale) + shift).type_as(x)
+
+    def residual_norm(
+        self,
+        x: torch.Tensor,
+        linear: nn.Module,
+        inputs: torch.Tensor,
+        gate: torch.Tensor | None,
+        norm: RMSNorm,
+        scale: torch.Tensor | None,
+        shift: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x', the next block's input): x' = x + linear(inputs) * gate, then `modulated_norm` of x'."""
+        x = self.residual(x, linear, inputs, gate)
+        return x, self.modulated_norm(norm, x, scale, shift)
 
 
 EAGER_OPS = LayerOps()

@@ -39,6 +39,7 @@ class GraphStep:
         self.static = StaticTensors(device)
         self._staging = staging
         self._kv_owner: dict[int, tuple[CrossKV, CrossKV]] = {}  # each group's (K/V its static tensors hold, them)
+        self._times: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def run(
         self,
@@ -63,10 +64,7 @@ class GraphStep:
         clock = torch.tensor([[slot.t, slot.t_next] for slot in active], dtype=torch.float32)
         times_device = static.get("times", ((MAX_LANES + 1) * MAX_DEPTH, 2), torch.float32)
         self._staging.copy(clock, times_device[: len(active)])
-        times = {
-            id(slot): (times_device[i, 0].view(1, 1, 1), times_device[i, 1].view(1, 1, 1))
-            for i, slot in enumerate(active)
-        }
+        times = {id(slot): self._time_views(times_device, i) for i, slot in enumerate(active)}
         layout = batch.layout
         kvs = [self._static_kv(g, c, own) for g, (c, own) in enumerate(zip(layout.conditions, layout.kv_strengths))]
         groups = layout.groups(kvs)
@@ -100,6 +98,14 @@ class GraphStep:
             slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
         return self.graphs.counters.replays > replays
 
+    def _time_views(self, times_device: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(t, t_next) of the static times' `row`, as [1, 1, 1] views made once per row (the times tensor is static)."""
+        key = (times_device.data_ptr(), row)
+        views = self._times.get(key)
+        if views is None:
+            views = self._times[key] = (times_device[row, 0].view(1, 1, 1), times_device[row, 1].view(1, 1, 1))
+        return views
+
     def _home(self, slots: list[Slot]) -> None:
         """Give every slot in flight the home of its rank by age in its lane (`slots` come lane by lane, each
         `Lane.by_age`): a new slot is placed there, one whose rank changed moves, in an order that never overwrites
@@ -126,9 +132,9 @@ class GraphStep:
         frames_shape = (1, slot.x.shape[1], 1)
 
         def put(name: tuple, value: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-            shape = tuple(value.shape) if shape is None else shape
-            static = self.static.get(name, shape, value.dtype)
-            copies.append((static, value.expand(shape)))
+            same = shape is None or value.shape == shape
+            static = self.static.get(name, tuple(value.shape) if shape is None else shape, value.dtype)
+            copies.append((static, value if same else value.expand(shape)))
             return static
 
         slot.x = put((home, "x"), slot.x)

@@ -1,0 +1,75 @@
+"""Triton: a DiT layer's residual add, RMSNorm and AdaLN modulation in one pass over each row.
+
+`add_norm_modulate`: x' = x + delta * gate[batch] (the projection just made, gated), then
+h = rmsnorm(x') * weight * (1 + scale[batch]) + shift[batch], writing x' and h; `norm_modulate`: h alone from x.
+Inductor makes two kernels of this (the row statistics, then the elementwise pass that reads everything again);
+here one program holds a whole row in registers, so every tensor is read once and written once. Statistics and
+products are fp32; x' is rounded to its dtype before it is normalised, as the eager layer normalises the stored x'.
+The gate, scale and shift vectors are one per batch row ([B, N], any row stride; B = 1 broadcasts)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ROW_CONFIGS = [triton.Config({}, num_warps=warps) for warps in (4, 8, 16)]
+
+
+@triton.autotune(ROW_CONFIGS, key=["n"])
+@triton.jit
+def _add_norm_modulate(
+    x_ptr, delta_ptr, gate_ptr, weight_ptr, scale_ptr, shift_ptr, x_out_ptr, h_ptr,
+    n, tokens, gate_stride, scale_stride, shift_stride, eps,
+    ADD: tl.constexpr, GATE: tl.constexpr, MODULATE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    batch = row // tokens
+    cols = tl.arange(0, BLOCK)
+    inside = cols < n
+    offsets = row.to(tl.int64) * n + cols
+    x = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+    if ADD:
+        delta = tl.load(delta_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        if GATE:
+            delta *= tl.load(gate_ptr + batch * gate_stride + cols, mask=inside, other=0.0).to(tl.float32)
+        stored = (x + delta).to(x_out_ptr.dtype.element_ty)
+        tl.store(x_out_ptr + offsets, stored, mask=inside)
+        x = stored.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+    h = x * rstd * tl.load(weight_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+    if MODULATE:
+        scale = tl.load(scale_ptr + batch * scale_stride + cols, mask=inside, other=0.0).to(tl.float32)
+        shift = tl.load(shift_ptr + batch * shift_stride + cols, mask=inside, other=0.0).to(tl.float32)
+        h = h * (1.0 + scale) + shift
+    tl.store(h_ptr + offsets, h.to(h_ptr.dtype.element_ty), mask=inside)
+
+
+def _batch_stride(vector: torch.Tensor | None, batch: int) -> int:
+    """The row stride of a [B or 1, N] vector (0 where one row serves every batch row)."""
+    return 0 if vector is None or vector.shape[0] == 1 else vector.stride(0)
+
+
+def add_norm_modulate(
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    gate: torch.Tensor | None,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x', h) for x [B, S, N] and delta [B, S, N] (None: x' is x, not written), gate/scale/shift [B or 1, N] with
+    unit column stride (None: no gate / no modulation), weight [N]."""
+    batch, tokens, n = x.shape
+    x = x.contiguous()
+    h = torch.empty_like(x)
+    x_out = x if delta is None else torch.empty_like(x)
+    mod = scale if scale is not None else weight
+    _add_norm_modulate[(batch * tokens,)](
+        x, x if delta is None else delta.contiguous(), x if gate is None else gate, weight, mod,
+        mod if shift is None else shift, x_out, h,
+        n, tokens, _batch_stride(gate, batch), _batch_stride(scale, batch), _batch_stride(shift, batch), eps,
+        ADD=delta is not None, GATE=gate is not None, MODULATE=scale is not None, BLOCK=triton.next_power_of_2(n),
+    )  # fmt: skip
+    return x_out, h
