@@ -206,20 +206,22 @@ def check_fused_op_fakes(device: str) -> None:
     """torch.library.opcheck of every fused custom op on `device`: the fake kernels torch.compile traces with give
     the real outputs' shapes and strides (a layer's first input arrives transposed, so x is non-contiguous here)."""
     import torch
-    from flowjam.engine.kernels import ops  # noqa: F401  (registers torch.ops.flowjam.*)
+    from flowjam.engine.kernels.ops import forced_path
 
     def tensor(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=device).bfloat16()
 
     x, delta, weight = tensor(2, 2048, 5).transpose(1, 2), tensor(2, 5, 2048), tensor(2048)
     shift, scale, gate = tensor(2, 3, 2048).chunk(3, dim=1)
+    w_gate, w_up = tensor(2, 192, 128)  # paired, as the SwiGLU kernel reads them
     flowjam = torch.ops.flowjam
-    for op, args in (
-        (flowjam.norm_modulate, (x, weight, scale, shift, 1e-6)),
-        (flowjam.norm_modulate, (x, weight, None, None, 1e-6)),
-        (flowjam.add_norm_modulate, (x, delta, gate, weight, scale, shift, 1e-6)),
-        (flowjam.add_norm_modulate, (x, delta, None, weight, None, None, 1e-6)),
-        (flowjam.swiglu, (tensor(3, 5, 128), tensor(192, 128), tensor(192, 128))),
-        (flowjam.gated_residual, (x.contiguous(), tensor(2, 5, 128), tensor(2048, 128), gate)),
-    ):
-        torch.library.opcheck(op, args)
+    with forced_path(fused=True):
+        for op, args in (
+            (flowjam.norm_modulate, (x, weight, scale, shift, 1e-6)),
+            (flowjam.norm_modulate, (x, weight, None, None, 1e-6)),
+            (flowjam.add_norm_modulate, (x, delta, gate, weight, scale, shift, 1e-6)),
+            (flowjam.add_norm_modulate, (x, delta, None, weight, None, None, 1e-6)),
+            (flowjam.swiglu, (tensor(3, 5, 128), w_gate, w_up)),
+            (flowjam.gated_residual, (x.contiguous(), tensor(2, 5, 128), tensor(2048, 128), gate)),
+        ):
+            torch.library.opcheck(op, args)

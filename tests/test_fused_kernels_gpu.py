@@ -1,6 +1,7 @@
-"""The fused GEMM-epilogue kernels (engine/kernels) against the eager layer, on a Hopper GPU (skipped elsewhere, the
-reason printed): each kernel at the DiT's real shapes and at row counts that are not a multiple of any tile, a whole
-layer through the fused ops, and compile-graph ticks that take them, replayed without host syncs."""
+"""The fused kernels (engine/kernels) against the eager layer, on a Hopper GPU (skipped elsewhere, the reason
+printed): the GEMM-epilogue kernels and the residual + norm + modulation pass at the DiT's real shapes and at row
+counts that are not a multiple of any tile, the custom ops' fake kernels against their outputs, a whole layer through
+the fused ops, and compile-graph ticks that take them, replayed without host syncs."""
 
 import sys
 
@@ -117,13 +118,38 @@ def test_norm_kernel_equals_the_eager_residual_norm_and_modulation(batch, tokens
         exact = exact * (1 + scale.float()) + shift.float()
         eager = (eager * (1 + scale) + shift).type_as(x)
     vectors = [None if v is None else v.view(batch, n) for v in (gates, scale, shift)]
+    before = x.clone()
     fused_x, fused = norm_modulate.add_norm_modulate(x, delta, vectors[0], weight, *vectors[1:], 1e-6)
     what = f"{batch}x{tokens}x{n}, add {add}, gate {gate}, modulate {modulate}"
     _within_bf16_of_eager(fused, eager, exact, what)
+    assert torch.equal(x, before), "the input x was written"
     if add:
         _within_bf16_of_eager(fused_x, eager_x, exact_x, what + " (x')")
-    else:
-        assert fused_x.data_ptr() == x.data_ptr(), "x was written without a residual to add"
+
+
+@hopper
+@pytest.mark.parametrize("layout", ["shared", "chunked"])
+def test_norm_kernel_reads_shared_and_chunked_modulation_vectors(layout):
+    """One vector for every batch row (stride 0), and the layer's own layout: gate, scale and shift as chunks of one
+    [B, 3, N] tensor (row stride 3N); a vector of another batch is refused, naming the shapes."""
+    from flowjam.engine.kernels import norm_modulate
+
+    batch, tokens = 4, 33
+    x = torch.randn(batch, tokens, HIDDEN, device="cuda").bfloat16()
+    delta = torch.randn(batch, tokens, HIDDEN, device="cuda").bfloat16()
+    weight = (1 + 0.1 * torch.randn(HIDDEN, device="cuda")).bfloat16()
+    rows = 1 if layout == "shared" else batch
+    shift, scale, gate = (torch.randn(rows, 3, HIDDEN, device="cuda") * 0.3).bfloat16().chunk(3, dim=1)
+    added = (x.float() + delta.float() * gate.float()).bfloat16()
+    eager = (F.rms_norm(added, (HIDDEN,), weight, 1e-6) * (1 + scale) + shift).type_as(x)
+    exact = F.rms_norm(x.float() + delta.float() * gate.float(), (HIDDEN,), weight.float(), 1e-6)
+    exact = exact * (1 + scale.float()) + shift.float()
+    vectors = [v.reshape(rows, HIDDEN) for v in (gate, scale, shift)]
+    _, fused = norm_modulate.add_norm_modulate(x, delta, vectors[0], weight, *vectors[1:], 1e-6)
+    _within_bf16_of_eager(fused, eager, exact, f"{layout} vectors")
+    wrong = torch.zeros(batch - 1, HIDDEN, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match=r"\[4 or 1, 2048\]"):
+        norm_modulate.add_norm_modulate(x, delta, wrong, weight, *vectors[1:], 1e-6)
 
 
 @hopper

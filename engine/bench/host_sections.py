@@ -46,7 +46,7 @@ def timed_sections(sections: tuple[tuple[type, str], ...] = SECTIONS) -> Iterato
             setattr(owner, name, method)
 
 
-def _timer(method, seconds: list[float]):
+def _timer(method: Callable | staticmethod, seconds: list[float]) -> Callable | staticmethod:
     """`method` (a function or a staticmethod, as found in its class) timing each call into `seconds`."""
     static = isinstance(method, staticmethod)
     call = method.__func__ if static else method

@@ -25,6 +25,7 @@ from .host_sections import host_sections
 
 CONDITION_TOKENS = 256
 WALK_DENOISE = 0.7  # how far a window re-noises the frames the timeline holds (the live `denoise` knob)
+STREAM_SEED = 7  # the seed knob's value in a TickRun's live-like requests
 
 
 def parameter_census(preset_name: str) -> dict[str, int]:
@@ -229,9 +230,6 @@ def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return ((value - reference).norm() / reference.norm()).item()
 
 
-STREAM_SEED = 7  # the seed knob's value in a TickRun's live-like requests
-
-
 class TickRun:
     """One configuration's StreamPipeline fed a new request every tick; `window_s`: the requests walk with a playhead
     one latent frame per tick, windows of that many seconds placed on the song's timeline (or an endless one) by a
@@ -363,7 +361,7 @@ KERNEL_KINDS = {
     "gemm": ("gemm", "nvjet", "cutlass", "xmma", "scaled_mm", "cublas"),
     "attention": ("flash", "fmha", "attention", "cudnn"),
     "copy": ("copy", "index", "fill", "cat"),
-    "fused elementwise": ("triton",),
+    "fused elementwise": ("triton", "norm_modulate"),
     "other": (),
 }
 

@@ -45,9 +45,16 @@ def _add_norm_modulate(
     tl.store(h_ptr + offsets, h.to(h_ptr.dtype.element_ty), mask=inside)
 
 
-def _batch_stride(vector: torch.Tensor | None, batch: int) -> int:
+def _batch_stride(vector: torch.Tensor | None, batch: int, n: int) -> int:
     """The row stride of a [B or 1, N] vector (0 where one row serves every batch row)."""
-    return 0 if vector is None or vector.shape[0] == 1 else vector.stride(0)
+    if vector is None:
+        return 0
+    if vector.dim() != 2 or vector.shape[0] not in (1, batch) or vector.shape[1] != n or vector.stride(1) != 1:
+        raise ValueError(
+            f"a per-batch-row vector must be [{batch} or 1, {n}] with unit column stride, not "
+            f"{list(vector.shape)} with strides {vector.stride()}"
+        )
+    return 0 if vector.shape[0] == 1 else vector.stride(0)
 
 
 def add_norm_modulate(
@@ -62,6 +69,8 @@ def add_norm_modulate(
     """(x', h) for x [B, S, N] and delta [B, S, N] (None: x' is x, not written), gate/scale/shift [B or 1, N] with
     unit column stride (None: no gate / no modulation), weight [N]."""
     batch, tokens, n = x.shape
+    if (scale is None) != (shift is None):
+        raise ValueError("AdaLN modulation needs both scale and shift (or neither)")
     x = x.contiguous()
     h = torch.empty_like(x)
     x_out = x if delta is None else torch.empty_like(x)
@@ -69,7 +78,7 @@ def add_norm_modulate(
     _add_norm_modulate[(batch * tokens,)](
         x, x if delta is None else delta.contiguous(), x if gate is None else gate, weight, mod,
         mod if shift is None else shift, x_out, h,
-        n, tokens, _batch_stride(gate, batch), _batch_stride(scale, batch), _batch_stride(shift, batch), eps,
+        n, tokens, _batch_stride(gate, batch, n), _batch_stride(scale, batch, n), _batch_stride(shift, batch, n), eps,
         ADD=delta is not None, GATE=gate is not None, MODULATE=scale is not None, BLOCK=triton.next_power_of_2(n),
     )  # fmt: skip
     return x_out, h

@@ -4,8 +4,7 @@ in plain PyTorch. The GEMM fusions are taken by measurement: the SwiGLU op per G
 kernel against cuBLAS and one SiLU-mul pass, what Inductor makes of it), the gated residual per projection shape
 before tracing (`RESIDUAL_FUSED`: the kernel against cuBLAS alone). The residual + norm + modulation pass replaces
 Inductor's two kernels for the same math (a row-statistics pass, then an elementwise pass reading everything again)
-wherever the kernels run (at depth 4, cfg full, 60 s on an H100: 7.55 ms of elementwise kernels per tick became 3.0;
-docs/benchmarks.md, "Fused kernels")."""
+wherever the kernels run (docs/benchmarks.md, "Fused kernels", has the profile)."""
 
 from __future__ import annotations
 
@@ -165,8 +164,10 @@ def _(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, gate: torch.T
 
 
 def _vectors(x: torch.Tensor, *vectors: torch.Tensor | None) -> list[torch.Tensor | None]:
-    """Per-batch-row vectors [B or 1, 1, N] as [B or 1, N] views (what the norm kernel reads)."""
-    return [None if v is None else v.reshape(v.shape[0], x.shape[-1]) for v in vectors]
+    """Per-batch-row vectors [B or 1, 1, N] as [B or 1, N] with unit column stride (views where they can be), what
+    the norm kernel reads."""
+    rows = [None if v is None else v.reshape(v.shape[0], x.shape[-1]) for v in vectors]
+    return [v if v is None or v.stride(1) == 1 else v.contiguous() for v in rows]
 
 
 def _eager_modulated(x: torch.Tensor, weight: torch.Tensor, scale, shift, eps: float) -> torch.Tensor:
@@ -224,9 +225,10 @@ RESIDUAL_FUSED: dict[tuple, bool] = {}
 
 def choose_residuals(decoder: DiTDecoder) -> dict[tuple, bool]:
     """Time the gated-residual kernel against cuBLAS's bare GEMM at each of the decoder's projection shapes (o_proj,
-    down_proj), once per shape and device: where the kernel is not faster, `FusedOps` leaves the gate and residual
-    to Inductor, which fuses them into the kernel after the GEMM (today's path, unchanged). Decided before the
-    layers are traced, so compiled code never re-decides. Returns the decisions for this decoder's shapes."""
+    down_proj), once per shape and device: where the kernel is not faster, `FusedOps` runs cuBLAS's GEMM and leaves
+    the gate and residual to the pass after it (o_proj's to the norm pass, down_proj's to Inductor's next kernel).
+    Decided before the layers are traced, so compiled code never re-decides. Returns the decisions for this
+    decoder's shapes."""
     layer = decoder.layers[0]
     weights = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
     for weight in weights:

@@ -164,8 +164,8 @@ class DiTLayer(nn.Module):
 
 
 class LayerOps:
-    """The GEMMs of a DiT layer with the elementwise work that follows them: plain PyTorch here; the fused Triton
-    kernels of `engine.kernels` implement the same two methods."""
+    """A DiT layer's GEMMs with the elementwise work around them (residuals, SwiGLU, norms with AdaLN modulation):
+    plain PyTorch here; `engine.kernels.ops.FusedOps` implements the same methods with fused Triton kernels."""
 
     @staticmethod
     def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:

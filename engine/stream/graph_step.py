@@ -39,7 +39,7 @@ class GraphStep:
         self.static = StaticTensors(device)
         self._staging = staging
         self._kv_owner: dict[int, tuple[CrossKV, CrossKV]] = {}  # each group's (K/V its static tensors hold, them)
-        self._times: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._times: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # `_time_views`, by row
 
     def run(
         self,
@@ -99,11 +99,11 @@ class GraphStep:
         return self.graphs.counters.replays > replays
 
     def _time_views(self, times_device: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(t, t_next) of the static times' `row`, as [1, 1, 1] views made once per row (the times tensor is static)."""
-        key = (times_device.data_ptr(), row)
-        views = self._times.get(key)
+        """(t, t_next) of the static times' `row`, as [1, 1, 1] views made once per row (the times tensor is one
+        static tensor for the pipeline's life)."""
+        views = self._times.get(row)
         if views is None:
-            views = self._times[key] = (times_device[row, 0].view(1, 1, 1), times_device[row, 1].view(1, 1, 1))
+            views = self._times[row] = (times_device[row, 0].view(1, 1, 1), times_device[row, 1].view(1, 1, 1))
         return views
 
     def _home(self, slots: list[Slot]) -> None:

@@ -97,6 +97,7 @@ class StreamPipeline:
         self._staging = PinnedStaging(device)
         self._graph = GraphStep(decoder, device, self._staging) if uses_graphs(backend) else None
         self._last_noise: tuple[tuple, torch.Tensor] | None = None
+        self._event_pairs: list[tuple[Any, Any]] = []  # reused: at most three, two of them possibly still read
         self._constant_curves: OrderedDict[tuple[str, float], torch.Tensor] = OrderedDict()
         self._check_finite = FiniteChecks()
         self.cycle_costs = False  # True: whoever drives the ticks reports what a whole cycle costs (record_cycle)
@@ -404,13 +405,19 @@ class StreamPipeline:
         return results
 
     def _gpu_events(self) -> tuple[Any, Any] | None:
-        """A (start, end) CUDA event pair with the start recorded now; None on the CPU."""
+        """A (start, end) CUDA event pair with the start recorded now; None on the CPU. A pair is reused once neither
+        the last tick's stats nor a pending cost sample reads it (creating events every tick costs host time)."""
         device = self._device_dtype()[0]
         if device.type != "cuda":
             return None
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        return start, end
+        pending = self._stats.pending_cost
+        read = (self._stats.gpu_events, None if pending is None else pending[1])
+        pair = next((p for p in self._event_pairs if not any(p is r for r in read)), None)
+        if pair is None:
+            pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._event_pairs.append(pair)
+        pair[0].record()
+        return pair
 
     def _start(self, prepared: Prepared, lane: Lane, place: int) -> Slot:
         """The slot a prepared request becomes at `place` of `lane`: its seeded noise drawn, its starting latent."""
@@ -501,9 +508,9 @@ class StreamPipeline:
         """Counters of the last tick: host-side ms, and on a GPU the device ms of the last tick whose CUDA events
         have completed (read without waiting; None until one has)."""
         s = self._stats
-        gpu_ms = None
-        if s.gpu_events is not None and s.gpu_events[1].query():
-            gpu_ms = s.gpu_events[0].elapsed_time(s.gpu_events[1])
+        gpu_ms, events = None, s.gpu_events  # read once: a tick on the runner's thread may replace them
+        if events is not None and events[1].query():
+            gpu_ms = events[0].elapsed_time(events[1])
         graphs = None if self._graph is None else self._graph.graphs
         return {
             "gpu_tick_ms": gpu_ms,
