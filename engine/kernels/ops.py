@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.dit import DiTDecoder, LayerOps
+from ..models.dit import DiTDecoder, LayerOps, gated_add, modulated
 from ..models.layers import RMSNorm, SwiGLU
 from . import fused_kernels_available, row_band, supports
 
@@ -149,8 +149,7 @@ def gated_residual(
     rows = inputs.reshape(-1, inputs.shape[-1])
     m, k = rows.shape
     if not fused_kernels_available(x.device) or not supports(m, n, k):
-        out = F.linear(inputs, weight)
-        return (x + out if gate is None else (x + out * gate).type_as(x)).contiguous()
+        return gated_add(x, F.linear(inputs, weight), gate).contiguous()
     from . import gemm_epilogue
 
     gate_rows = None if gate is None else gate.reshape(gate.shape[0], n)
@@ -171,8 +170,7 @@ def _vectors(x: torch.Tensor, *vectors: torch.Tensor | None) -> list[torch.Tenso
 
 
 def _eager_modulated(x: torch.Tensor, weight: torch.Tensor, scale, shift, eps: float) -> torch.Tensor:
-    h = F.rms_norm(x, (x.shape[-1],), weight, eps)
-    return (h if scale is None else (h * (1 + scale) + shift).type_as(x)).contiguous()
+    return modulated(F.rms_norm(x, (x.shape[-1],), weight, eps), x, scale, shift).contiguous()
 
 
 @torch.library.custom_op("flowjam::norm_modulate", mutates_args=())
@@ -206,7 +204,7 @@ def add_norm_modulate(
     """(x', h): x' = x + delta * gate, h = rmsnorm(x') * weight * (1 + scale) + shift, for x and delta [B, S, N],
     gate, scale and shift [B or 1, 1, N] (None: no gate / the norm alone), in one pass where the kernel runs."""
     if not fused_kernels_available(x.device):
-        added = (x + delta if gate is None else (x + delta * gate).type_as(x)).contiguous()
+        added = gated_add(x, delta, gate).contiguous()
         return added, _eager_modulated(added, weight, scale, shift, eps)
     from . import norm_modulate as kernel
 

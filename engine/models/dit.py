@@ -163,6 +163,18 @@ class DiTLayer(nn.Module):
         return ops.residual(x, self.mlp.down_proj, ops.swiglu(self.mlp, h), mlp_gate)
 
 
+def gated_add(x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    """x + out * gate, in x's dtype (gate [B, 1, N], one per batch row; None: x + out)."""
+    return x + out if gate is None else (x + out * gate).type_as(x)
+
+
+def modulated(
+    h: torch.Tensor, like: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None
+) -> torch.Tensor:
+    """AdaLN's h * (1 + scale) + shift in `like`'s dtype (scale and shift [B, 1, N]; None: h as it is)."""
+    return h if scale is None else (h * (1 + scale) + shift).type_as(like)
+
+
 class LayerOps:
     """A DiT layer's GEMMs with the elementwise work around them (residuals, SwiGLU, norms with AdaLN modulation):
     plain PyTorch here; `engine.kernels.ops.FusedOps` implements the same methods with fused Triton kernels."""
@@ -170,9 +182,7 @@ class LayerOps:
     @staticmethod
     def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """x + linear(inputs) * gate (gate [B, 1, N], one per batch row; None: no gate)."""
-        if gate is None:
-            return x + linear(inputs)
-        return (x + linear(inputs) * gate).type_as(x)
+        return gated_add(x, linear(inputs), gate)
 
     @staticmethod
     def swiglu(mlp: SwiGLU, h: torch.Tensor) -> torch.Tensor:
@@ -184,9 +194,7 @@ class LayerOps:
         norm: RMSNorm, x: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None
     ) -> torch.Tensor:
         """norm(x) * (1 + scale) + shift (scale and shift [B, 1, N]; None: the norm alone)."""
-        if scale is None:
-            return norm(x)
-        return (norm(x) * (1 + scale) + shift).type_as(x)
+        return modulated(norm(x), x, scale, shift)
 
     def residual_norm(
         self,

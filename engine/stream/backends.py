@@ -53,8 +53,8 @@ FUSED_STAGES = LayerStages(
 )
 """Compiled halves whose GEMMs carry their SwiGLU (and their gate and residual where that was measured faster) and
 whose norms and modulation run in one pass with the residual before them (engine/kernels/ops.py): `compile-graph` on
-GPUs that run the fused kernels. Only under CUDA graphs: the custom ops'
-launches cost host time that a replay does not pay."""
+GPUs that run the fused kernels. Only under CUDA graphs: the custom ops' launches cost host time that a replay does
+not pay."""
 LAYER_VARIANTS = 16  # compiled variants of a layer half kept (sliding or not x precision x one row or several)
 
 
