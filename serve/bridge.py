@@ -83,7 +83,7 @@ class Forwarder:
                 return
 
     def _send(self, what: str, call: Callable, *args) -> None:
-        self.requests += 1
+        """Make one request; `requests` and `failures` count it once the server has answered (or failed to)."""
         try:
             call(*args)
         except Exception as error:  # the server's refusal or an outage: say so, keep bridging
@@ -93,6 +93,8 @@ class Forwarder:
             if message != last or time.monotonic() - shown_at > REPEAT_ERROR_S:
                 self._last_error = (message, time.monotonic())
                 self._on_error(message)
+        finally:
+            self.requests += 1
 
 
 class Bridge:

@@ -221,6 +221,9 @@ def check_fused_op_fakes(device: str) -> None:
             (flowjam.norm_modulate, (x, weight, None, None, 1e-6)),
             (flowjam.add_norm_modulate, (x, delta, gate, weight, scale, shift, 1e-6)),
             (flowjam.add_norm_modulate, (x, delta, None, weight, None, None, 1e-6)),
+            (flowjam.norm_quantize, (x, weight, scale, shift, 1e-6)),
+            (flowjam.add_norm_quantize, (x, delta, gate, weight, scale, shift, 1e-6)),
+            (flowjam.add_norm_quantize, (x, delta, None, weight, None, None, 1e-6)),
             (flowjam.swiglu, (tensor(3, 5, 128), w_gate, w_up)),
             (flowjam.gated_residual, (x.contiguous(), tensor(2, 5, 128), tensor(2048, 128), gate)),
         ):

@@ -153,6 +153,72 @@ def test_norm_kernel_reads_shared_and_chunked_modulation_vectors(layout):
 
 
 @hopper
+@pytest.mark.parametrize("batch, tokens, n", [(8, 750, HIDDEN), (3, 251, HIDDEN), (1, 1, HIDDEN), (5, 7, 1000)])
+@pytest.mark.parametrize("add, modulate", [(True, True), (False, True), (True, False)])
+def test_the_quantising_norm_pass_writes_what_fp8_linears_make_of_its_h(batch, tokens, n, add, modulate):
+    """The pass that feeds FP8 projections: x' as the plain pass writes it, and h as `quantize_rows` quantises the
+    h the plain pass writes (the row's scale to fp32 precision; e4m3 values equal but for a rare tie at one step)."""
+    from flowjam.engine.kernels import norm_modulate
+    from flowjam.engine.models.fp8 import FP8, quantize_rows
+
+    x = torch.randn(batch, tokens, n, device="cuda").bfloat16()
+    delta = torch.randn(batch, tokens, n, device="cuda").bfloat16() if add else None
+    gate = torch.randn(batch, n, device="cuda").bfloat16() if add else None
+    weight = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16()
+    scale, shift = ((torch.randn(batch, n, device="cuda") * 0.3).bfloat16() for _ in range(2))
+    scale, shift = (scale, shift) if modulate else (None, None)
+    plain_x, h = norm_modulate.add_norm_modulate(x, delta, gate, weight, scale, shift, 1e-6)
+    quant_x, values, row_scale = norm_modulate.add_norm_quantize(x, delta, gate, weight, scale, shift, 1e-6)
+    expected_values, expected_scale = quantize_rows(h.reshape(-1, n))
+    what = f"{batch}x{tokens}x{n}, add {add}, modulate {modulate}"
+    assert torch.equal(quant_x, plain_x), what
+    assert values.dtype == FP8 and values.shape == (batch * tokens, n) and row_scale.shape == (batch * tokens, 1)
+    torch.testing.assert_close(row_scale, expected_scale, rtol=1e-6, atol=0, msg=what)
+    got, want = values.float(), expected_values.float()
+    assert (got == want).float().mean() > 0.999, what
+    assert ((got - want).abs() <= want.abs() / 8 + 2**-9).all(), f"{what}: a value more than one e4m3 step off"
+
+
+@hopper
+@pytest.mark.parametrize("tokens", [750, 251])
+def test_an_fp8_layer_through_the_fused_ops_reads_quantised_rows_and_equals_the_eager_fp8_layer(tokens):
+    """A turbo-2b layer in FP8: the norm passes hand q/k/v, the cross-attention query and gate/up their inputs
+    quantised (the quantising kernel runs), and the layer's outputs are the eager FP8 layer's within FP8 error."""
+    from flowjam.engine.kernels.ops import FUSED_OPS
+    from flowjam.engine.models.fp8 import Fp8Linear, Fp8Rows
+
+    config = get_preset("turbo-2b").dit
+    torch.manual_seed(0)
+    layer = DiTLayer(config, 0).cuda().bfloat16().eval()
+    for parent, name in [(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
+        (layer.cross_attn, "q_proj"), (layer.cross_attn, "o_proj"),
+        (layer.mlp, "gate_proj"), (layer.mlp, "up_proj"), (layer.mlp, "down_proj"),
+    ]:  # fmt: skip
+        setattr(parent, name, Fp8Linear(getattr(parent, name)))
+    x = torch.randn(4, tokens, HIDDEN, device="cuda").bfloat16()
+    modulation = (torch.randn(4, 6, HIDDEN, device="cuda") * 0.1).bfloat16()
+    rope = rope_cos_sin(torch.arange(tokens, device="cuda"), config.head_dim, config.rope_theta, torch.bfloat16)
+    heads = torch.randn(4, config.num_attention_heads, tokens, config.head_dim, device="cuda").bfloat16()
+    mlp = layer.mlp
+    with torch.no_grad():
+        handed = FUSED_OPS.modulated_norm(layer.mlp_norm, x, None, None, (mlp.gate_proj, mlp.up_proj))
+        eager = (
+            *layer.attend_self(x, modulation, rope, None, EAGER_OPS),
+            layer.finish(x, heads, modulation, EAGER_OPS),
+        )
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiled:
+            fused = (
+                *layer.attend_self(x, modulation, rope, None, FUSED_OPS),
+                layer.finish(x, heads, modulation, FUSED_OPS),
+            )
+    assert isinstance(handed, Fp8Rows)
+    assert "_add_norm_modulate" in {event.key for event in profiled.key_averages()}
+    for name, a, b in zip(("x", "queries", "finish"), fused, eager):
+        error = _relative(a, b.float())
+        assert error < 2e-2, f"{name} at {tokens} tokens: relative error {error:.2e}"
+
+
+@hopper
 def test_the_fused_ops_fake_kernels_give_the_kernels_shapes_and_strides():
     check_fused_op_fakes("cuda")
 

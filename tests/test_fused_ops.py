@@ -3,6 +3,7 @@ bit, pairing the MLP weights changes nothing a forward computes, and only compil
 The kernels themselves are checked on the GPU (tests/test_fused_kernels_gpu.py)."""
 
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -73,20 +74,41 @@ def test_compile_graph_on_the_cpu_leaves_the_weights_and_the_layer_path_as_they_
     assert decoder.structure_version == 0
 
 
-def test_fp8_layers_which_the_fused_ops_do_not_take_run_as_the_eager_layer():
-    from flowjam.engine.models.fp8 import to_fp8
+@pytest.mark.parametrize("forced", [False, True])
+def test_fp8_layers_through_the_fused_ops_read_their_input_quantised_by_the_norm_and_equal_the_eager_layer(forced):
+    """The norm before FP8 projections hands them e4m3 rows and scales (the kernel writes them on the GPU; here the
+    op's CPU implementation): the same numbers the FP8 linears make of a bf16 h, so the layer is the eager one."""
+    from flowjam.engine.lora.unmerged import LoraLinear
+    from flowjam.engine.models.fp8 import Fp8Rows, to_fp8
 
     decoder = _decoder()
     to_fp8(decoder)
     layer, config = decoder.layers[0], decoder.config
-    x = torch.randn(2, 24, config.hidden_size)
+    tokens = 24
+    x = torch.randn(2, tokens, config.hidden_size)
     modulation = torch.randn(2, 6, config.hidden_size) * 0.1
-    heads = torch.randn(2, config.num_attention_heads, 24, config.head_dim)
-    with torch.no_grad(), forced_path(True):
-        fused = layer.finish(x, heads, modulation, FUSED_OPS)
+    rope = rope_cos_sin(torch.arange(tokens), config.head_dim, config.rope_theta, torch.float32)
+    heads = torch.randn(2, config.num_attention_heads, tokens, config.head_dim)
     with torch.no_grad():
-        eager = layer.finish(x, heads, modulation, EAGER_OPS)
-    assert torch.equal(fused, eager)
+        eager = (
+            *layer.attend_self(x, modulation, rope, None, EAGER_OPS),
+            layer.finish(x, heads, modulation, EAGER_OPS),
+        )
+        with forced_path(True) if forced else contextlib.nullcontext():
+            fused = (
+                *layer.attend_self(x, modulation, rope, None, FUSED_OPS),
+                layer.finish(x, heads, modulation, FUSED_OPS),
+            )
+        mlp, scale, shift = layer.mlp, modulation[:, None, 3], modulation[:, None, 4]
+        handed = FUSED_OPS.modulated_norm(layer.mlp_norm, x, scale, shift, (mlp.gate_proj, mlp.up_proj))
+        lora = LoraLinear(mlp.up_proj, SimpleNamespace(strengths=torch.ones(4), row_strengths=None))
+        kept = FUSED_OPS.modulated_norm(layer.mlp_norm, x, scale, shift, (mlp.gate_proj, lora))
+    for name, a, b in zip(("x", "queries", "finish"), fused, eager):
+        assert torch.equal(a, b), f"{name}: the FP8 layer through the fused ops differs from the eager one"
+    assert isinstance(handed, Fp8Rows) and handed.values.dtype == torch.float8_e4m3fn
+    assert handed.values.shape == (2 * tokens, config.hidden_size) and handed.shape == tuple(x.shape)
+    assert torch.equal(mlp.up_proj(handed), mlp.up_proj(EAGER_OPS.modulated_norm(layer.mlp_norm, x, scale, shift)))
+    assert isinstance(kept, torch.Tensor), "a LoRA-wrapped projection reads the bf16 input, not quantised rows"
 
 
 def test_the_fused_ops_fake_kernels_give_their_outputs_shapes_and_strides():

@@ -1,5 +1,6 @@
 """Fused GPU kernels for the DiT layer (Triton, Hopper): GEMMs with the SwiGLU, AdaLN gate and residual in their
-epilogues (gemm_epilogue.py); the residual add, RMSNorm and AdaLN modulation in one pass (norm_modulate.py).
+epilogues (gemm_epilogue.py); the residual add, RMSNorm and AdaLN modulation in one pass, writing FP8 projections'
+inputs quantised (norm_modulate.py); their tile shapes tuned once per GPU (tuning.py).
 `fused_kernels_available` says where they run; elsewhere the layer runs as plain PyTorch (or Inductor's
 code), the same math. The `compile-graph` backend uses them (engine/stream/backends.py)."""
 

@@ -21,6 +21,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import row_band
+from .tuning import autotuned
 
 
 @functools.cache
@@ -71,7 +72,7 @@ def _tile_at(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
     return first_m + (tile % per_group) % group_rows, (tile % per_group) // group_rows
 
 
-@triton.autotune(configs=SWIGLU_CONFIGS, key=["m_band", "N", "K"])
+@autotuned(SWIGLU_CONFIGS, ["m_band", "N", "K"])
 @triton.jit
 def _swiglu_gemm(
     a_desc,
@@ -102,7 +103,7 @@ def _swiglu_gemm(
         out_desc.store([off_m, off_n], (gate * tl.sigmoid(gate) * up).to(out_desc.dtype))
 
 
-@triton.autotune(configs=SINGLE_CONFIGS, key=["m_band", "N", "K", "GATE"])
+@autotuned(SINGLE_CONFIGS, ["m_band", "N", "K", "GATE"])
 @triton.jit
 def _gated_residual_gemm(
     a_desc,

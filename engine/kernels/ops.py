@@ -4,7 +4,8 @@ in plain PyTorch. The GEMM fusions are taken by measurement: the SwiGLU op per G
 kernel against cuBLAS and one SiLU-mul pass, what Inductor makes of it), the gated residual per projection shape
 before tracing (`RESIDUAL_FUSED`: the kernel against cuBLAS alone). The residual + norm + modulation pass replaces
 Inductor's two kernels for the same math (a row-statistics pass, then an elementwise pass reading everything again)
-wherever the kernels run (docs/benchmarks.md, "Fused kernels", has the profile)."""
+wherever the kernels run (docs/benchmarks.md, "Fused kernels", has the profile); before FP8 projections it writes
+their input quantised (e4m3 rows and scales), so no separate pass quantises it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.dit import DiTDecoder, LayerOps, gated_add, modulated
+from ..models.fp8 import FP8, Fp8Linear, Fp8Rows, quantize_rows
 from ..models.layers import RMSNorm, SwiGLU
 from . import fused_kernels_available, row_band, supports
 
@@ -216,6 +218,57 @@ def _(x: torch.Tensor, delta: torch.Tensor, gate, weight: torch.Tensor, scale, s
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
+def _eager_quantized(x: torch.Tensor, weight: torch.Tensor, scale, shift, eps: float):
+    return quantize_rows(_eager_modulated(x, weight, scale, shift, eps).reshape(-1, x.shape[-1]))
+
+
+@torch.library.custom_op("flowjam::norm_quantize", mutates_args=())
+def norm_quantize(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`norm_modulate`'s h as FP8 projections read it: (e4m3 values [B * S, N], row scales [B * S, 1] fp32), what
+    `quantize_rows` makes of h, in the same one pass where the kernel runs."""
+    if not fused_kernels_available(x.device):
+        return _eager_quantized(x, weight, scale, shift, eps)
+    from . import norm_modulate as kernel
+
+    return kernel.add_norm_quantize(x, None, None, weight, *_vectors(x, scale, shift), eps)[1:]
+
+
+@norm_quantize.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, scale, shift, eps: float):
+    return _fake_quantized(x)
+
+
+@torch.library.custom_op("flowjam::add_norm_quantize", mutates_args=())
+def add_norm_quantize(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    gate: torch.Tensor | None,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`add_norm_modulate` with h quantised as `norm_quantize` writes it: (x', e4m3 values, row scales)."""
+    if not fused_kernels_available(x.device):
+        added = gated_add(x, delta, gate).contiguous()
+        return added, *_eager_quantized(added, weight, scale, shift, eps)
+    from . import norm_modulate as kernel
+
+    return kernel.add_norm_quantize(x, delta, *_vectors(x, gate), weight, *_vectors(x, scale, shift), eps)
+
+
+@add_norm_quantize.register_fake
+def _(x: torch.Tensor, delta: torch.Tensor, gate, weight: torch.Tensor, scale, shift, eps: float):
+    return x.new_empty(x.shape), *_fake_quantized(x)
+
+
+def _fake_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = x.shape[0] * x.shape[1]
+    return x.new_empty(rows, x.shape[2], dtype=FP8), x.new_empty(rows, 1, dtype=torch.float32)
+
+
 RESIDUAL_ROWS = 4096  # rows the gated-residual kernel is timed at against cuBLAS
 RESIDUAL_FUSED: dict[tuple, bool] = {}
 """By (N, K, dtype, device): whether the gated-residual kernel beat cuBLAS's GEMM alone (`choose_residuals`)."""
@@ -284,8 +337,15 @@ class FusedOps(LayerOps):
 
     @staticmethod
     def modulated_norm(
-        norm: RMSNorm, x: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None
-    ) -> torch.Tensor:
+        norm: RMSNorm,
+        x: torch.Tensor,
+        scale: torch.Tensor | None,
+        shift: torch.Tensor | None,
+        into: tuple[nn.Module, ...] = (),
+    ) -> torch.Tensor | Fp8Rows:
+        if _reads_fp8_rows(into):
+            values, row_scale = torch.ops.flowjam.norm_quantize(x, norm.weight, scale, shift, norm.eps)
+            return Fp8Rows(values, row_scale, tuple(x.shape))
         return torch.ops.flowjam.norm_modulate(x, norm.weight, scale, shift, norm.eps)
 
     def residual_norm(
@@ -297,13 +357,25 @@ class FusedOps(LayerOps):
         norm: RMSNorm,
         scale: torch.Tensor | None,
         shift: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        into: tuple[nn.Module, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
         """The projection alone (cuBLAS, or FP8 / LoRA-wrapped as it comes), then the gate, residual, norm and
-        modulation in one pass; with the gated-residual GEMM where that was chosen."""
+        modulation in one pass (quantising where every projection `into` is FP8); with the gated-residual GEMM
+        where that was chosen."""
         if _residual_kernel_taken(linear):
             x = torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
-            return x, self.modulated_norm(norm, x, scale, shift)
+            return x, self.modulated_norm(norm, x, scale, shift, into)
+        if _reads_fp8_rows(into):
+            x, values, row_scale = torch.ops.flowjam.add_norm_quantize(
+                x, linear(inputs), gate, norm.weight, scale, shift, norm.eps
+            )
+            return x, Fp8Rows(values, row_scale, tuple(x.shape))
         return torch.ops.flowjam.add_norm_modulate(x, linear(inputs), gate, norm.weight, scale, shift, norm.eps)
+
+
+def _reads_fp8_rows(into: tuple[nn.Module, ...]) -> bool:
+    """Whether every projection `into` is a bare Fp8Linear (a LoRA-wrapped one reads the unquantised input too)."""
+    return bool(into) and all(type(linear) is Fp8Linear for linear in into)
 
 
 FUSED_OPS = FusedOps()

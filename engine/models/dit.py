@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fp8 import Fp8Rows
 from .layers import Attention, RMSNorm, SwiGLU, band_mask, rope_cos_sin
 from .presets import AceStepConfig
 
@@ -147,10 +148,11 @@ class DiTLayer(nn.Module):
         """The layer up to its cross-attention: modulated self-attention -> (x, cross-attention queries)."""
         ops = EAGER_OPS if ops is None else ops
         shift, scale, gate = (self.scale_shift_table[:, :3] + modulation[:, :3]).chunk(3, dim=1)
-        h = ops.modulated_norm(self.self_attn_norm, x, scale, shift)
-        heads = self.self_attn.flat_heads(self.self_attn.self_heads(h, rope, self_mask))
-        x, h = ops.residual_norm(x, self.self_attn.o_proj, heads, gate, self.cross_attn_norm, None, None)
-        return x, self.cross_attn.query(h)
+        attn, cross = self.self_attn, self.cross_attn
+        h = ops.modulated_norm(self.self_attn_norm, x, scale, shift, (attn.q_proj, attn.k_proj, attn.v_proj))
+        heads = attn.flat_heads(attn.self_heads(h, rope, self_mask))
+        x, h = ops.residual_norm(x, attn.o_proj, heads, gate, self.cross_attn_norm, None, None, (cross.q_proj,))
+        return x, cross.query(h)
 
     def finish(
         self, x: torch.Tensor, cross_heads: torch.Tensor, modulation: torch.Tensor, ops: LayerOps | None = None
@@ -158,9 +160,10 @@ class DiTLayer(nn.Module):
         """The layer after its cross-attention heads: output projection, then the modulated MLP."""
         ops = EAGER_OPS if ops is None else ops
         mlp_shift, mlp_scale, mlp_gate = (self.scale_shift_table[:, 3:] + modulation[:, 3:]).chunk(3, dim=1)
-        heads = self.cross_attn.flat_heads(cross_heads)
-        x, h = ops.residual_norm(x, self.cross_attn.o_proj, heads, None, self.mlp_norm, mlp_scale, mlp_shift)
-        return ops.residual(x, self.mlp.down_proj, ops.swiglu(self.mlp, h), mlp_gate)
+        heads, mlp = self.cross_attn.flat_heads(cross_heads), self.mlp
+        into = (mlp.gate_proj, mlp.up_proj)
+        x, h = ops.residual_norm(x, self.cross_attn.o_proj, heads, None, self.mlp_norm, mlp_scale, mlp_shift, into)
+        return ops.residual(x, mlp.down_proj, ops.swiglu(mlp, h), mlp_gate)
 
 
 def gated_add(x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -177,7 +180,8 @@ def modulated(
 
 class LayerOps:
     """A DiT layer's GEMMs with the elementwise work around them (residuals, SwiGLU, norms with AdaLN modulation):
-    plain PyTorch here; `engine.kernels.ops.FusedOps` implements the same methods with fused Triton kernels."""
+    plain PyTorch here; `engine.kernels.ops.FusedOps` implements the same methods with fused Triton kernels. A norm's
+    `into` names the projections that read its result: the fused ops hand FP8 ones their input quantised (`Fp8Rows`)."""
 
     @staticmethod
     def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -191,8 +195,12 @@ class LayerOps:
 
     @staticmethod
     def modulated_norm(
-        norm: RMSNorm, x: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None
-    ) -> torch.Tensor:
+        norm: RMSNorm,
+        x: torch.Tensor,
+        scale: torch.Tensor | None,
+        shift: torch.Tensor | None,
+        into: tuple[nn.Module, ...] = (),
+    ) -> torch.Tensor | Fp8Rows:
         """norm(x) * (1 + scale) + shift (scale and shift [B, 1, N]; None: the norm alone)."""
         return modulated(norm(x), x, scale, shift)
 
@@ -205,10 +213,11 @@ class LayerOps:
         norm: RMSNorm,
         scale: torch.Tensor | None,
         shift: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        into: tuple[nn.Module, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
         """(x', the next block's input): x' = x + linear(inputs) * gate, then `modulated_norm` of x'."""
         x = self.residual(x, linear, inputs, gate)
-        return x, self.modulated_norm(norm, x, scale, shift)
+        return x, self.modulated_norm(norm, x, scale, shift, into)
 
 
 EAGER_OPS = LayerOps()

@@ -1,8 +1,11 @@
 """FP8 (e4m3) linear layers for the DiT: weights quantized once with one scale per output channel, activations
 quantized per token at run time, multiplied by `torch._scaled_mm` (FP8 tensor cores on Ada/Hopper GPUs; a CPU
-implementation exists too, which is what CI tests)."""
+implementation exists too, which is what CI tests). A layer's input may come quantised already (`Fp8Rows`, what
+the fused norm pass writes when every layer it feeds is FP8)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -29,6 +32,14 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).to(FP8), scale
 
 
+class Fp8Rows(NamedTuple):
+    """An activation [..., K] quantised by rows: what `quantize_rows` makes of it, with the shape it had."""
+
+    values: torch.Tensor  # [M, K] e4m3
+    scale: torch.Tensor  # [M, 1] fp32
+    shape: tuple[int, ...]
+
+
 class Fp8Linear(nn.Module):
     """A bias-free linear layer with e4m3 weights (per-output-channel scales) and per-token activation scales."""
 
@@ -42,9 +53,8 @@ class Fp8Linear(nn.Module):
         self.out_dtype = linear.weight.dtype
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        values, scale = quantize_rows(rows)
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
+        values, scale = (x.values, x.scale) if isinstance(x, Fp8Rows) else quantize_rows(x.reshape(-1, x.shape[-1]))
         out = torch._scaled_mm(
             values, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=self.out_dtype
         )

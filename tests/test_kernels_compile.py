@@ -1,0 +1,115 @@
+"""Every Triton kernel in the package compiles for a Hopper GPU (sm_90) in the variants and tile configurations the
+code launches, here on the CPU: Triton's front end and its bundled NVIDIA back end (ptxas) need no GPU, so a kernel
+edit that does not compile fails in CI, not first on a GPU machine. What the kernels compute is checked on the GPU
+(tests/test_fused_kernels_gpu.py). Skipped without Triton (`pip install 'flowjam[kernels]'`)."""
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="Triton is not installed (pip install 'flowjam[kernels]')")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.runtime.jit import JITFunction, mangle_type  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+PROGRAMS = 132  # an H100's multiprocessors: the persistent GEMMs' grid
+BF16, FP8, FP32 = torch.bfloat16, torch.float8_e4m3fn, torch.float32
+
+
+def _compiled(kernel, args: dict, constexprs: dict, num_warps: int, num_stages: int = 3) -> set[str]:
+    """Compile `kernel` (a JIT function, or an autotuner around one) for sm_90 with arguments like `args` (CPU
+    tensors, tensor descriptors, numbers) -> the stages it produced."""
+    fn = kernel
+    while not isinstance(fn, JITFunction):  # an autotuner's kernel
+        fn = fn.fn
+    signature = {name: "constexpr" if name in constexprs else mangle_type(args[name]) for name in fn.arg_names}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+    return set(compiled.asm)
+
+
+def _tensor(dtype: torch.dtype, *shape: int) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("n", [2048, 1000])
+@pytest.mark.parametrize(
+    "add, gate, modulate, quantize",
+    [
+        (False, False, True, False),
+        (False, False, False, False),
+        (True, True, True, False),
+        (True, False, False, False),
+        (False, False, True, True),
+        (True, True, True, True),
+        (True, False, True, True),
+    ],
+)
+def test_the_norm_pass_compiles_in_every_variant_the_ops_launch(n, add, gate, modulate, quantize):
+    from flowjam.engine.kernels import norm_modulate
+
+    vector = _tensor(BF16, n)
+    args = dict(
+        x_ptr=vector, delta_ptr=vector, gate_ptr=vector, weight_ptr=vector, scale_ptr=vector, shift_ptr=vector,
+        x_out_ptr=vector, h_ptr=_tensor(FP8 if quantize else BF16, n), row_scale_ptr=_tensor(FP32 if quantize else BF16, 1),
+        n=n, tokens=750, gate_stride=n, scale_stride=n, shift_stride=n, eps=1e-6,
+    )  # fmt: skip
+    constexprs = dict(ADD=add, GATE=gate, MODULATE=modulate, QUANTIZE=quantize, BLOCK=triton.next_power_of_2(n))
+    for config in norm_modulate.ROW_CONFIGS:
+        assert "cubin" in _compiled(norm_modulate._add_norm_modulate, args, constexprs, config.num_warps)
+
+
+def _descriptor(dtype: torch.dtype, shape: tuple[int, ...], block: list[int]) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(torch.empty(shape, dtype=dtype), block)
+
+
+def test_the_swiglu_gemm_compiles_in_every_tile_configuration():
+    from flowjam.engine.kernels import gemm_epilogue
+
+    for config in gemm_epilogue.SWIGLU_CONFIGS:
+        tile = config.kwargs
+        block_m, block_n, block_k = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+        args = dict(
+            a_desc=_descriptor(BF16, (6000, 2048), [block_m, block_k]),
+            w_desc=_descriptor(BF16, (2, 6144, 2048), [2, block_n, block_k]),
+            out_desc=_descriptor(BF16, (6000, 6144), [block_m, block_n]),
+            M=6000, N=6144, K=2048, m_band=8192,
+        )  # fmt: skip
+        constexprs = dict(PROGRAMS=PROGRAMS, **tile)
+        assert "cubin" in _compiled(gemm_epilogue._swiglu_gemm, args, constexprs, config.num_warps, config.num_stages)
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_the_gated_residual_gemm_compiles_in_every_tile_configuration(gated):
+    from flowjam.engine.kernels import gemm_epilogue
+
+    for config in gemm_epilogue.SINGLE_CONFIGS:
+        tile = config.kwargs
+        block_m, block_n, block_k = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+        args = dict(
+            a_desc=_descriptor(BF16, (6000, 6144), [block_m, block_k]),
+            w_desc=_descriptor(BF16, (2048, 6144), [block_n, block_k]),
+            out_desc=_descriptor(BF16, (6000, 2048), [block_m, block_n]),
+            residual_ptr=_tensor(BF16, 1), gate_ptr=_tensor(BF16, 1),
+            M=6000, N=2048, K=6144, m_band=8192, tokens=750, residual_stride=2048, gate_stride=2048,
+        )  # fmt: skip
+        constexprs = dict(GATE=gated, PROGRAMS=PROGRAMS, **tile)
+        assert "cubin" in _compiled(
+            gemm_epilogue._gated_residual_gemm, args, constexprs, config.num_warps, config.num_stages
+        )
+
+
+def test_the_silu_mul_pass_and_the_lora_fold_compile():
+    from flowjam.engine.kernels import gemm_epilogue
+    from flowjam.engine.lora import fold_kernel
+
+    silu = dict(gate_ptr=_tensor(BF16, 1), up_ptr=_tensor(BF16, 1), out_ptr=_tensor(BF16, 1), count=4096)
+    assert "cubin" in _compiled(gemm_epilogue._silu_mul, silu, dict(BLOCK=4096), 4)
+    fold = dict(
+        rest_ptr=_tensor(BF16, 1), up_ptr=_tensor(BF16, 1), down_ptr=_tensor(BF16, 1), scale_ptr=_tensor(FP32, 1),
+        slot_ptr=_tensor(torch.int64, 1), strength_ptr=_tensor(FP32, 1), out_ptr=_tensor(BF16, 1),
+        rows=2048, columns=2048, rank=64,
+    )  # fmt: skip
+    tiles = dict(BLOCK_M=fold_kernel.BLOCK_M, BLOCK_N=fold_kernel.BLOCK_N, BLOCK_R=fold_kernel.BLOCK_R)
+    assert "cubin" in _compiled(fold_kernel._fold_tile, fold, tiles, fold_kernel.WARPS, fold_kernel.STAGES)
