@@ -214,6 +214,7 @@ def check_fused_op_fakes(device: str) -> None:
     x, delta, weight = tensor(2, 2048, 5).transpose(1, 2), tensor(2, 5, 2048), tensor(2048)
     shift, scale, gate = tensor(2, 3, 2048).chunk(3, dim=1)
     w_gate, w_up = tensor(2, 192, 128)  # paired, as the SwiGLU kernel reads them
+    qkv = tensor(256, 128).split([128, 64, 64])  # stacked, as the q/k/v kernel reads them (heads of 64)
     flowjam = torch.ops.flowjam
     with forced_path(fused=True):
         for op, args in (
@@ -225,6 +226,10 @@ def check_fused_op_fakes(device: str) -> None:
             (flowjam.add_norm_quantize, (x, delta, gate, weight, scale, shift, 1e-6)),
             (flowjam.add_norm_quantize, (x, delta, None, weight, None, None, 1e-6)),
             (flowjam.swiglu, (tensor(3, 5, 128), w_gate, w_up)),
+            (
+                flowjam.qkv_norm_rope,
+                (tensor(2, 128, 5).transpose(1, 2), *qkv, tensor(64), tensor(64), *tensor(2, 5, 64), 1e-6),
+            ),
             (flowjam.gated_residual, (x.contiguous(), tensor(2, 5, 128), tensor(2048, 128), gate)),
         ):
             torch.library.opcheck(op, args)

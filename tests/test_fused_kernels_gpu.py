@@ -1,7 +1,8 @@
 """The fused kernels (engine/kernels) against the eager layer, on a Hopper GPU (skipped elsewhere, the reason
-printed): the GEMM-epilogue kernels and the residual + norm + modulation pass at the DiT's real shapes and at row
-counts that are not a multiple of any tile, the custom ops' fake kernels against their outputs, a whole layer through
-the fused ops, and compile-graph ticks that take them, replayed without host syncs."""
+printed): the GEMM-epilogue kernels (the q/k/v one included) and the residual + norm + modulation pass (plain and
+quantising) at the DiT's real shapes and at row counts that are not a multiple of any tile, the custom ops' fake
+kernels against their outputs, a whole layer through the fused ops (FP8 too), and compile-graph ticks that take
+them, replayed without host syncs."""
 
 import sys
 
@@ -88,6 +89,30 @@ def test_gated_residual_kernel_equals_the_eager_projection(rows, k, gated):
     gate_rows = None if gate is None else gate.view(batch, HIDDEN)
     fused = gemm_epilogue.gated_residual(inputs, weight, residual.view(rows, HIDDEN), gate_rows, tokens)
     _within_bf16_of_eager(fused.view(batch, tokens, HIDDEN), eager, exact, f"{rows} rows, K {k}, gated {gated}")
+
+
+@hopper
+@pytest.mark.parametrize("batch, tokens", [(8, 750), (3, 251), (1, 1), (2, 97)])
+@pytest.mark.parametrize("head_dim, heads, kv_heads", [(128, 16, 8), (16, 4, 2)])
+def test_qkv_kernel_equals_the_eager_projections_head_norms_and_rope(batch, tokens, head_dim, heads, kv_heads):
+    """q, k and v in one GEMM with the q/k RMSNorm and RoPE in its epilogue: turbo-2b's heads and the tiny preset's,
+    row counts no tile divides; each part as close to the fp32 result as the eager bf16 layer's."""
+    from flowjam.engine.kernels.qkv_ops import _eager_qkv, qkv_norm_rope, stacked
+
+    k = heads * head_dim
+    rows = _weights((heads + 2 * kv_heads) * head_dim, k, 3)
+    w_q, w_k, w_v = rows.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])
+    assert stacked(w_q, w_k, w_v) is not None
+    q_norm, k_norm = ((1 + 0.1 * torch.randn(head_dim, device="cuda")).bfloat16() for _ in range(2))
+    h = torch.randn(batch, tokens, k, device="cuda").bfloat16()
+    cos, sin = rope_cos_sin(torch.arange(tokens, device="cuda"), head_dim, 1_000_000.0, torch.bfloat16)
+    fused = qkv_norm_rope(h, w_q, w_k, w_v, q_norm, k_norm, cos, sin, 1e-6)
+    eager = _eager_qkv(h, w_q, w_k, w_v, q_norm, k_norm, cos, sin, 1e-6)
+    as_fp32 = [t.float() for t in (h, w_q, w_k, w_v, q_norm, k_norm, cos, sin)]
+    exact = _eager_qkv(*as_fp32, 1e-6)
+    widths = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    for name, a, b, c in zip("qkv", fused.split(widths, -1), eager.split(widths, -1), exact.split(widths, -1)):
+        _within_bf16_of_eager(a, b, c, f"{name}: {batch}x{tokens}, heads of {head_dim}")
 
 
 @hopper
@@ -228,13 +253,16 @@ def test_the_fused_ops_fake_kernels_give_the_kernels_shapes_and_strides():
 @pytest.mark.parametrize("tokens", [750, 251])
 def test_a_dit_layer_through_the_fused_ops_equals_the_eager_layer(tokens, forced):
     """Both halves of a turbo-2b layer (random weights), 4 rows with their own modulation; with the GEMM kernels
-    forced on (the norm kernels after them) and off (cuBLAS, then the one-pass residual, norm and modulation)."""
+    (SwiGLU, gated residual, q/k/v with norms and RoPE) forced on, the norm kernels after them, and off (cuBLAS,
+    then the one-pass residual, norm and modulation)."""
     from flowjam.engine.kernels.ops import FUSED_OPS, forced_path, pair_mlp
+    from flowjam.engine.kernels.qkv_ops import stack_qkv
 
     config = get_preset("turbo-2b").dit
     torch.manual_seed(0)
     layer = DiTLayer(config, 0).cuda().bfloat16().eval()
     assert pair_mlp(layer.mlp), "the MLP weights were not paired"
+    assert stack_qkv(layer.self_attn), "the q/k/v weights were not stacked"
     x = torch.randn(4, tokens, HIDDEN, device="cuda").bfloat16()
     modulation = (torch.randn(4, 6, HIDDEN, device="cuda") * 0.1).bfloat16()
     rope = rope_cos_sin(torch.arange(tokens, device="cuda"), config.head_dim, config.rope_theta, torch.bfloat16)
@@ -263,7 +291,7 @@ def test_compile_graph_ticks_take_the_fused_kernels_replay_without_syncs_and_mat
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiled:
             pipeline, fused = stream_latents(session, "compile-graph", a, null)
         kernels = {event.key for event in profiled.key_averages()}
-        for kernel in ("_swiglu_gemm", "_gated_residual_gemm", "_add_norm_modulate"):
+        for kernel in ("_swiglu_gemm", "_gated_residual_gemm", "_add_norm_modulate", "_qkv_norm_rope_gemm"):
             assert any(kernel in name for name in kernels), f"the compiled layers did not run {kernel}"
         assert pipeline.stats()["graphs"]["replays"] > 0
         assert_close_latents(fused, eager)

@@ -100,6 +100,26 @@ def test_the_gated_residual_gemm_compiles_in_every_tile_configuration(gated):
         )
 
 
+@pytest.mark.parametrize("head, heads, kv_heads", [(128, 16, 8), (16, 4, 2)])
+def test_the_qkv_gemm_compiles_in_every_tile_configuration(head, heads, kv_heads):
+    from flowjam.engine.kernels import qkv_rope
+
+    n, k = (heads + 2 * kv_heads) * head, heads * head
+    for config in qkv_rope.QKV_CONFIGS:
+        tile = config.kwargs
+        block_m, block_k = tile["BLOCK_M"], tile["BLOCK_K"]
+        args = dict(
+            a_desc=_descriptor(BF16, (6000, k), [block_m, block_k]),
+            w_desc=_descriptor(BF16, (n, k), [head, block_k]),
+            out_desc=_descriptor(BF16, (6000, n), [block_m, head]),
+            q_weight_ptr=_tensor(BF16, 1), k_weight_ptr=_tensor(BF16, 1), cos_ptr=_tensor(BF16, 1),
+            sin_ptr=_tensor(BF16, 1), M=6000, N=n, K=k, m_band=8192, tokens=750, q_columns=heads * head,
+            k_end=(heads + kv_heads) * head, eps=1e-6,
+        )  # fmt: skip
+        constexprs = dict(PROGRAMS=PROGRAMS, HEAD=head, **tile)
+        assert "cubin" in _compiled(qkv_rope._qkv_norm_rope_gemm, args, constexprs, config.num_warps, config.num_stages)
+
+
 def test_the_silu_mul_pass_and_the_lora_fold_compile():
     from flowjam.engine.kernels import gemm_epilogue
     from flowjam.engine.lora import fold_kernel

@@ -1,6 +1,7 @@
-"""The norm pass's Triton kernel run by Triton's interpreter on the CPU (numpy executes each program), against the
-math in fp32: x' and h one bf16 rounding from the exact values, and the quantised variant's x' and row scales, at
-widths that are and are not powers of two. The interpreter does not round e4m3 as a GPU does (it flushes subnormals and
+"""Triton kernels run by Triton's interpreter on the CPU (numpy executes each program), against the math in fp32:
+the norm pass (x' and h one bf16 rounding from the exact values, the quantised variant's x' and row scales, at
+widths that are and are not powers of two) and the q/k/v GEMM with its head norms and RoPE (fp16: the interpreter's
+bf16 products are wrong; heads of 16 and 32, row counts no tile divides, several tiles per program). The interpreter does not round e4m3 as a GPU does (it flushes subnormals and
 can miss a carry into the exponent), so the quantised values themselves are checked on the GPU
 (tests/test_fused_kernels_gpu.py). Skipped without Triton."""
 
@@ -49,11 +50,57 @@ print(json.dumps(results))
 """
 
 
-def test_the_norm_pass_interpreted_on_the_cpu_computes_the_eager_layers_math():
+QKV_CHECK = r"""
+import json
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+from flowjam.engine.kernels import qkv_rope
+from flowjam.engine.kernels.qkv_ops import _eager_qkv
+from flowjam.engine.models.layers import rope_cos_sin
+
+torch.manual_seed(0)
+results = []
+for head, heads, kv_heads, batch, tokens in [(16, 4, 2, 2, 37), (32, 2, 1, 1, 5)]:
+    k, n = heads * head, (heads + 2 * kv_heads) * head
+    rows = (torch.randn(n, k) / k**0.5).half()
+    w_q, w_k, w_v = rows.split([heads * head, kv_heads * head, kv_heads * head])
+    q_norm, k_norm = ((1 + 0.1 * torch.randn(head)).half() for _ in range(2))
+    h = torch.randn(batch, tokens, k).half()
+    cos, sin = rope_cos_sin(torch.arange(tokens), head, 10000.0, torch.float16)
+    m = batch * tokens
+    out = torch.empty(m, n, dtype=torch.float16)
+    block_m, block_k = 64, min(k, 64)
+    descriptors = [
+        TensorDescriptor.from_tensor(h.reshape(m, k), [block_m, block_k]),
+        TensorDescriptor.from_tensor(rows, [head, block_k]),
+        TensorDescriptor.from_tensor(out, [block_m, head]),
+    ]
+    qkv_rope._qkv_norm_rope_gemm.fn[(2,)](  # 2 programs walk every tile; the autotuner's configuration by hand
+        *descriptors, q_norm, k_norm, cos, sin, m, n, k, 64, tokens, heads * head, (heads + kv_heads) * head, 1e-6,
+        PROGRAMS=2, BLOCK_M=block_m, BLOCK_K=block_k, GROUP_M=8, HEAD=head,
+    )
+    exact = _eager_qkv(*(t.float() for t in (h, w_q, w_k, w_v, q_norm, k_norm, cos, sin)), 1e-6).reshape(m, n)
+    eager = _eager_qkv(h, w_q, w_k, w_v, q_norm, k_norm, cos, sin, 1e-6).reshape(m, n)
+    error = lambda t: ((t.float() - exact).norm() / exact.norm()).item()
+    results.append(dict(shape=[head, heads, kv_heads, batch, tokens], fused=error(out), eager=error(eager)))
+print(json.dumps(results))
+"""
+
+
+def _interpreted(check: str) -> list[dict]:
     environment = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=environment, timeout=300)
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=environment, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    for result in json.loads(done.stdout.strip().splitlines()[-1]):
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_qkv_gemm_interpreted_on_the_cpu_computes_the_projections_head_norms_and_rope():
+    for result in _interpreted(QKV_CHECK):
+        assert result["fused"] <= max(2 * result["eager"], 1e-3), result
+
+
+def test_the_norm_pass_interpreted_on_the_cpu_computes_the_eager_layers_math():
+    for result in _interpreted(CHECK):
         batch, tokens, n = result["shape"]
         assert result["x_error"] < 4e-3, f"{result['shape']}: x' is {result['x_error']:.2e} from the exact residual"
         assert result["x_same"], f"{result['shape']}: the quantising variant wrote another x'"

@@ -19,8 +19,9 @@ from torch import nn
 
 from ..models.dit import DiTDecoder, LayerOps, gated_add, modulated
 from ..models.fp8 import FP8, Fp8Linear, Fp8Rows, quantize_rows
-from ..models.layers import RMSNorm, SwiGLU
+from ..models.layers import Attention, RMSNorm, SwiGLU, rope_cos_sin
 from . import fused_kernels_available, row_band, supports
+from .qkv_ops import qkv_norm_rope, split_heads, stacked
 
 TIMING_REPEATS = 10
 
@@ -283,10 +284,10 @@ def choose_residuals(decoder: DiTDecoder) -> dict[tuple, bool]:
     layer = decoder.layers[0]
     weights = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
     for weight in weights:
-        key = _residual_key(weight)
+        key = _weight_key(weight)
         if key not in RESIDUAL_FUSED:
             RESIDUAL_FUSED[key] = _residual_kernel_wins(weight)
-    return {_residual_key(weight): RESIDUAL_FUSED[_residual_key(weight)] for weight in weights}
+    return {_weight_key(weight): RESIDUAL_FUSED[_weight_key(weight)] for weight in weights}
 
 
 def _residual_kernel_wins(weight: torch.Tensor) -> bool:
@@ -303,7 +304,56 @@ def _residual_kernel_wins(weight: torch.Tensor) -> bool:
     return fused_ms < bare_ms
 
 
-def _residual_key(weight: torch.Tensor) -> tuple:
+QKV_FUSED: dict[tuple, bool] = {}
+"""By (N, K, dtype, device) of the stacked q/k/v weights: whether the q/k/v kernel beat cuBLAS (`choose_qkv`)."""
+
+
+def choose_qkv(decoder: DiTDecoder) -> dict[tuple, bool]:
+    """Time the q/k/v kernel (one GEMM with the q/k norms and RoPE in its epilogue) against cuBLAS's GEMM of the
+    same stacked weights plus one copy of the q and k columns, the least any separate norm + RoPE pass costs; once
+    per shape and device, before the layers are traced (`stack_qkv_weights` first). Where the kernel is not
+    faster, `FusedOps` runs the projections as LayerOps does. Returns the decision for this decoder's shape."""
+    attn = decoder.layers[0].self_attn
+    rows = stacked(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    if rows is None:
+        return {}
+    key = _qkv_key(attn)
+    if key not in QKV_FUSED:
+        QKV_FUSED[key] = _qkv_kernel_wins(attn, rows, decoder.config.rope_theta)
+    return {key: QKV_FUSED[key]}
+
+
+def _qkv_kernel_wins(attn: Attention, rows: torch.Tensor, theta: float) -> bool:
+    n, k = rows.shape
+    if rows.dtype not in (torch.bfloat16, torch.float16) or not supports(RESIDUAL_ROWS, n, k):
+        return False
+    batch, like = 8, dict(device=rows.device, dtype=rows.dtype)
+    tokens = RESIDUAL_ROWS // batch
+    with torch.no_grad():
+        h = torch.randn(batch, tokens, k, **like)
+        cos, sin = rope_cos_sin(torch.arange(tokens, device=rows.device), attn.head_dim, theta, rows.dtype)
+        weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.q_norm.weight, attn.k_norm.weight)
+        fused_ms = _time_ms(lambda: qkv_norm_rope(h, *weights, cos, sin, attn.q_norm.eps))
+        q_and_k = h.new_empty(2, batch * tokens, n - attn.v_proj.weight.shape[0])
+        bare_ms = _time_ms(lambda: h @ rows.t()) + _time_ms(lambda: q_and_k[1].copy_(q_and_k[0]))
+    return fused_ms < bare_ms
+
+
+def _qkv_kernel_taken(attn: Attention) -> bool:
+    """Whether this self-attention runs its q/k/v through the kernel op (forced, or chosen by `choose_qkv`); the op
+    itself checks that the weights are stacked (compiled code never reads addresses)."""
+    if not _plain(attn.q_proj, attn.k_proj, attn.v_proj):
+        return False
+    return bool(_FORCED[-1] if _FORCED else QKV_FUSED.get(_qkv_key(attn)))
+
+
+def _qkv_key(attn: Attention) -> tuple:
+    weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    first = weights[0]
+    return (sum(w.shape[0] for w in weights), first.shape[1], first.dtype, first.device)
+
+
+def _weight_key(weight: torch.Tensor) -> tuple:
     return (*weight.shape, weight.dtype, weight.device)
 
 
@@ -314,20 +364,31 @@ def _plain(*linears: nn.Module) -> bool:
 
 def _residual_kernel_taken(linear: nn.Module) -> bool:
     """Whether this projection runs as the gated-residual GEMM (forced, or chosen by `choose_residuals`)."""
-    return _plain(linear) and bool(_FORCED[-1] if _FORCED else RESIDUAL_FUSED.get(_residual_key(linear.weight)))
+    return _plain(linear) and bool(_FORCED[-1] if _FORCED else RESIDUAL_FUSED.get(_weight_key(linear.weight)))
 
 
 class FusedOps(LayerOps):
     """A DiT layer through the fused ops: the SwiGLU always (each shape's faster path measured inside the op), a gated
-    residual where `choose_residuals` found the kernel faster, every norm and modulation in one pass with the
-    residual before it. GEMMs the ops do not take (FP8, LoRA-wrapped linears) run as LayerOps' (the norm pass after
-    them still runs)."""
+    residual where `choose_residuals` found the kernel faster, the self-attention's q/k/v with their norms and RoPE
+    in one GEMM where `choose_qkv` did, every norm and modulation in one pass with the residual before it. GEMMs the
+    ops do not take (FP8, LoRA-wrapped linears) run as LayerOps' (the norm pass after them still runs, quantising
+    for FP8)."""
 
     @staticmethod
     def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         if not _residual_kernel_taken(linear):
             return LayerOps.residual(x, linear, inputs, gate)
         return torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
+
+    @staticmethod
+    def self_attention(
+        attn: Attention, h: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        if not _qkv_kernel_taken(attn):
+            return LayerOps.self_attention(attn, h, rope, mask)
+        weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.q_norm.weight, attn.k_norm.weight)
+        joined = torch.ops.flowjam.qkv_norm_rope(h, *weights, *rope, attn.q_norm.eps)
+        return attn.heads_attention(*split_heads(attn, joined), mask)
 
     @staticmethod
     def swiglu(mlp: SwiGLU, h: torch.Tensor) -> torch.Tensor:

@@ -150,7 +150,7 @@ class DiTLayer(nn.Module):
         shift, scale, gate = (self.scale_shift_table[:, :3] + modulation[:, :3]).chunk(3, dim=1)
         attn, cross = self.self_attn, self.cross_attn
         h = ops.modulated_norm(self.self_attn_norm, x, scale, shift, (attn.q_proj, attn.k_proj, attn.v_proj))
-        heads = attn.flat_heads(attn.self_heads(h, rope, self_mask))
+        heads = attn.flat_heads(ops.self_attention(attn, h, rope, self_mask))
         x, h = ops.residual_norm(x, attn.o_proj, heads, gate, self.cross_attn_norm, None, None, (cross.q_proj,))
         return x, cross.query(h)
 
@@ -187,6 +187,14 @@ class LayerOps:
     def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """x + linear(inputs) * gate (gate [B, 1, N], one per batch row; None: no gate)."""
         return gated_add(x, linear(inputs), gate)
+
+    @staticmethod
+    def self_attention(
+        attn: Attention, h: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The self-attention's heads [B, heads, S, head_dim] before its output projection (q and k normed, then
+        rotated)."""
+        return attn.self_heads(h, rope, mask)
 
     @staticmethod
     def swiglu(mlp: SwiGLU, h: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def stack_weights(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """Concatenate the weights of `linears` (rows after rows) and make each weight a slice of the result: one GEMM
+    can then read them all, and nothing is stored twice."""
+    stacked = torch.cat([linear.weight.detach() for linear in linears])
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight = nn.Parameter(stacked[start : start + rows], requires_grad=linear.weight.requires_grad)
+        start += rows
+    return stacked
+
+
 class RMSNorm(nn.Module):
     """Qwen3 RMSNorm with a learnable weight, via PyTorch's fused kernel (statistics in fp32 for half types).
 

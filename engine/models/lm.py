@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import Attention, RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from .layers import Attention, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, stack_weights
 from .presets import Qwen3Config
 
 LM_VOCAB = 217_204
@@ -121,7 +121,7 @@ class DecoderLayer(nn.Module):
         groups = ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj))
         fused = getattr(self, "_fused", None)
         if fused is None or any(not _backs(t, linears) for t, linears in zip(fused, groups)):
-            fused = tuple(_fuse(linears) for linears in groups)
+            fused = tuple(stack_weights(linears) for linears in groups)
             self._fused = fused
         return fused
 
@@ -192,17 +192,6 @@ EAGER_STEP = LayerStep()
 def compiled_layer_step() -> LayerStep:
     """torch.compile'd halves: norms, RoPE and elementwise ops fuse into a few kernels, shared by every layer."""
     return LayerStep(torch.compile(decode_project, fullgraph=True), torch.compile(decode_attend, fullgraph=True))
-
-
-def _fuse(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
-    """Concatenate the weights of `linears` and make each weight a slice of the result."""
-    fused = torch.cat([linear.weight.detach() for linear in linears])
-    start = 0
-    for linear in linears:
-        rows = linear.weight.shape[0]
-        linear.weight = nn.Parameter(fused[start : start + rows], requires_grad=linear.weight.requires_grad)
-        start += rows
-    return fused
 
 
 def _backs(fused: torch.Tensor, linears: tuple[nn.Linear, ...]) -> bool:

@@ -12,7 +12,8 @@ from collections.abc import Callable
 import torch
 
 from ..kernels import fused_kernels_available
-from ..kernels.ops import FUSED_OPS, choose_residuals, pair_mlp_weights
+from ..kernels.ops import FUSED_OPS, choose_qkv, choose_residuals, pair_mlp_weights
+from ..kernels.qkv_ops import stack_qkv_weights
 from ..models.dit import DiTDecoder, DiTLayer, LayerStages
 from ..params import BACKENDS
 
@@ -72,7 +73,9 @@ def decoder_forward(decoder: DiTDecoder, backend: str = "eager") -> Callable:
         fused = backend == "compile-graph" and fused_kernels_available(decoder.proj_in[1].weight.device)
         if fused:
             pair_mlp_weights(decoder)
+            stack_qkv_weights(decoder)
             choose_residuals(decoder)
+            choose_qkv(decoder)
         return functools.partial(decoder.forward_rows, stages=FUSED_STAGES if fused else COMPILED_STAGES)
     raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
