@@ -209,7 +209,7 @@ def test_the_quantising_norm_pass_writes_what_fp8_linears_make_of_its_h(batch, t
 def test_an_fp8_layer_through_the_fused_ops_reads_quantised_rows_and_equals_the_eager_fp8_layer(tokens):
     """A turbo-2b layer in FP8: the norm passes hand q/k/v, the cross-attention query and gate/up their inputs
     quantised (the quantising kernel runs), and the layer's outputs are the eager FP8 layer's within FP8 error."""
-    from flowjam.engine.kernels.ops import FUSED_OPS
+    from flowjam.engine.kernels.fused_ops import FUSED_OPS
     from flowjam.engine.models.fp8 import Fp8Linear, Fp8Rows
 
     config = get_preset("turbo-2b").dit
@@ -255,7 +255,8 @@ def test_a_dit_layer_through_the_fused_ops_equals_the_eager_layer(tokens, forced
     """Both halves of a turbo-2b layer (random weights), 4 rows with their own modulation; with the GEMM kernels
     (SwiGLU, gated residual, q/k/v with norms and RoPE) forced on, the norm kernels after them, and off (cuBLAS,
     then the one-pass residual, norm and modulation)."""
-    from flowjam.engine.kernels.ops import FUSED_OPS, forced_path, pair_mlp
+    from flowjam.engine.kernels.fused_ops import FUSED_OPS
+    from flowjam.engine.kernels.ops import forced_path, pair_mlp
     from flowjam.engine.kernels.qkv_ops import stack_qkv
 
     config = get_preset("turbo-2b").dit

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from flowjam.engine.kernels.ops import FUSED_OPS, forced_path, pair_mlp_weights, paired
+from flowjam.engine.kernels.fused_ops import FUSED_OPS
+from flowjam.engine.kernels.ops import forced_path, pair_mlp_weights, paired
 from flowjam.engine.models.dit import EAGER_OPS, DiTDecoder
 from flowjam.engine.models.layers import rope_cos_sin
 from flowjam.engine.models.presets import get_preset

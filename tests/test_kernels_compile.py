@@ -1,5 +1,5 @@
 """Every Triton kernel in the package compiles for a Hopper GPU (sm_90) in the variants and tile configurations the
-code launches, here on the CPU: Triton's front end and its bundled NVIDIA back end (ptxas) need no GPU, so a kernel
+code launches, and for Blackwell (sm_100, sm_120), here on the CPU: Triton's front end and its bundled NVIDIA back end (ptxas) need no GPU, so a kernel
 edit that does not compile fails in CI, not first on a GPU machine. What the kernels compute is checked on the GPU
 (tests/test_fused_kernels_gpu.py). Skipped without Triton (`pip install 'flowjam[kernels]'`)."""
 
@@ -17,15 +17,17 @@ PROGRAMS = 132  # an H100's multiprocessors: the persistent GEMMs' grid
 BF16, FP8, FP32 = torch.bfloat16, torch.float8_e4m3fn, torch.float32
 
 
-def _compiled(kernel, args: dict, constexprs: dict, num_warps: int, num_stages: int = 3) -> set[str]:
-    """Compile `kernel` (a JIT function, or an autotuner around one) for sm_90 with arguments like `args` (CPU
+def _compiled(
+    kernel, args: dict, constexprs: dict, num_warps: int, num_stages: int = 3, target: GPUTarget = HOPPER
+) -> set[str]:
+    """Compile `kernel` (a JIT function, or an autotuner around one) for `target` with arguments like `args` (CPU
     tensors, tensor descriptors, numbers) -> the stages it produced."""
     fn = kernel
     while not isinstance(fn, JITFunction):  # an autotuner's kernel
         fn = fn.fn
     signature = {name: "constexpr" if name in constexprs else mangle_type(args[name]) for name in fn.arg_names}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+    compiled = triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
     return set(compiled.asm)
 
 
@@ -118,6 +120,41 @@ def test_the_qkv_gemm_compiles_in_every_tile_configuration(head, heads, kv_heads
         )  # fmt: skip
         constexprs = dict(PROGRAMS=PROGRAMS, HEAD=head, **tile)
         assert "cubin" in _compiled(qkv_rope._qkv_norm_rope_gemm, args, constexprs, config.num_warps, config.num_stages)
+
+
+@pytest.mark.parametrize("capability", [100, 120])
+def test_every_kernel_compiles_for_blackwell_too(capability):
+    """The kernels run on every GPU of compute capability 9.0 and up (`engine.kernels.MIN_CAPABILITY`): datacenter
+    and consumer Blackwell compile them as well (each kernel's first tile configuration, the quantising norm pass)."""
+    from flowjam.engine.kernels import gemm_epilogue, norm_modulate, qkv_rope
+
+    target = GPUTarget("cuda", capability, 32)
+    vector, n = _tensor(BF16, 2048), 2048
+    norm = dict(
+        x_ptr=vector, delta_ptr=vector, gate_ptr=vector, weight_ptr=vector, scale_ptr=vector, shift_ptr=vector,
+        x_out_ptr=vector, h_ptr=_tensor(FP8, n), row_scale_ptr=_tensor(FP32, 1),
+        n=n, tokens=750, gate_stride=n, scale_stride=n, shift_stride=n, eps=1e-6,
+    )  # fmt: skip
+    flags = dict(ADD=True, GATE=True, MODULATE=True, QUANTIZE=True, BLOCK=n)
+    assert "cubin" in _compiled(norm_modulate._add_norm_modulate, norm, flags, 8, target=target)
+    tile = gemm_epilogue.SWIGLU_CONFIGS[0].kwargs
+    swiglu = dict(
+        a_desc=_descriptor(BF16, (6000, 2048), [tile["BLOCK_M"], 64]),
+        w_desc=_descriptor(BF16, (2, 6144, 2048), [2, tile["BLOCK_N"], 64]),
+        out_desc=_descriptor(BF16, (6000, 6144), [tile["BLOCK_M"], tile["BLOCK_N"]]),
+        M=6000, N=6144, K=2048, m_band=8192,
+    )  # fmt: skip
+    assert "cubin" in _compiled(gemm_epilogue._swiglu_gemm, swiglu, dict(PROGRAMS=PROGRAMS, **tile), 8, target=target)
+    tile = qkv_rope.QKV_CONFIGS[0].kwargs
+    qkv = dict(
+        a_desc=_descriptor(BF16, (6000, 2048), [tile["BLOCK_M"], 64]),
+        w_desc=_descriptor(BF16, (4096, 2048), [128, 64]),
+        out_desc=_descriptor(BF16, (6000, 4096), [tile["BLOCK_M"], 128]),
+        q_weight_ptr=vector, k_weight_ptr=vector, cos_ptr=vector, sin_ptr=vector,
+        M=6000, N=4096, K=2048, m_band=8192, tokens=750, q_columns=2048, k_end=3072, eps=1e-6,
+    )  # fmt: skip
+    constexprs = dict(PROGRAMS=PROGRAMS, HEAD=128, **tile)
+    assert "cubin" in _compiled(qkv_rope._qkv_norm_rope_gemm, qkv, constexprs, 8, target=target)
 
 
 def test_the_silu_mul_pass_and_the_lora_fold_compile():

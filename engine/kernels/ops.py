@@ -1,11 +1,11 @@
 """The fused layer kernels as PyTorch custom ops (`torch.ops.flowjam.*`), opaque to torch.compile: the CUDA graph
 records them like any kernel. Where the kernels do not run (the CPU, older GPUs), the ops are the eager layer's math
-in plain PyTorch. The GEMM fusions are taken by measurement: the SwiGLU op per GEMM shape band (`MEASURED`: the fused
-kernel against cuBLAS and one SiLU-mul pass, what Inductor makes of it), the gated residual per projection shape
-before tracing (`RESIDUAL_FUSED`: the kernel against cuBLAS alone). The residual + norm + modulation pass replaces
-Inductor's two kernels for the same math (a row-statistics pass, then an elementwise pass reading everything again)
-wherever the kernels run (docs/benchmarks.md, "Fused kernels", has the profile); before FP8 projections it writes
-their input quantised (e4m3 rows and scales), so no separate pass quantises it."""
+in plain PyTorch. The SwiGLU op takes its kernel by measurement per GEMM shape band (`MEASURED`: the fused kernel
+against cuBLAS and one SiLU-mul pass, what Inductor makes of it); `forced_path` forces either path for tests and
+benches. The residual + norm + modulation pass replaces Inductor's two kernels for the same math (a row-statistics
+pass, then an elementwise pass reading everything again) wherever the kernels run; before FP8 projections it writes
+their input quantised (e4m3 rows and scales), so no separate pass quantises it. Which ops a layer takes:
+fused_ops.py; docs/benchmarks.md, "Fused kernels", has the profile."""
 
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.dit import DiTDecoder, LayerOps, gated_add, modulated
-from ..models.fp8 import FP8, Fp8Linear, Fp8Rows, quantize_rows
-from ..models.layers import Attention, RMSNorm, SwiGLU, rope_cos_sin
+from ..models.dit import DiTDecoder, gated_add, modulated
+from ..models.fp8 import FP8, quantize_rows
+from ..models.layers import SwiGLU
 from . import fused_kernels_available, row_band, supports
-from .qkv_ops import qkv_norm_rope, split_heads, stacked
 
 TIMING_REPEATS = 10
 
@@ -56,7 +55,12 @@ def forced_path(fused: bool) -> Iterator[None]:
         _FORCED.pop()
 
 
-def _time_ms(run) -> float:
+def forced() -> bool | None:
+    """The path `forced_path` forces now (the innermost), or None."""
+    return _FORCED[-1] if _FORCED else None
+
+
+def time_ms(run) -> float:
     run()  # the fused kernel's first call tunes its tile shapes
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -72,13 +76,13 @@ def _use_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
     capture (a plan is captured only after its shapes ran plain, so a capture finds its shapes measured)."""
     if not supports(m, n, k):
         return False
-    if _FORCED:
-        return _FORCED[-1]
+    if forced() is not None:
+        return forced()
     found = MEASURED.get(key)
     if found is None:
         if torch.cuda.is_current_stream_capturing():
             return False
-        found = MEASURED[key] = Measured(_time_ms(fused), _time_ms(unfused))
+        found = MEASURED[key] = Measured(time_ms(fused), time_ms(unfused))
     return found.fused_wins
 
 
@@ -98,7 +102,11 @@ def pair_mlp(mlp: SwiGLU) -> bool:
     """Store the MLP's gate and up weights as the two halves of one [2, N, K] tensor, what the fused SwiGLU GEMM
     reads (no extra memory: the parameters become views of it). Whether it moved them."""
     gate, up = mlp.gate_proj, mlp.up_proj
-    if not _plain(gate, up) or gate.weight.shape != up.weight.shape or paired(gate.weight, up.weight) is not None:
+    if (
+        not plain_linears(gate, up)
+        or gate.weight.shape != up.weight.shape
+        or paired(gate.weight, up.weight) is not None
+    ):
         return False
     pair = torch.stack([gate.weight.detach(), up.weight.detach()])
     gate.weight = nn.Parameter(pair[0], requires_grad=gate.weight.requires_grad)
@@ -270,173 +278,6 @@ def _fake_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(rows, x.shape[2], dtype=FP8), x.new_empty(rows, 1, dtype=torch.float32)
 
 
-RESIDUAL_ROWS = 4096  # rows the gated-residual kernel is timed at against cuBLAS
-RESIDUAL_FUSED: dict[tuple, bool] = {}
-"""By (N, K, dtype, device): whether the gated-residual kernel beat cuBLAS's GEMM alone (`choose_residuals`)."""
-
-
-def choose_residuals(decoder: DiTDecoder) -> dict[tuple, bool]:
-    """Time the gated-residual kernel against cuBLAS's bare GEMM at each of the decoder's projection shapes (o_proj,
-    down_proj), once per shape and device: where the kernel is not faster, `FusedOps` runs cuBLAS's GEMM and leaves
-    the gate and residual to the pass after it (o_proj's to the norm pass, down_proj's to Inductor's next kernel).
-    Decided before the layers are traced, so compiled code never re-decides. Returns the decisions for this
-    decoder's shapes."""
-    layer = decoder.layers[0]
-    weights = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
-    for weight in weights:
-        key = _weight_key(weight)
-        if key not in RESIDUAL_FUSED:
-            RESIDUAL_FUSED[key] = _residual_kernel_wins(weight)
-    return {_weight_key(weight): RESIDUAL_FUSED[_weight_key(weight)] for weight in weights}
-
-
-def _residual_kernel_wins(weight: torch.Tensor) -> bool:
-    n, k = weight.shape
-    if weight.dtype not in (torch.bfloat16, torch.float16) or not supports(RESIDUAL_ROWS, n, k):
-        return False
-    batch, like = 8, dict(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        inputs = torch.randn(batch, RESIDUAL_ROWS // batch, k, **like)
-        x = torch.randn(batch, RESIDUAL_ROWS // batch, n, **like)
-        gate = torch.randn(batch, 1, n, **like)
-        fused_ms = _time_ms(lambda: gated_residual(x, inputs, weight, gate))
-        bare_ms = _time_ms(lambda: inputs @ weight.t())
-    return fused_ms < bare_ms
-
-
-QKV_FUSED: dict[tuple, bool] = {}
-"""By (N, K, dtype, device) of the stacked q/k/v weights: whether the q/k/v kernel beat cuBLAS (`choose_qkv`)."""
-
-
-def choose_qkv(decoder: DiTDecoder) -> dict[tuple, bool]:
-    """Time the q/k/v kernel (one GEMM with the q/k norms and RoPE in its epilogue) against cuBLAS's GEMM of the
-    same stacked weights plus one copy of the q and k columns, the least any separate norm + RoPE pass costs; once
-    per shape and device, before the layers are traced (`stack_qkv_weights` first). Where the kernel is not
-    faster, `FusedOps` runs the projections as LayerOps does. Returns the decision for this decoder's shape."""
-    attn = decoder.layers[0].self_attn
-    rows = stacked(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-    if rows is None:
-        return {}
-    key = _qkv_key(attn)
-    if key not in QKV_FUSED:
-        QKV_FUSED[key] = _qkv_kernel_wins(attn, rows, decoder.config.rope_theta)
-    return {key: QKV_FUSED[key]}
-
-
-def _qkv_kernel_wins(attn: Attention, rows: torch.Tensor, theta: float) -> bool:
-    n, k = rows.shape
-    if rows.dtype not in (torch.bfloat16, torch.float16) or not supports(RESIDUAL_ROWS, n, k):
-        return False
-    batch, like = 8, dict(device=rows.device, dtype=rows.dtype)
-    tokens = RESIDUAL_ROWS // batch
-    with torch.no_grad():
-        h = torch.randn(batch, tokens, k, **like)
-        cos, sin = rope_cos_sin(torch.arange(tokens, device=rows.device), attn.head_dim, theta, rows.dtype)
-        weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.q_norm.weight, attn.k_norm.weight)
-        fused_ms = _time_ms(lambda: qkv_norm_rope(h, *weights, cos, sin, attn.q_norm.eps))
-        q_and_k = h.new_empty(2, batch * tokens, n - attn.v_proj.weight.shape[0])
-        bare_ms = _time_ms(lambda: h @ rows.t()) + _time_ms(lambda: q_and_k[1].copy_(q_and_k[0]))
-    return fused_ms < bare_ms
-
-
-def _qkv_kernel_taken(attn: Attention) -> bool:
-    """Whether this self-attention runs its q/k/v through the kernel op (forced, or chosen by `choose_qkv`); the op
-    itself checks that the weights are stacked (compiled code never reads addresses)."""
-    if not _plain(attn.q_proj, attn.k_proj, attn.v_proj):
-        return False
-    return bool(_FORCED[-1] if _FORCED else QKV_FUSED.get(_qkv_key(attn)))
-
-
-def _qkv_key(attn: Attention) -> tuple:
-    weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-    first = weights[0]
-    return (sum(w.shape[0] for w in weights), first.shape[1], first.dtype, first.device)
-
-
-def _weight_key(weight: torch.Tensor) -> tuple:
-    return (*weight.shape, weight.dtype, weight.device)
-
-
-def _plain(*linears: nn.Module) -> bool:
+def plain_linears(*linears: nn.Module) -> bool:
     """Bias-free nn.Linear layers (not FP8, not wrapped by a LoRA): what the fused ops take."""
     return all(type(linear) is nn.Linear and linear.bias is None for linear in linears)
-
-
-def _residual_kernel_taken(linear: nn.Module) -> bool:
-    """Whether this projection runs as the gated-residual GEMM (forced, or chosen by `choose_residuals`)."""
-    return _plain(linear) and bool(_FORCED[-1] if _FORCED else RESIDUAL_FUSED.get(_weight_key(linear.weight)))
-
-
-class FusedOps(LayerOps):
-    """A DiT layer through the fused ops: the SwiGLU always (each shape's faster path measured inside the op), a gated
-    residual where `choose_residuals` found the kernel faster, the self-attention's q/k/v with their norms and RoPE
-    in one GEMM where `choose_qkv` did, every norm and modulation in one pass with the residual before it. GEMMs the
-    ops do not take (FP8, LoRA-wrapped linears) run as LayerOps' (the norm pass after them still runs, quantising
-    for FP8)."""
-
-    @staticmethod
-    def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        if not _residual_kernel_taken(linear):
-            return LayerOps.residual(x, linear, inputs, gate)
-        return torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
-
-    @staticmethod
-    def self_attention(
-        attn: Attention, h: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        if not _qkv_kernel_taken(attn):
-            return LayerOps.self_attention(attn, h, rope, mask)
-        weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.q_norm.weight, attn.k_norm.weight)
-        joined = torch.ops.flowjam.qkv_norm_rope(h, *weights, *rope, attn.q_norm.eps)
-        return attn.heads_attention(*split_heads(attn, joined), mask)
-
-    @staticmethod
-    def swiglu(mlp: SwiGLU, h: torch.Tensor) -> torch.Tensor:
-        if not _plain(mlp.gate_proj, mlp.up_proj):
-            return LayerOps.swiglu(mlp, h)
-        return torch.ops.flowjam.swiglu(h, mlp.gate_proj.weight, mlp.up_proj.weight)
-
-    @staticmethod
-    def modulated_norm(
-        norm: RMSNorm,
-        x: torch.Tensor,
-        scale: torch.Tensor | None,
-        shift: torch.Tensor | None,
-        into: tuple[nn.Module, ...] = (),
-    ) -> torch.Tensor | Fp8Rows:
-        if _reads_fp8_rows(into):
-            values, row_scale = torch.ops.flowjam.norm_quantize(x, norm.weight, scale, shift, norm.eps)
-            return Fp8Rows(values, row_scale, tuple(x.shape))
-        return torch.ops.flowjam.norm_modulate(x, norm.weight, scale, shift, norm.eps)
-
-    def residual_norm(
-        self,
-        x: torch.Tensor,
-        linear: nn.Module,
-        inputs: torch.Tensor,
-        gate: torch.Tensor | None,
-        norm: RMSNorm,
-        scale: torch.Tensor | None,
-        shift: torch.Tensor | None,
-        into: tuple[nn.Module, ...] = (),
-    ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
-        """The projection alone (cuBLAS, or FP8 / LoRA-wrapped as it comes), then the gate, residual, norm and
-        modulation in one pass (quantising where every projection `into` is FP8); with the gated-residual GEMM
-        where that was chosen."""
-        if _residual_kernel_taken(linear):
-            x = torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
-            return x, self.modulated_norm(norm, x, scale, shift, into)
-        if _reads_fp8_rows(into):
-            x, values, row_scale = torch.ops.flowjam.add_norm_quantize(
-                x, linear(inputs), gate, norm.weight, scale, shift, norm.eps
-            )
-            return x, Fp8Rows(values, row_scale, tuple(x.shape))
-        return torch.ops.flowjam.add_norm_modulate(x, linear(inputs), gate, norm.weight, scale, shift, norm.eps)
-
-
-def _reads_fp8_rows(into: tuple[nn.Module, ...]) -> bool:
-    """Whether every projection `into` is a bare Fp8Linear (a LoRA-wrapped one reads the unquantised input too)."""
-    return bool(into) and all(type(linear) is Fp8Linear for linear in into)
-
-
-FUSED_OPS = FusedOps()

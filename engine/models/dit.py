@@ -180,7 +180,7 @@ def modulated(
 
 class LayerOps:
     """A DiT layer's GEMMs with the elementwise work around them (residuals, SwiGLU, norms with AdaLN modulation):
-    plain PyTorch here; `engine.kernels.ops.FusedOps` implements the same methods with fused Triton kernels. A norm's
+    plain PyTorch here; `engine.kernels.fused_ops.FusedOps` implements the same methods with fused Triton kernels. A norm's
     `into` names the projections that read its result: the fused ops hand FP8 ones their input quantised (`Fp8Rows`)."""
 
     @staticmethod

@@ -12,7 +12,8 @@ from collections.abc import Callable
 import torch
 
 from ..kernels import fused_kernels_available
-from ..kernels.ops import FUSED_OPS, choose_qkv, choose_residuals, pair_mlp_weights
+from ..kernels.fused_ops import FUSED_OPS, choose_qkv, choose_residuals
+from ..kernels.ops import pair_mlp_weights
 from ..kernels.qkv_ops import stack_qkv_weights
 from ..models.dit import DiTDecoder, DiTLayer, LayerStages
 from ..params import BACKENDS
@@ -48,14 +49,17 @@ def _rows_dynamic(compiled: Callable) -> Callable:
     return run
 
 
-COMPILED_STAGES = LayerStages(_rows_dynamic(torch.compile(_attend_self)), _rows_dynamic(torch.compile(_finish)))
-FUSED_STAGES = LayerStages(
-    _rows_dynamic(torch.compile(_attend_self_fused)), _rows_dynamic(torch.compile(_finish_fused))
-)
-"""Compiled halves whose GEMMs carry their SwiGLU (and their gate and residual where that was measured faster) and
-whose norms and modulation run in one pass with the residual before them (engine/kernels/ops.py): `compile-graph` on
-GPUs that run the fused kernels. Only under CUDA graphs: the custom ops' launches cost host time that a replay does
-not pay."""
+@functools.cache
+def compiled_stages(fused: bool) -> LayerStages:
+    """The compiled layer halves, made at first use (torch.compile imports Dynamo and Inductor: seconds that a process
+    which never compiles does not pay). `fused`: halves whose GEMMs carry their SwiGLU (and their gate and residual,
+    or their q/k norms and RoPE, where that was measured faster) and whose norms and modulation run in one pass with
+    the residual before them (engine/kernels/fused_ops.py): `compile-graph` on GPUs that run the fused kernels. Only
+    under CUDA graphs: the custom ops' launches cost host time that a replay does not pay."""
+    attend_self, finish = (_attend_self_fused, _finish_fused) if fused else (_attend_self, _finish)
+    return LayerStages(_rows_dynamic(torch.compile(attend_self)), _rows_dynamic(torch.compile(finish)))
+
+
 LAYER_VARIANTS = 16  # compiled variants of a layer half kept (sliding or not x precision x one row or several)
 
 
@@ -76,7 +80,7 @@ def decoder_forward(decoder: DiTDecoder, backend: str = "eager") -> Callable:
             stack_qkv_weights(decoder)
             choose_residuals(decoder)
             choose_qkv(decoder)
-        return functools.partial(decoder.forward_rows, stages=FUSED_STAGES if fused else COMPILED_STAGES)
+        return functools.partial(decoder.forward_rows, stages=compiled_stages(fused))
     raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
 
