@@ -48,26 +48,33 @@ def test_fused_ops_equal_the_eager_layer_bit_for_bit_where_the_kernels_do_not_ru
         assert not torch.equal(eager[2], x)
 
 
-def _velocity_inputs(decoder: DiTDecoder) -> tuple[torch.Tensor, ...]:
-    """Latents, times, context and a condition for a 50-frame forward of two rows."""
+def _moving_keeps_the_velocity(decoder: DiTDecoder, move, what: str) -> int:
+    """`move(decoder)` (weights into a fused layout) between two forwards of two rows: the velocity is unchanged and
+    the structure version bumped once (captured tick graphs would read the old weight addresses); -> the version."""
     x, t = torch.randn(2, 50, 64), torch.tensor([0.9, 0.4])
-    return x, t, torch.randn(2, 50, decoder.config.in_channels - 64), torch.randn(1, 9, decoder.config.condition_width)
+    inputs = (
+        x,
+        t,
+        torch.randn(2, 50, decoder.config.in_channels - 64),
+        torch.randn(1, 9, decoder.config.condition_width),
+    )
+    with torch.no_grad():
+        before = decoder(*inputs)
+        version = decoder.structure_version
+        assert move(decoder) == len(decoder.layers)
+        after = decoder(*inputs)
+    assert torch.equal(before, after), f"{what} changed the velocity"
+    assert decoder.structure_version == version + 1, "captured tick graphs would read the old weight addresses"
+    return version + 1
 
 
 def test_pairing_the_mlp_weights_keeps_every_output_and_renews_tick_graphs():
     decoder = _decoder()
-    inputs = _velocity_inputs(decoder)
-    with torch.no_grad():
-        before = decoder(*inputs)
-        version = decoder.structure_version
-        assert pair_mlp_weights(decoder) == len(decoder.layers)
-        after = decoder(*inputs)
-    assert torch.equal(before, after), "pairing the MLP weights changed the velocity"
-    assert decoder.structure_version == version + 1, "captured tick graphs would read the old weight addresses"
+    version = _moving_keeps_the_velocity(decoder, pair_mlp_weights, "pairing the MLP weights")
     for layer in decoder.layers:
         pair = paired(layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)
         assert pair is not None and torch.equal(pair[1], layer.mlp.up_proj.weight)
-    assert pair_mlp_weights(decoder) == 0 and decoder.structure_version == version + 1, "pairing twice moved them"
+    assert pair_mlp_weights(decoder) == 0 and decoder.structure_version == version, "pairing twice moved them"
 
 
 def test_stacking_the_qkv_weights_keeps_every_output_and_the_fused_self_attention_equals_the_eager_one():
@@ -76,18 +83,11 @@ def test_stacking_the_qkv_weights_keeps_every_output_and_the_fused_self_attentio
     from flowjam.engine.kernels.qkv_ops import stack_qkv_weights, stacked
 
     decoder = _decoder()
-    inputs = _velocity_inputs(decoder)
-    with torch.no_grad():
-        before = decoder(*inputs)
-        version = decoder.structure_version
-        assert stack_qkv_weights(decoder) == len(decoder.layers)
-        after = decoder(*inputs)
-    assert torch.equal(before, after), "stacking the q/k/v weights changed the velocity"
-    assert decoder.structure_version == version + 1, "captured tick graphs would read the old weight addresses"
+    version = _moving_keeps_the_velocity(decoder, stack_qkv_weights, "stacking the q/k/v weights")
     attn, config = decoder.layers[0].self_attn, decoder.config
     rows = stacked(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
     assert rows is not None and torch.equal(rows[-attn.v_proj.weight.shape[0] :], attn.v_proj.weight)
-    assert stack_qkv_weights(decoder) == 0 and decoder.structure_version == version + 1, "stacking twice moved them"
+    assert stack_qkv_weights(decoder) == 0 and decoder.structure_version == version, "stacking twice moved them"
     h = torch.randn(3, 21, config.hidden_size)
     rope = rope_cos_sin(torch.arange(21), config.head_dim, config.rope_theta, torch.float32)
     with torch.no_grad(), forced_path(True):
