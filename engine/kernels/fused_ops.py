@@ -15,7 +15,7 @@ from . import supports
 from .ops import forced, gated_residual, plain_linears, time_ms
 from .qkv_ops import qkv_norm_rope, split_heads, stacked
 
-RESIDUAL_ROWS = 4096  # rows the gated-residual kernel is timed at against cuBLAS
+TIMING_ROWS = 4096  # rows the GEMM kernels are timed at against cuBLAS (8 batch rows of 512 tokens)
 RESIDUAL_FUSED: dict[tuple, bool] = {}
 """By (N, K, dtype, device): whether the gated-residual kernel beat cuBLAS's GEMM alone (`choose_residuals`)."""
 
@@ -37,12 +37,12 @@ def choose_residuals(decoder: DiTDecoder) -> dict[tuple, bool]:
 
 def _residual_kernel_wins(weight: torch.Tensor) -> bool:
     n, k = weight.shape
-    if weight.dtype not in (torch.bfloat16, torch.float16) or not supports(RESIDUAL_ROWS, n, k):
+    if weight.dtype not in (torch.bfloat16, torch.float16) or not supports(TIMING_ROWS, n, k):
         return False
     batch, like = 8, dict(device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
-        inputs = torch.randn(batch, RESIDUAL_ROWS // batch, k, **like)
-        x = torch.randn(batch, RESIDUAL_ROWS // batch, n, **like)
+        inputs = torch.randn(batch, TIMING_ROWS // batch, k, **like)
+        x = torch.randn(batch, TIMING_ROWS // batch, n, **like)
         gate = torch.randn(batch, 1, n, **like)
         fused_ms = time_ms(lambda: gated_residual(x, inputs, weight, gate))
         bare_ms = time_ms(lambda: inputs @ weight.t())
@@ -70,10 +70,10 @@ def choose_qkv(decoder: DiTDecoder) -> dict[tuple, bool]:
 
 def _qkv_kernel_wins(attn: Attention, rows: torch.Tensor, theta: float) -> bool:
     n, k = rows.shape
-    if rows.dtype not in (torch.bfloat16, torch.float16) or not supports(RESIDUAL_ROWS, n, k):
+    if rows.dtype not in (torch.bfloat16, torch.float16) or not supports(TIMING_ROWS, n, k):
         return False
     batch, like = 8, dict(device=rows.device, dtype=rows.dtype)
-    tokens = RESIDUAL_ROWS // batch
+    tokens = TIMING_ROWS // batch
     with torch.no_grad():
         h = torch.randn(batch, tokens, k, **like)
         cos, sin = rope_cos_sin(torch.arange(tokens, device=rows.device), attn.head_dim, theta, rows.dtype)

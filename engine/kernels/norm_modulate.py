@@ -98,7 +98,17 @@ def add_norm_quantize(
     return _launch(x, delta, gate, weight, scale, shift, eps, values, row_scale), values, row_scale
 
 
-def _launch(x, delta, gate, weight, scale, shift, eps: float, h: torch.Tensor, row_scale) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    gate: torch.Tensor | None,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    h: torch.Tensor,
+    row_scale: torch.Tensor | None,
+) -> torch.Tensor:
     """Run the pass into `h` (and `row_scale`, quantising); -> x'."""
     batch, tokens, n = x.shape
     if (scale is None) != (shift is None):

@@ -50,7 +50,17 @@ def stack_qkv_weights(decoder: DiTDecoder) -> int:
     return moved
 
 
-def _eager_qkv(h, w_q, w_k, w_v, q_norm, k_norm, cos, sin, eps: float) -> torch.Tensor:
+def _eager_qkv(
+    h: torch.Tensor,
+    w_q: torch.Tensor,
+    w_k: torch.Tensor,
+    w_v: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
     """The eager layer's q, k and v (q and k normed per head, then rotated), joined token-major [B, S, N]."""
     batch, tokens, _ = h.shape
     head_dim = q_norm.shape[0]
