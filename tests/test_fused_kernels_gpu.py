@@ -97,12 +97,13 @@ def test_gated_residual_kernel_equals_the_eager_projection(rows, k, gated):
 def test_qkv_kernel_equals_the_eager_projections_head_norms_and_rope(batch, tokens, head_dim, heads, kv_heads):
     """q, k and v in one GEMM with the q/k RMSNorm and RoPE in its epilogue: turbo-2b's heads and the tiny preset's,
     row counts no tile divides; each part as close to the fp32 result as the eager bf16 layer's."""
-    from flowjam.engine.kernels.qkv_ops import _eager_qkv, qkv_norm_rope, stacked
+    from flowjam.engine.kernels.qkv_ops import _eager_qkv, qkv_norm_rope
+    from flowjam.engine.models.layers import stacked_rows
 
     k = heads * head_dim
     rows = _weights((heads + 2 * kv_heads) * head_dim, k, 3)
     w_q, w_k, w_v = rows.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])
-    assert stacked(w_q, w_k, w_v) is not None
+    assert stacked_rows(w_q, w_k, w_v) is not None
     q_norm, k_norm = ((1 + 0.1 * torch.randn(head_dim, device="cuda")).bfloat16() for _ in range(2))
     h = torch.randn(batch, tokens, k, device="cuda").bfloat16()
     cos, sin = rope_cos_sin(torch.arange(tokens, device="cuda"), head_dim, 1_000_000.0, torch.bfloat16)
@@ -256,8 +257,7 @@ def test_a_dit_layer_through_the_fused_ops_equals_the_eager_layer(tokens, forced
     (SwiGLU, gated residual, q/k/v with norms and RoPE) forced on, the norm kernels after them, and off (cuBLAS,
     then the one-pass residual, norm and modulation)."""
     from flowjam.engine.kernels.fused_ops import FUSED_OPS
-    from flowjam.engine.kernels.ops import forced_path, pair_mlp
-    from flowjam.engine.kernels.qkv_ops import stack_qkv
+    from flowjam.engine.kernels.ops import forced_path, pair_mlp, stack_qkv
 
     config = get_preset("turbo-2b").dit
     torch.manual_seed(0)

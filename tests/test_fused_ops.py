@@ -80,12 +80,13 @@ def test_pairing_the_mlp_weights_keeps_every_output_and_renews_tick_graphs():
 def test_stacking_the_qkv_weights_keeps_every_output_and_the_fused_self_attention_equals_the_eager_one():
     """The q, k and v weights as rows of one tensor (what the q/k/v kernel reads): the velocity is unchanged, tick
     graphs renew, and the self-attention through the fused op (its CPU implementation) is the eager one to the bit."""
-    from flowjam.engine.kernels.qkv_ops import stack_qkv_weights, stacked
+    from flowjam.engine.kernels.ops import stack_qkv_weights
+    from flowjam.engine.models.layers import stacked_rows
 
     decoder = _decoder()
     version = _moving_keeps_the_velocity(decoder, stack_qkv_weights, "stacking the q/k/v weights")
     attn, config = decoder.layers[0].self_attn, decoder.config
-    rows = stacked(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    rows = stacked_rows(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
     assert rows is not None and torch.equal(rows[-attn.v_proj.weight.shape[0] :], attn.v_proj.weight)
     assert stack_qkv_weights(decoder) == 0 and decoder.structure_version == version, "stacking twice moved them"
     h = torch.randn(3, 21, config.hidden_size)

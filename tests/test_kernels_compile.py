@@ -1,6 +1,6 @@
 """Every Triton kernel in the package compiles for a Hopper GPU (sm_90) in the variants and tile configurations the
-code launches, and for Blackwell (sm_100, sm_120), here on the CPU: Triton's front end and its bundled NVIDIA back end (ptxas) need no GPU, so a kernel
-edit that does not compile fails in CI, not first on a GPU machine. What the kernels compute is checked on the GPU
+code launches, and for Blackwell (sm_100, sm_120), here on the CPU: Triton's front end and its bundled NVIDIA back
+end (ptxas) need no GPU, so a kernel edit that does not compile fails in CI, not first on a GPU machine. What the kernels compute is checked on the GPU
 (tests/test_fused_kernels_gpu.py). Skipped without Triton (`pip install 'flowjam[kernels]'`)."""
 
 import pytest
@@ -35,6 +35,46 @@ def _tensor(dtype: torch.dtype, *shape: int) -> torch.Tensor:
     return torch.empty(*shape, dtype=dtype)
 
 
+def _descriptor(dtype: torch.dtype, shape: tuple[int, ...], block: list[int]) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(torch.empty(shape, dtype=dtype), block)
+
+
+def _norm_args(n: int, quantize: bool) -> dict:
+    """The norm pass's arguments at a width of n (h written as e4m3 with row scales, or in bf16)."""
+    vector = _tensor(BF16, n)
+    return dict(
+        x_ptr=vector, delta_ptr=vector, gate_ptr=vector, weight_ptr=vector, scale_ptr=vector, shift_ptr=vector,
+        x_out_ptr=vector, h_ptr=_tensor(FP8 if quantize else BF16, n),
+        row_scale_ptr=_tensor(FP32 if quantize else BF16, 1),
+        n=n, tokens=750, gate_stride=n, scale_stride=n, shift_stride=n, eps=1e-6,
+    )  # fmt: skip
+
+
+def _swiglu_args(tile: dict) -> dict:
+    """The SwiGLU GEMM's arguments at turbo-2b's MLP (6,000 rows), descriptors boxed for `tile`."""
+    block_m, block_n, block_k = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    return dict(
+        a_desc=_descriptor(BF16, (6000, 2048), [block_m, block_k]),
+        w_desc=_descriptor(BF16, (2, 6144, 2048), [2, block_n, block_k]),
+        out_desc=_descriptor(BF16, (6000, 6144), [block_m, block_n]),
+        M=6000, N=6144, K=2048, m_band=8192,
+    )  # fmt: skip
+
+
+def _qkv_args(tile: dict, head: int, heads: int, kv_heads: int) -> dict:
+    """The q/k/v GEMM's arguments for these heads (6,000 rows), descriptors boxed for `tile` and a head's width."""
+    n, k = (heads + 2 * kv_heads) * head, heads * head
+    block_m, block_k = tile["BLOCK_M"], tile["BLOCK_K"]
+    return dict(
+        a_desc=_descriptor(BF16, (6000, k), [block_m, block_k]),
+        w_desc=_descriptor(BF16, (n, k), [head, block_k]),
+        out_desc=_descriptor(BF16, (6000, n), [block_m, head]),
+        q_weight_ptr=_tensor(BF16, 1), k_weight_ptr=_tensor(BF16, 1), cos_ptr=_tensor(BF16, 1),
+        sin_ptr=_tensor(BF16, 1), M=6000, N=n, K=k, m_band=8192, tokens=750, q_columns=heads * head,
+        k_end=(heads + kv_heads) * head, eps=1e-6,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("n", [2048, 1000])
 @pytest.mark.parametrize(
     "add, gate, modulate, quantize",
@@ -51,34 +91,19 @@ def _tensor(dtype: torch.dtype, *shape: int) -> torch.Tensor:
 def test_the_norm_pass_compiles_in_every_variant_the_ops_launch(n, add, gate, modulate, quantize):
     from flowjam.engine.kernels import norm_modulate
 
-    vector = _tensor(BF16, n)
-    args = dict(
-        x_ptr=vector, delta_ptr=vector, gate_ptr=vector, weight_ptr=vector, scale_ptr=vector, shift_ptr=vector,
-        x_out_ptr=vector, h_ptr=_tensor(FP8 if quantize else BF16, n), row_scale_ptr=_tensor(FP32 if quantize else BF16, 1),
-        n=n, tokens=750, gate_stride=n, scale_stride=n, shift_stride=n, eps=1e-6,
-    )  # fmt: skip
     constexprs = dict(ADD=add, GATE=gate, MODULATE=modulate, QUANTIZE=quantize, BLOCK=triton.next_power_of_2(n))
     for config in norm_modulate.ROW_CONFIGS:
-        assert "cubin" in _compiled(norm_modulate._add_norm_modulate, args, constexprs, config.num_warps)
-
-
-def _descriptor(dtype: torch.dtype, shape: tuple[int, ...], block: list[int]) -> TensorDescriptor:
-    return TensorDescriptor.from_tensor(torch.empty(shape, dtype=dtype), block)
+        assert "cubin" in _compiled(
+            norm_modulate._add_norm_modulate, _norm_args(n, quantize), constexprs, config.num_warps
+        )
 
 
 def test_the_swiglu_gemm_compiles_in_every_tile_configuration():
     from flowjam.engine.kernels import gemm_epilogue
 
     for config in gemm_epilogue.SWIGLU_CONFIGS:
-        tile = config.kwargs
-        block_m, block_n, block_k = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
-        args = dict(
-            a_desc=_descriptor(BF16, (6000, 2048), [block_m, block_k]),
-            w_desc=_descriptor(BF16, (2, 6144, 2048), [2, block_n, block_k]),
-            out_desc=_descriptor(BF16, (6000, 6144), [block_m, block_n]),
-            M=6000, N=6144, K=2048, m_band=8192,
-        )  # fmt: skip
-        constexprs = dict(PROGRAMS=PROGRAMS, **tile)
+        constexprs = dict(PROGRAMS=PROGRAMS, **config.kwargs)
+        args = _swiglu_args(config.kwargs)
         assert "cubin" in _compiled(gemm_epilogue._swiglu_gemm, args, constexprs, config.num_warps, config.num_stages)
 
 
@@ -106,19 +131,9 @@ def test_the_gated_residual_gemm_compiles_in_every_tile_configuration(gated):
 def test_the_qkv_gemm_compiles_in_every_tile_configuration(head, heads, kv_heads):
     from flowjam.engine.kernels import qkv_rope
 
-    n, k = (heads + 2 * kv_heads) * head, heads * head
     for config in qkv_rope.QKV_CONFIGS:
-        tile = config.kwargs
-        block_m, block_k = tile["BLOCK_M"], tile["BLOCK_K"]
-        args = dict(
-            a_desc=_descriptor(BF16, (6000, k), [block_m, block_k]),
-            w_desc=_descriptor(BF16, (n, k), [head, block_k]),
-            out_desc=_descriptor(BF16, (6000, n), [block_m, head]),
-            q_weight_ptr=_tensor(BF16, 1), k_weight_ptr=_tensor(BF16, 1), cos_ptr=_tensor(BF16, 1),
-            sin_ptr=_tensor(BF16, 1), M=6000, N=n, K=k, m_band=8192, tokens=750, q_columns=heads * head,
-            k_end=(heads + kv_heads) * head, eps=1e-6,
-        )  # fmt: skip
-        constexprs = dict(PROGRAMS=PROGRAMS, HEAD=head, **tile)
+        args = _qkv_args(config.kwargs, head, heads, kv_heads)
+        constexprs = dict(PROGRAMS=PROGRAMS, HEAD=head, **config.kwargs)
         assert "cubin" in _compiled(qkv_rope._qkv_norm_rope_gemm, args, constexprs, config.num_warps, config.num_stages)
 
 
@@ -129,32 +144,15 @@ def test_every_kernel_compiles_for_blackwell_too(capability):
     from flowjam.engine.kernels import gemm_epilogue, norm_modulate, qkv_rope
 
     target = GPUTarget("cuda", capability, 32)
-    vector, n = _tensor(BF16, 2048), 2048
-    norm = dict(
-        x_ptr=vector, delta_ptr=vector, gate_ptr=vector, weight_ptr=vector, scale_ptr=vector, shift_ptr=vector,
-        x_out_ptr=vector, h_ptr=_tensor(FP8, n), row_scale_ptr=_tensor(FP32, 1),
-        n=n, tokens=750, gate_stride=n, scale_stride=n, shift_stride=n, eps=1e-6,
-    )  # fmt: skip
-    flags = dict(ADD=True, GATE=True, MODULATE=True, QUANTIZE=True, BLOCK=n)
-    assert "cubin" in _compiled(norm_modulate._add_norm_modulate, norm, flags, 8, target=target)
+    flags = dict(ADD=True, GATE=True, MODULATE=True, QUANTIZE=True, BLOCK=2048)
+    assert "cubin" in _compiled(norm_modulate._add_norm_modulate, _norm_args(2048, True), flags, 8, target=target)
     tile = gemm_epilogue.SWIGLU_CONFIGS[0].kwargs
-    swiglu = dict(
-        a_desc=_descriptor(BF16, (6000, 2048), [tile["BLOCK_M"], 64]),
-        w_desc=_descriptor(BF16, (2, 6144, 2048), [2, tile["BLOCK_N"], 64]),
-        out_desc=_descriptor(BF16, (6000, 6144), [tile["BLOCK_M"], tile["BLOCK_N"]]),
-        M=6000, N=6144, K=2048, m_band=8192,
-    )  # fmt: skip
-    assert "cubin" in _compiled(gemm_epilogue._swiglu_gemm, swiglu, dict(PROGRAMS=PROGRAMS, **tile), 8, target=target)
+    constexprs = dict(PROGRAMS=PROGRAMS, **tile)
+    assert "cubin" in _compiled(gemm_epilogue._swiglu_gemm, _swiglu_args(tile), constexprs, 8, target=target)
     tile = qkv_rope.QKV_CONFIGS[0].kwargs
-    qkv = dict(
-        a_desc=_descriptor(BF16, (6000, 2048), [tile["BLOCK_M"], 64]),
-        w_desc=_descriptor(BF16, (4096, 2048), [128, 64]),
-        out_desc=_descriptor(BF16, (6000, 4096), [tile["BLOCK_M"], 128]),
-        q_weight_ptr=vector, k_weight_ptr=vector, cos_ptr=vector, sin_ptr=vector,
-        M=6000, N=4096, K=2048, m_band=8192, tokens=750, q_columns=2048, k_end=3072, eps=1e-6,
-    )  # fmt: skip
     constexprs = dict(PROGRAMS=PROGRAMS, HEAD=128, **tile)
-    assert "cubin" in _compiled(qkv_rope._qkv_norm_rope_gemm, qkv, constexprs, 8, target=target)
+    args = _qkv_args(tile, 128, 16, 8)
+    assert "cubin" in _compiled(qkv_rope._qkv_norm_rope_gemm, args, constexprs, 8, target=target)
 
 
 def test_the_silu_mul_pass_and_the_lora_fold_compile():

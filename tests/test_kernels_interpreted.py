@@ -1,9 +1,9 @@
 """Triton kernels run by Triton's interpreter on the CPU (numpy executes each program), against the math in fp32:
 the norm pass (x' and h one bf16 rounding from the exact values, the quantised variant's x' and row scales, at
 widths that are and are not powers of two) and the q/k/v GEMM with its head norms and RoPE (fp16: the interpreter's
-bf16 products are wrong; heads of 16 and 32, row counts no tile divides, several tiles per program). The interpreter does not round e4m3 as a GPU does (it flushes subnormals and
-can miss a carry into the exponent), so the quantised values themselves are checked on the GPU
-(tests/test_fused_kernels_gpu.py). Skipped without Triton."""
+bf16 products are wrong; heads of 16 and 32, row counts no tile divides, several tiles per program). The
+interpreter does not round e4m3 as a GPU does (it flushes subnormals and can miss a carry into the exponent), so
+the quantised values themselves are checked on the GPU (tests/test_fused_kernels_gpu.py). Skipped without Triton."""
 
 import json
 import os
@@ -25,7 +25,8 @@ norm_modulate._add_norm_modulate = norm_modulate._add_norm_modulate.fn  # the in
 torch.manual_seed(0)
 results = []
 for batch, tokens, n, add, gate, modulate in [
-    (2, 7, 96, True, True, True), (1, 5, 100, False, False, True), (3, 4, 64, True, False, False), (2, 3, 1000, True, True, True)
+    (2, 7, 96, True, True, True), (1, 5, 100, False, False, True),
+    (3, 4, 64, True, False, False), (2, 3, 1000, True, True, True),
 ]:
     x = torch.randn(batch, tokens, n).bfloat16()
     delta = torch.randn(batch, tokens, n).bfloat16() if add else None

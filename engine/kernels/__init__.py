@@ -37,6 +37,11 @@ def supports(m: int, n: int, k: int) -> bool:
     return m > 0 and n % ALIGNMENT == 0 and k % ALIGNMENT == 0
 
 
+def supports_head(head_dim: int) -> bool:
+    """Whether the q/k/v kernel's tile can be a head of this size wide (a power of two from 16 to 256)."""
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+
+
 def row_band(m: int) -> int:
     """Rows rounded up to a power of two: kernel choices and tile shapes are made once per band, not per row count."""
     return 1 << max(m - 1, 0).bit_length()

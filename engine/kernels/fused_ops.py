@@ -10,10 +10,10 @@ from torch import nn
 
 from ..models.dit import DiTDecoder, LayerOps
 from ..models.fp8 import Fp8Linear, Fp8Rows
-from ..models.layers import Attention, RMSNorm, SwiGLU, rope_cos_sin
+from ..models.layers import Attention, RMSNorm, SwiGLU, rope_cos_sin, stacked_rows
 from . import supports
 from .ops import forced, gated_residual, plain_linears, time_ms
-from .qkv_ops import qkv_norm_rope, split_heads, stacked
+from .qkv_ops import qkv_norm_rope, split_heads
 
 TIMING_ROWS = 4096  # rows the GEMM kernels are timed at against cuBLAS (8 batch rows of 512 tokens)
 RESIDUAL_FUSED: dict[tuple, bool] = {}
@@ -59,7 +59,7 @@ def choose_qkv(decoder: DiTDecoder) -> dict[tuple, bool]:
     per shape and device, before the layers are traced (`stack_qkv_weights` first). Where the kernel is not
     faster, `FusedOps` runs the projections as LayerOps does. Returns the decision for this decoder's shape."""
     attn = decoder.layers[0].self_attn
-    rows = stacked(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    rows = stacked_rows(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
     if rows is None:
         return {}
     key = _qkv_key(attn)
@@ -87,10 +87,7 @@ def _qkv_kernel_wins(attn: Attention, rows: torch.Tensor, theta: float) -> bool:
 def _qkv_kernel_taken(attn: Attention) -> bool:
     """Whether this self-attention runs its q/k/v through the kernel op (forced, or chosen by `choose_qkv`); the op
     itself checks that the weights are stacked (compiled code never reads addresses)."""
-    if not plain_linears(attn.q_proj, attn.k_proj, attn.v_proj):
-        return False
-    choice = forced()
-    return bool(QKV_FUSED.get(_qkv_key(attn)) if choice is None else choice)
+    return plain_linears(attn.q_proj, attn.k_proj, attn.v_proj) and _chosen(QKV_FUSED, _qkv_key(attn))
 
 
 def _qkv_key(attn: Attention) -> tuple:
@@ -105,10 +102,13 @@ def _weight_key(weight: torch.Tensor) -> tuple:
 
 def _residual_kernel_taken(linear: nn.Module) -> bool:
     """Whether this projection runs as the gated-residual GEMM (forced, or chosen by `choose_residuals`)."""
-    if not plain_linears(linear):
-        return False
+    return plain_linears(linear) and _chosen(RESIDUAL_FUSED, _weight_key(linear.weight))
+
+
+def _chosen(decisions: dict[tuple, bool], key: tuple) -> bool:
+    """The path `forced_path` forces, else what was measured for `key` (unmeasured: not fused)."""
     choice = forced()
-    return bool(RESIDUAL_FUSED.get(_weight_key(linear.weight)) if choice is None else choice)
+    return bool(decisions.get(key)) if choice is None else choice
 
 
 class FusedOps(LayerOps):

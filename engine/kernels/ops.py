@@ -19,7 +19,7 @@ from torch import nn
 
 from ..models.dit import DiTDecoder, gated_add, modulated
 from ..models.fp8 import FP8, quantize_rows
-from ..models.layers import SwiGLU
+from ..models.layers import Attention, SwiGLU, stack_weights, stacked_rows
 from . import fused_kernels_available, row_band, supports
 
 TIMING_REPEATS = 10
@@ -88,39 +88,47 @@ def _use_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
 
 def paired(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor | None:
     """The [2, N, K] tensor whose halves are these gate and up weights (`pair_mlp_weights` made them so), else None."""
-    if not (w_gate.is_contiguous() and w_up.is_contiguous() and w_gate.shape == w_up.shape):
-        return None
-    if w_gate.untyped_storage().data_ptr() != w_up.untyped_storage().data_ptr():
-        return None  # separate tensors, however close the allocator put them
-    if w_up.storage_offset() != w_gate.storage_offset() + w_gate.numel():
-        return None
-    n, k = w_gate.shape
-    return w_gate.as_strided((2, n, k), (n * k, k, 1))
+    rows = stacked_rows(w_gate, w_up) if w_gate.shape == w_up.shape else None
+    return None if rows is None else rows.view(2, *w_gate.shape)
 
 
-def pair_mlp(mlp: SwiGLU) -> bool:
-    """Store the MLP's gate and up weights as the two halves of one [2, N, K] tensor, what the fused SwiGLU GEMM
-    reads (no extra memory: the parameters become views of it). Whether it moved them."""
-    gate, up = mlp.gate_proj, mlp.up_proj
-    if (
-        not plain_linears(gate, up)
-        or gate.weight.shape != up.weight.shape
-        or paired(gate.weight, up.weight) is not None
-    ):
+def _stack_linears(linears: tuple[nn.Module, ...]) -> bool:
+    """Store these plain linears' weights as consecutive rows of one tensor (`stack_weights`: no extra memory, the
+    parameters become views of it) unless they are already; whether it moved them."""
+    if not plain_linears(*linears) or stacked_rows(*(linear.weight for linear in linears)) is not None:
         return False
-    pair = torch.stack([gate.weight.detach(), up.weight.detach()])
-    gate.weight = nn.Parameter(pair[0], requires_grad=gate.weight.requires_grad)
-    up.weight = nn.Parameter(pair[1], requires_grad=up.weight.requires_grad)
+    stack_weights(linears)
     return True
 
 
+def pair_mlp(mlp: SwiGLU) -> bool:
+    """The MLP's gate and up weights as the two halves of one [2, N, K] tensor, what the fused SwiGLU GEMM reads.
+    Whether it moved them."""
+    return mlp.gate_proj.weight.shape == mlp.up_proj.weight.shape and _stack_linears((mlp.gate_proj, mlp.up_proj))
+
+
+def stack_qkv(attn: Attention) -> bool:
+    """The attention's q, k and v weights as consecutive rows of one tensor, what the fused q/k/v GEMM reads. Whether
+    it moved them."""
+    return _stack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
+
+
 def pair_mlp_weights(decoder: DiTDecoder) -> int:
-    """`pair_mlp` every DiT layer; bumps the decoder's structure version when any moved, so tick graphs captured
-    before (which read the old addresses) are never replayed. Returns how many layers it paired."""
-    moved = sum(pair_mlp(layer.mlp) for layer in decoder.layers)
-    if moved:
+    """`pair_mlp` every DiT layer; returns how many layers it paired."""
+    return _restacked(decoder, [pair_mlp(layer.mlp) for layer in decoder.layers])
+
+
+def stack_qkv_weights(decoder: DiTDecoder) -> int:
+    """`stack_qkv` every DiT layer's self-attention; returns how many it stacked."""
+    return _restacked(decoder, [stack_qkv(layer.self_attn) for layer in decoder.layers])
+
+
+def _restacked(decoder: DiTDecoder, moved: list[bool]) -> int:
+    """Bump the decoder's structure version when any layer's weights moved, so tick graphs captured before (which
+    read the old addresses) are never replayed; -> how many moved."""
+    if any(moved):
         decoder.structure_version += 1
-    return moved
+    return sum(moved)
 
 
 @torch.library.custom_op("flowjam::swiglu", mutates_args=())

@@ -1,7 +1,7 @@
 """Triton: a self-attention's q, k and v projections as one GEMM, with the per-head RMSNorm of q and k and their
 rotary embedding in its epilogue (Hopper: TMA loads, wgmma, a persistent grid walking the output tiles).
 
-The weights are the rows [q; k; v] of one tensor (`qkv_ops.stack_qkv`) and a tile is one head wide, so its
+The weights are the rows [q; k; v] of one tensor (`ops.stack_qkv`) and a tile is one head wide, so its
 epilogue holds the head's whole vector for each of its rows: it normalises it (statistics in fp32), applies the
 norm's weight, rotates it (rotate-half RoPE, the angle of the row's token) and stores it once. The output is
 [M, (heads + 2 kv_heads) x head_dim], token-major: q, k and v are column slices of it, in the layout the eager
@@ -18,11 +18,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from . import row_band
 from .gemm_epilogue import _multiprocessors, _tile_at
 from .tuning import autotuned
-
-
-def supports_head(head_dim: int) -> bool:
-    """Whether a head of this size can be a tile's width (a power of two from 16 to 256)."""
-    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
 
 
 def _blocks(nargs: dict) -> None:

@@ -180,8 +180,9 @@ def modulated(
 
 class LayerOps:
     """A DiT layer's GEMMs with the elementwise work around them (residuals, SwiGLU, norms with AdaLN modulation):
-    plain PyTorch here; `engine.kernels.fused_ops.FusedOps` implements the same methods with fused Triton kernels. A norm's
-    `into` names the projections that read its result: the fused ops hand FP8 ones their input quantised (`Fp8Rows`)."""
+    plain PyTorch here; `engine.kernels.fused_ops.FusedOps` implements the same methods with fused Triton kernels.
+    A norm's `into` names the projections that read its result: the fused ops hand FP8 ones their input quantised
+    (`Fp8Rows`)."""
 
     @staticmethod
     def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:

@@ -19,6 +19,20 @@ def stack_weights(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
     return stacked
 
 
+def stacked_rows(*weights: torch.Tensor) -> torch.Tensor | None:
+    """The [sum of N, K] tensor whose consecutive rows are these weights (`stack_weights` made them so), else None:
+    what a kernel reading them as one tensor checks before it does."""
+    first = weights[0]
+    if any(not w.is_contiguous() or w.shape[1] != first.shape[1] for w in weights):
+        return None
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for weight in weights:
+        if weight.untyped_storage().data_ptr() != storage or weight.storage_offset() != offset:
+            return None  # separate tensors, however close the allocator put them
+        offset += weight.numel()
+    return first.as_strided((sum(w.shape[0] for w in weights), first.shape[1]), (first.shape[1], 1))
+
+
 class RMSNorm(nn.Module):
     """Qwen3 RMSNorm with a learnable weight, via PyTorch's fused kernel (statistics in fp32 for half types).
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import Attention, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, stack_weights
+from .layers import Attention, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, stack_weights, stacked_rows
 from .presets import Qwen3Config
 
 LM_VOCAB = 217_204
@@ -118,12 +118,11 @@ class DecoderLayer(nn.Module):
         (`.to()`, `load_state_dict(assign=True)`). Note: safetensors refuses to save such slices as they are;
         save `{k: v.clone()}`."""
         attn, mlp = self.self_attn, self.mlp
-        groups = ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj))
-        fused = getattr(self, "_fused", None)
-        if fused is None or any(not _backs(t, linears) for t, linears in zip(fused, groups)):
-            fused = tuple(stack_weights(linears) for linears in groups)
-            self._fused = fused
-        return fused
+        fused = []
+        for linears in ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)):
+            rows = stacked_rows(*(linear.weight for linear in linears))
+            fused.append(stack_weights(linears) if rows is None else rows)
+        return fused[0], fused[1]
 
 
 class DecodeWeights(NamedTuple):
@@ -192,20 +191,6 @@ EAGER_STEP = LayerStep()
 def compiled_layer_step() -> LayerStep:
     """torch.compile'd halves: norms, RoPE and elementwise ops fuse into a few kernels, shared by every layer."""
     return LayerStep(torch.compile(decode_project, fullgraph=True), torch.compile(decode_attend, fullgraph=True))
-
-
-def _backs(fused: torch.Tensor, linears: tuple[nn.Linear, ...]) -> bool:
-    """Whether every weight of `linears` still is its slice of `fused`."""
-    offset = 0
-    for linear in linears:
-        weight = linear.weight
-        if (
-            weight.untyped_storage().data_ptr() != fused.untyped_storage().data_ptr()
-            or weight.storage_offset() != offset
-        ):
-            return False
-        offset += weight.numel()
-    return True
 
 
 class Body(nn.Module):

@@ -13,8 +13,7 @@ import torch
 
 from ..kernels import fused_kernels_available
 from ..kernels.fused_ops import FUSED_OPS, choose_qkv, choose_residuals
-from ..kernels.ops import pair_mlp_weights
-from ..kernels.qkv_ops import stack_qkv_weights
+from ..kernels.ops import pair_mlp_weights, stack_qkv_weights
 from ..models.dit import DiTDecoder, DiTLayer, LayerStages
 from ..params import BACKENDS
 
