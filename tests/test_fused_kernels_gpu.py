@@ -94,9 +94,12 @@ def test_gated_residual_kernel_equals_the_eager_projection(rows, k, gated):
 @hopper
 @pytest.mark.parametrize("batch, tokens", [(8, 750), (3, 251), (1, 1), (2, 97)])
 @pytest.mark.parametrize("head_dim, heads, kv_heads", [(128, 16, 8), (16, 4, 2)])
-def test_qkv_kernel_equals_the_eager_projections_head_norms_and_rope(batch, tokens, head_dim, heads, kv_heads):
-    """q, k and v in one GEMM with the q/k RMSNorm and RoPE in its epilogue: turbo-2b's heads and the tiny preset's,
-    row counts no tile divides; each part as close to the fp32 result as the eager bf16 layer's."""
+@pytest.mark.parametrize("in_epilogue", [True, False])
+def test_qkv_op_equals_the_eager_projections_head_norms_and_rope(batch, tokens, head_dim, heads, kv_heads, in_epilogue):
+    """q, k and v in one GEMM with the q/k RMSNorm and RoPE in its epilogue, or in a pass after cuBLAS's GEMM (the
+    op's two paths): turbo-2b's heads and the tiny preset's, row counts no tile divides; each part as close to the
+    fp32 result as the eager bf16 layer's."""
+    from flowjam.engine.kernels.ops import forced_path
     from flowjam.engine.kernels.qkv_ops import _eager_qkv, qkv_norm_rope
     from flowjam.engine.models.layers import stacked_rows
 
@@ -107,7 +110,8 @@ def test_qkv_kernel_equals_the_eager_projections_head_norms_and_rope(batch, toke
     q_norm, k_norm = ((1 + 0.1 * torch.randn(head_dim, device="cuda")).bfloat16() for _ in range(2))
     h = torch.randn(batch, tokens, k, device="cuda").bfloat16()
     cos, sin = rope_cos_sin(torch.arange(tokens, device="cuda"), head_dim, 1_000_000.0, torch.bfloat16)
-    fused = qkv_norm_rope(h, w_q, w_k, w_v, q_norm, k_norm, cos, sin, 1e-6)
+    with forced_path(fused=in_epilogue):
+        fused = qkv_norm_rope(h, w_q, w_k, w_v, q_norm, k_norm, cos, sin, 1e-6)
     eager = _eager_qkv(h, w_q, w_k, w_v, q_norm, k_norm, cos, sin, 1e-6)
     as_fp32 = [t.float() for t in (h, w_q, w_k, w_v, q_norm, k_norm, cos, sin)]
     exact = _eager_qkv(*as_fp32, 1e-6)

@@ -137,6 +137,19 @@ def test_the_qkv_gemm_compiles_in_every_tile_configuration(head, heads, kv_heads
         assert "cubin" in _compiled(qkv_rope._qkv_norm_rope_gemm, args, constexprs, config.num_warps, config.num_stages)
 
 
+@pytest.mark.parametrize("head", [128, 16])
+def test_the_separate_norm_and_rope_pass_compiles(head):
+    from flowjam.engine.kernels import qkv_rope
+
+    vector = _tensor(BF16, 1)
+    args = dict(
+        out_ptr=vector, q_weight_ptr=vector, k_weight_ptr=vector, cos_ptr=vector, sin_ptr=vector,
+        M=6000, N=32 * head, tokens=750, q_columns=16 * head, eps=1e-6,
+    )  # fmt: skip
+    constexprs = dict(BLOCK_M=qkv_rope.PASS_ROWS, HEAD=head)
+    assert "cubin" in _compiled(qkv_rope._norm_rope_columns, args, constexprs, 4)
+
+
 @pytest.mark.parametrize("capability", [100, 120])
 def test_every_kernel_compiles_for_blackwell_too(capability):
     """The kernels run on every GPU of compute capability 9.0 and up (`engine.kernels.MIN_CAPABILITY`): datacenter

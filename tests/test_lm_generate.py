@@ -1,10 +1,12 @@
 """Batched audio-code generation: CFG on code logits, sampling, exact lengths, compaction, against transformers."""
 
+import dataclasses
+
 import pytest
 import torch
 from flowjam.engine.lm.generate import CodeGenerator, CodeRequest
 from flowjam.engine.lm.sampling import SamplingParams, cfg_logits, sample, uniforms
-from flowjam.engine.models.lm import AUDIO_CODE_BASE, LM_PRESETS, NUM_CODES, Qwen3LM
+from flowjam.engine.models.lm import AUDIO_CODE_BASE, LM_PRESETS, NUM_CODES, Qwen3LM, compiled_layer_step
 from qwen_reference import EOS_ID, greedy, hf_qwen3_config, random_state
 from transformers import Qwen3ForCausalLM
 
@@ -213,3 +215,33 @@ def test_new_sampling_settings_apply_to_the_next_call(models):
     assert [c.tolist() for c in got] == [c.tolist() for c in expected]
     with pytest.raises(ValueError, match="cfg must be >= 1"):
         generator.set_sampling(SamplingParams(cfg=0.0))
+
+
+def test_compiled_layer_step_compiles_once_per_shape_and_gives_the_eager_codes(models):
+    """The first decode step stacks the q/k/v and gate/up weights; the next must reach the compiled step with the
+    same tensors, else it recompiles, and on CUDA that second step is the graph capture, where compiling fails."""
+    ours, _ = models
+    fresh = Qwen3LM(TINY).eval()
+    fresh.load_state_dict({k: v.clone() for k, v in ours.state_dict().items()})
+    same_length = [CodeRequest(ids(100, 14), num_codes=6, seed=1, uncond_ids=ids(100, 9))] * 2
+    expected = CodeGenerator(ours, SAMPLED).generate(same_length)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = CodeGenerator(fresh, SAMPLED, compile_layers=True).generate(same_length)
+    assert [c.tolist() for c in got] == [c.tolist() for c in expected]
+
+
+def test_one_compiled_step_serves_lms_of_different_head_counts():
+    """A process that loads a second LM size reuses the compiled step, its head counts then symbolic: GQA must
+    stay a constant (SDPA takes no symbolic bool), and each model's step must equal its eager one."""
+    torch._dynamo.reset()
+    step = compiled_layer_step()
+    for config in (TINY, dataclasses.replace(TINY, num_attention_heads=2 * TINY.num_attention_heads)):
+        lm = Qwen3LM(config).eval()
+        lm.setup_cache(2, 32)
+        with torch.no_grad():
+            lm.prefill(torch.tensor([ids(100, 5), ids(200, 5)]))
+            tokens, positions = torch.tensor([7, 9]), torch.tensor([5, 5])
+            torch.testing.assert_close(
+                lm.decode_hidden(tokens, positions, 16, step), lm.decode_hidden(tokens, positions, 16)
+            )

@@ -1,6 +1,6 @@
-"""A DiT layer through the fused kernels (`FusedOps`, what compile-graph runs on GPUs that run them) and the choices
-it follows: per projection shape, whether the gated-residual GEMM and the q/k/v GEMM beat cuBLAS on this GPU
-(timed once, before the layers are traced, so compiled code never re-decides); docs/benchmarks.md, "Fused
+"""A DiT layer through the fused kernels (`FusedOps`, what compile-graph runs on GPUs that run them) and the choice
+it follows: per projection shape, whether the gated-residual GEMM beats cuBLAS on this GPU (timed once, before
+the layers are traced, so compiled code never re-decides); docs/benchmarks.md, "Fused
 kernels", has the measurements."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from torch import nn
 
 from ..models.dit import DiTDecoder, LayerOps
 from ..models.fp8 import Fp8Linear, Fp8Rows
-from ..models.layers import Attention, RMSNorm, SwiGLU, rope_cos_sin, stacked_rows
+from ..models.layers import Attention, RMSNorm, SwiGLU
 from . import supports
 from .ops import forced, gated_residual, plain_linears, time_ms
-from .qkv_ops import qkv_norm_rope, split_heads
+from .qkv_ops import split_heads
 
 TIMING_ROWS = 4096  # rows the GEMM kernels are timed at against cuBLAS (8 batch rows of 512 tokens)
 RESIDUAL_FUSED: dict[tuple, bool] = {}
@@ -49,51 +49,10 @@ def _residual_kernel_wins(weight: torch.Tensor) -> bool:
     return fused_ms < bare_ms
 
 
-QKV_FUSED: dict[tuple, bool] = {}
-"""By (N, K, dtype, device) of the stacked q/k/v weights: whether the q/k/v kernel beat cuBLAS (`choose_qkv`)."""
-
-
-def choose_qkv(decoder: DiTDecoder) -> dict[tuple, bool]:
-    """Time the q/k/v kernel (one GEMM with the q/k norms and RoPE in its epilogue) against cuBLAS's GEMM of the
-    same stacked weights plus one copy of the q and k columns, the least any separate norm + RoPE pass costs; once
-    per shape and device, before the layers are traced (`stack_qkv_weights` first). Where the kernel is not
-    faster, `FusedOps` runs the projections as LayerOps does. Returns the decision for this decoder's shape."""
-    attn = decoder.layers[0].self_attn
-    rows = stacked_rows(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-    if rows is None:
-        return {}
-    key = _qkv_key(attn)
-    if key not in QKV_FUSED:
-        QKV_FUSED[key] = _qkv_kernel_wins(attn, rows, decoder.config.rope_theta)
-    return {key: QKV_FUSED[key]}
-
-
-def _qkv_kernel_wins(attn: Attention, rows: torch.Tensor, theta: float) -> bool:
-    n, k = rows.shape
-    if rows.dtype not in (torch.bfloat16, torch.float16) or not supports(TIMING_ROWS, n, k):
-        return False
-    batch, like = 8, dict(device=rows.device, dtype=rows.dtype)
-    tokens = TIMING_ROWS // batch
-    with torch.no_grad():
-        h = torch.randn(batch, tokens, k, **like)
-        cos, sin = rope_cos_sin(torch.arange(tokens, device=rows.device), attn.head_dim, theta, rows.dtype)
-        weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.q_norm.weight, attn.k_norm.weight)
-        fused_ms = time_ms(lambda: qkv_norm_rope(h, *weights, cos, sin, attn.q_norm.eps))
-        q_and_k = h.new_empty(2, batch * tokens, n - attn.v_proj.weight.shape[0])
-        bare_ms = time_ms(lambda: h @ rows.t()) + time_ms(lambda: q_and_k[1].copy_(q_and_k[0]))
-    return fused_ms < bare_ms
-
-
-def _qkv_kernel_taken(attn: Attention) -> bool:
-    """Whether this self-attention runs its q/k/v through the kernel op (forced, or chosen by `choose_qkv`); the op
-    itself checks that the weights are stacked (compiled code never reads addresses)."""
-    return plain_linears(attn.q_proj, attn.k_proj, attn.v_proj) and _chosen(QKV_FUSED, _qkv_key(attn))
-
-
-def _qkv_key(attn: Attention) -> tuple:
-    weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-    first = weights[0]
-    return (sum(w.shape[0] for w in weights), first.shape[1], first.dtype, first.device)
+def _qkv_taken(attn: Attention) -> bool:
+    """Whether this self-attention runs its q/k/v through the one-GEMM op (plain linears; the op itself checks that
+    the weights are stacked, as compiled code never reads addresses, and picks its kernel per row band)."""
+    return plain_linears(attn.q_proj, attn.k_proj, attn.v_proj)
 
 
 def _weight_key(weight: torch.Tensor) -> tuple:
@@ -112,9 +71,9 @@ def _chosen(decisions: dict[tuple, bool], key: tuple) -> bool:
 
 
 class FusedOps(LayerOps):
-    """A DiT layer through the fused ops: the SwiGLU always (each shape's faster path measured inside the op), a gated
-    residual where `choose_residuals` found the kernel faster, the self-attention's q/k/v with their norms and RoPE
-    in one GEMM where `choose_qkv` did, every norm and modulation in one pass with the residual before it. GEMMs the
+    """A DiT layer through the fused ops: the SwiGLU and the self-attention's q/k/v with their norms and RoPE always
+    (each op measures its two paths per row band), a gated residual where `choose_residuals` found the kernel
+    faster, every norm and modulation in one pass with the residual before it. GEMMs the
     ops do not take (FP8, LoRA-wrapped linears) run as LayerOps' (the norm pass after them still runs, quantising
     for FP8)."""
 
@@ -128,7 +87,7 @@ class FusedOps(LayerOps):
     def self_attention(
         attn: Attention, h: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
     ) -> torch.Tensor:
-        if not _qkv_kernel_taken(attn):
+        if not _qkv_taken(attn):
             return LayerOps.self_attention(attn, h, rope, mask)
         weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.q_norm.weight, attn.k_norm.weight)
         joined = torch.ops.flowjam.qkv_norm_rope(h, *weights, *rope, attn.q_norm.eps)

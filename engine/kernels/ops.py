@@ -71,7 +71,7 @@ def time_ms(run) -> float:
     return start.elapsed_time(end) / TIMING_REPEATS
 
 
-def _use_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
+def takes_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
     """Whether this call takes the fused kernel: measured once per shape band; never timed inside a CUDA-graph
     capture (a plan is captured only after its shapes ran plain, so a capture finds its shapes measured)."""
     if not supports(m, n, k):
@@ -149,7 +149,7 @@ def swiglu(h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
 
     (m, k), n = rows.shape, w_gate.shape[0]
     key = ("swiglu", row_band(m), n, k, h.dtype, h.device)
-    out = fused() if _use_fused(key, m, n, k, fused, unfused) else unfused()
+    out = fused() if takes_fused(key, m, n, k, fused, unfused) else unfused()
     return out.reshape(*h.shape[:-1], n)
 
 

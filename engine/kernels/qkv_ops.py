@@ -1,7 +1,8 @@
 """The self-attention's q/k/v projections with q and k head-normed and rotated, as one custom op
-(`torch.ops.flowjam.qkv_norm_rope`): one GEMM with the norms and RoPE in its epilogue where the kernel runs
-(qkv_rope.py), the eager layer's math elsewhere. The kernel reads the three weights as the rows of one tensor
-(`ops.stack_qkv_weights` makes them so, at no extra memory)."""
+(`torch.ops.flowjam.qkv_norm_rope`): where the kernels run, one GEMM with the norms and RoPE in its epilogue or
+cuBLAS's GEMM and a norm + RoPE pass after it, whichever measured faster at the row band (qkv_rope.py); the eager
+layer's math elsewhere. Both read the three weights as the rows of one tensor (`ops.stack_qkv_weights` makes them
+so, at no extra memory)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from ..models.layers import Attention, apply_rope, stacked_rows
-from . import fused_kernels_available, supports, supports_head
+from . import fused_kernels_available, row_band, supports, supports_head
+from .ops import takes_fused
 
 
 def _eager_qkv(
@@ -45,8 +47,8 @@ def qkv_norm_rope(
     eps: float,
 ) -> torch.Tensor:
     """[q | k | v] for h [B, S, K] and weights [Nq or Nk, K]: q and k RMS-normed per head (weights [head_dim]) and
-    rotated by the tables cos, sin [S, head_dim] -> [B, S, Nq + 2 Nk], token-major. One kernel where it runs and the
-    weights are stacked."""
+    rotated by the tables cos, sin [S, head_dim] -> [B, S, Nq + 2 Nk], token-major. One GEMM of the stacked weights
+    (with the norms and rotation in its epilogue, or in a pass after it) where the kernels run."""
     rows = stacked_rows(w_q, w_k, w_v)
     batch, tokens, k = h.shape
     if (
@@ -58,8 +60,17 @@ def qkv_norm_rope(
         return _eager_qkv(h, w_q, w_k, w_v, q_norm, k_norm, cos, sin, eps)
     from . import qkv_rope
 
-    out = qkv_rope.qkv_norm_rope(h.reshape(-1, k), rows, q_norm, k_norm, cos, sin, w_q.shape[0], w_k.shape[0], eps)
-    return out.view(batch, tokens, -1)
+    a, (m, n) = h.reshape(-1, k), (batch * tokens, rows.shape[0])
+    tables = (q_norm, k_norm, cos, sin, w_q.shape[0], w_k.shape[0], eps)
+
+    def fused() -> torch.Tensor:
+        return qkv_rope.qkv_norm_rope(a, rows, *tables)
+
+    def unfused() -> torch.Tensor:
+        return qkv_rope.norm_rope_columns(a @ rows.t(), *tables)
+
+    key = ("qkv", row_band(m), n, k, h.dtype, h.device)
+    return (fused() if takes_fused(key, m, n, k, fused, unfused) else unfused()).view(batch, tokens, n)
 
 
 @qkv_norm_rope.register_fake

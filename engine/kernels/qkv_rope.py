@@ -1,5 +1,7 @@
 """Triton: a self-attention's q, k and v projections as one GEMM, with the per-head RMSNorm of q and k and their
-rotary embedding in its epilogue (Hopper: TMA loads, wgmma, a persistent grid walking the output tiles).
+rotary embedding in its epilogue (Hopper: TMA loads, wgmma, a persistent grid walking the output tiles); and the
+same norm and rotation as a pass of its own over the q and k columns of cuBLAS's GEMM of the same weights, the
+op's other path (qkv_ops.py times the two per row band).
 
 The weights are the rows [q; k; v] of one tensor (`ops.stack_qkv`) and a tile is one head wide, so its
 epilogue holds the head's whole vector for each of its rows: it normalises it (statistics in fp32), applies the
@@ -28,6 +30,31 @@ def _blocks(nargs: dict) -> None:
     nargs["out_desc"].block_shape = [block_m, head]
 
 
+@triton.jit
+def _norm_rope(
+    head, off_m, off_n, q_columns, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, tokens, eps,
+    BLOCK_M: tl.constexpr, HEAD: tl.constexpr,
+):  # fmt: skip
+    """[BLOCK_M, HEAD] fp32 values of one q or k head (column off_n) of rows off_m.. -> normed, weighted, rotated."""
+    HALF: tl.constexpr = HEAD // 2
+    rstd = tl.rsqrt(tl.sum(head * head, axis=1) / HEAD + eps)
+    dims = tl.arange(0, HEAD)
+    norm_weight = tl.where(
+        off_n < q_columns,
+        tl.load(q_weight_ptr + dims).to(tl.float32),
+        tl.load(k_weight_ptr + dims).to(tl.float32),
+    )
+    normed = head * rstd[:, None] * norm_weight[None, :]
+    token = (off_m + tl.arange(0, BLOCK_M)) % tokens
+    halves = tl.arange(0, HALF)
+    angle_at = token[:, None] * HEAD + halves[None, :]  # the tables repeat their first half in the second
+    cos = tl.load(cos_ptr + angle_at).to(tl.float32)
+    sin = tl.load(sin_ptr + angle_at).to(tl.float32)
+    first, second = normed.reshape(BLOCK_M, 2, HALF).permute(0, 2, 1).split()
+    rotated = tl.join(first * cos - second * sin, second * cos + first * sin)  # [BLOCK_M, HALF, 2]
+    return rotated.permute(0, 2, 1).reshape(BLOCK_M, HEAD)
+
+
 QKV_CONFIGS = [
     triton.Config({"BLOCK_M": block_m, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=stages, num_warps=8, pre_hook=_blocks)
     for block_m, stages in ((128, 3), (128, 4), (64, 4))
@@ -42,7 +69,6 @@ def _qkv_norm_rope_gemm(
     PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     HEAD: tl.constexpr,
 ):  # fmt: skip
-    HALF: tl.constexpr = HEAD // 2
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = N // HEAD
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
@@ -53,24 +79,30 @@ def _qkv_norm_rope_gemm(
         for k in range(0, K, BLOCK_K):
             acc = tl.dot(a_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
         if off_n < k_end:  # a q or k head: RMSNorm over the head, its weight, then the rotation
-            acc = acc.to(out_desc.dtype).to(tl.float32)  # the projection's output rounded, as the eager layer stores it
-            rstd = tl.rsqrt(tl.sum(acc * acc, axis=1) / HEAD + eps)
-            dims = tl.arange(0, HEAD)
-            norm_weight = tl.where(
-                off_n < q_columns,
-                tl.load(q_weight_ptr + dims).to(tl.float32),
-                tl.load(k_weight_ptr + dims).to(tl.float32),
-            )
-            normed = acc * rstd[:, None] * norm_weight[None, :]
-            token = (off_m + tl.arange(0, BLOCK_M)) % tokens
-            halves = tl.arange(0, HALF)
-            angle_at = token[:, None] * HEAD + halves[None, :]  # the tables repeat their first half in the second
-            cos = tl.load(cos_ptr + angle_at).to(tl.float32)
-            sin = tl.load(sin_ptr + angle_at).to(tl.float32)
-            first, second = normed.reshape(BLOCK_M, 2, HALF).permute(0, 2, 1).split()
-            rotated = tl.join(first * cos - second * sin, second * cos + first * sin)  # [BLOCK_M, HALF, 2]
-            acc = rotated.permute(0, 2, 1).reshape(BLOCK_M, HEAD)
+            rounded = acc.to(out_desc.dtype).to(tl.float32)  # the projection's output rounded, as eager stores it
+            acc = _norm_rope(rounded, off_m, off_n, q_columns, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, tokens, eps,
+                             BLOCK_M, HEAD)  # fmt: skip
         out_desc.store([off_m, off_n], acc.to(out_desc.dtype))
+
+
+PASS_ROWS = 32  # rows per program of the separate pass (memory-bound: one head of 32 rows is 8 KB in bf16 at 128)
+
+
+@triton.jit
+def _norm_rope_columns(
+    out_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, M, N, tokens, q_columns, eps,
+    BLOCK_M: tl.constexpr, HEAD: tl.constexpr,
+):  # fmt: skip
+    """In place over [M, N]: program (i, j) norms and rotates head j of the q and k columns in rows i*BLOCK_M.."""
+    off_m = tl.program_id(0) * BLOCK_M
+    off_n = tl.program_id(1) * HEAD
+    rows = off_m + tl.arange(0, BLOCK_M)
+    at = rows[:, None] * N + off_n + tl.arange(0, HEAD)[None, :]
+    inside = (rows < M)[:, None]
+    head = tl.load(out_ptr + at, mask=inside, other=0.0).to(tl.float32)
+    head = _norm_rope(head, off_m, off_n, q_columns, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, tokens, eps,
+                      BLOCK_M, HEAD)  # fmt: skip
+    tl.store(out_ptr + at, head.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def _descriptor(t: torch.Tensor) -> TensorDescriptor:
@@ -105,5 +137,27 @@ def qkv_norm_rope(
         _descriptor(a), _descriptor(weight), _descriptor(out), q_norm, k_norm, cos.contiguous(), sin.contiguous(),
         m, n, k, row_band(m), tokens, q_columns, q_columns + k_columns, eps,
         PROGRAMS=programs, HEAD=head,
+    )  # fmt: skip
+    return out
+
+
+def norm_rope_columns(
+    out: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_columns: int,
+    k_columns: int,
+    eps: float,
+) -> torch.Tensor:
+    """`qkv_norm_rope`'s epilogue as a pass over a finished [M, N] = [q | k | v] (cuBLAS's GEMM of the same stacked
+    weights): the q and k heads normed and rotated in place; returns `out`."""
+    m, n = out.shape
+    tokens, head = cos.shape
+    q_and_k_heads = (q_columns + k_columns) // head
+    _norm_rope_columns[(triton.cdiv(m, PASS_ROWS), q_and_k_heads)](
+        out, q_norm, k_norm, cos.contiguous(), sin.contiguous(), m, n, tokens, q_columns, eps,
+        BLOCK_M=PASS_ROWS, HEAD=head, num_warps=4,
     )  # fmt: skip
     return out

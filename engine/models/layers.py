@@ -21,7 +21,8 @@ def stack_weights(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
 
 def stacked_rows(*weights: torch.Tensor) -> torch.Tensor | None:
     """The [sum of N, K] tensor whose consecutive rows are these weights (`stack_weights` made them so), else None:
-    what a kernel reading them as one tensor checks before it does."""
+    what a kernel reading them as one tensor checks before it does. Detached, as `stack_weights` returns it, so a
+    compiled step sees the same tensor on every call (a requires_grad flip recompiles it, fatal inside a capture)."""
     first = weights[0]
     if any(not w.is_contiguous() or w.shape[1] != first.shape[1] for w in weights):
         return None
@@ -30,7 +31,7 @@ def stacked_rows(*weights: torch.Tensor) -> torch.Tensor | None:
         if weight.untyped_storage().data_ptr() != storage or weight.storage_offset() != offset:
             return None  # separate tensors, however close the allocator put them
         offset += weight.numel()
-    return first.as_strided((sum(w.shape[0] for w in weights), first.shape[1]), (first.shape[1], 1))
+    return first.detach().as_strided((sum(w.shape[0] for w in weights), first.shape[1]), (first.shape[1], 1))
 
 
 class RMSNorm(nn.Module):

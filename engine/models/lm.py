@@ -141,12 +141,13 @@ class HeadShape(NamedTuple):
     kv_heads: int
     head_dim: int
     eps: float
+    grouped: bool  # heads != kv_heads, as a bool: torch.compile keeps bools constant where ints turn symbolic
 
 
 def decode_project(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: DecodeWeights, shape: HeadShape):
     """First half of one layer's one-token step: x [B, 1, H] -> (q [B, heads, 1, D], k and v [B·kv_heads, D]
     contiguous, ready for the cache write), with the q and k head norms in one pass and RoPE applied."""
-    heads, kv_heads, head_dim, eps = shape
+    heads, kv_heads, head_dim, eps, _ = shape
     b = x.shape[0]
     qkv = F.linear(F.rms_norm(x, (x.shape[-1],), w.input_norm, eps), w.qkv).view(b, 1, -1, head_dim).transpose(1, 2)
     qk, v = qkv.split([heads + kv_heads, kv_heads], dim=1)
@@ -167,10 +168,10 @@ def decode_attend(
     shape: HeadShape,
 ) -> torch.Tensor:
     """Second half: attention over cache rows 0..B-1 (keys 0..keys_end-1, masked), output projection and MLP."""
-    heads, kv_heads, head_dim, eps = shape
+    heads, _, head_dim, eps, grouped = shape
     b = x.shape[0]
     attended = F.scaled_dot_product_attention(
-        q, k_cache[:b, :, :keys_end], v_cache[:b, :, :keys_end], attn_mask=mask, enable_gqa=heads != kv_heads
+        q, k_cache[:b, :, :keys_end], v_cache[:b, :, :keys_end], attn_mask=mask, enable_gqa=grouped
     )
     x = x + F.linear(attended.transpose(1, 2).reshape(b, 1, heads * head_dim), w.o)
     gate, up = F.linear(F.rms_norm(x, (x.shape[-1],), w.post_norm, eps), w.gate_up).chunk(2, dim=-1)
@@ -295,7 +296,8 @@ class Qwen3LM(nn.Module):
         cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, D] broadcasts over heads
         keys_end = self.cache_len if keys_end is None else keys_end
         mask = (torch.arange(keys_end, device=x.device)[None, :] <= positions[:, None])[:, None, None]  # [B,1,1,T]
-        shape = HeadShape(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps)
+        heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+        shape = HeadShape(heads, kv_heads, c.head_dim, c.rms_norm_eps, heads != kv_heads)
         # Row r, kv head h, position p is row (r * kv_heads + h) * cache_len + p of a cache viewed as [-1, head_dim]:
         # one index_copy_ per tensor writes every new key (or value).
         heads_of_rows = torch.arange(b, device=x.device)[:, None] * c.num_key_value_heads + torch.arange(
