@@ -39,6 +39,7 @@ TARGETS = {
     "sessions": bench_sessions.bench_sessions,
     "soak": bench_live.bench_soak,
     "lm": bench_models.bench_lm,
+    "kernels": bench_models.bench_kernels,
     "sync": bench_live.bench_sync,
 }
 COUNTS = ("batch", "repeats", "ticks", "trials", "sessions", "loras", "rank", "tokens", "lora_rank")  # 1 or more
@@ -150,6 +151,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sync.add_argument("--period", type=int, default=512, help="JACK's period (frames), flowjam's output block too")
     sync.add_argument("--tempo-change", type=float, help="half-way, the band moves to this tempo at a bar line")
     add_model_arguments(sync)
+
+    kernels = targets.add_parser(
+        "kernels", help="each fused kernel's paths side by side at a preset's layer shapes (Hopper GPU, Triton)"
+    )
+    add_song_seconds(kernels, [10.0, 20.0, 60.0], multiple=True, help="the loop lengths whose token counts to time (s)")
+    kernels.add_argument("--batch", type=int, default=8, help="batch rows (depth x CFG)")
+    add_preset(kernels, "turbo-2b")
+    add_device(kernels, "cuda")
 
     lm = targets.add_parser("lm", help="5 Hz LM code generation: ms/step and codes/s vs transformers' generate")
     add_lm_preset(lm, "lm-1.7b")

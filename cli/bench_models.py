@@ -1,4 +1,5 @@
-"""`flowjam bench dit | decode | lm`: one network at a time, timed at real shapes with random weights."""
+"""`flowjam bench dit | decode | lm | kernels`: one network (or the fused kernels) at a time, timed at real shapes
+with random weights."""
 
 from __future__ import annotations
 
@@ -60,4 +61,22 @@ def bench_lm(args: argparse.Namespace) -> int:
         not args.no_baseline,
         args.compile,
     )
+    return 0
+
+
+def bench_kernels(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..engine.bench.kernels import bench_kernels as measure
+
+    timings = measure(args.preset, args.song_seconds, args.batch, args.device)
+    print(f"fused kernels: preset {args.preset}, bf16, {describe_device(args.device)}, torch {torch.__version__}")
+    print("graph-replayed, microseconds per call")
+    for op in dict.fromkeys(t.op for t in timings):
+        rows = [t for t in timings if t.op == op]
+        paths = list(rows[0].paths_us)
+        print(f"\n{op}\n| rows x tokens | " + " | ".join(paths) + " |")
+        print("|---|" + "---|" * len(paths))
+        for t in rows:
+            print(f"| {t.rows:,} | " + " | ".join(f"{t.paths_us[p]:.1f}" for p in paths) + " |")
     return 0

@@ -231,5 +231,7 @@ def check_fused_op_fakes(device: str) -> None:
                 (tensor(2, 128, 5).transpose(1, 2), *qkv, tensor(64), tensor(64), *tensor(2, 5, 64), 1e-6),
             ),
             (flowjam.gated_residual, (x.contiguous(), tensor(2, 5, 128), tensor(2048, 128), gate)),
+            (flowjam.quantize_input, (x, None)),
+            (flowjam.quantize_input, (delta, tensor(2, 5, 2048))),
         ):
             torch.library.opcheck(op, args)

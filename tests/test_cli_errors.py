@@ -121,6 +121,9 @@ CASES = {
     # bench
     "bench sessions --gpus 0": Case("bench", lambda f: ["sessions", "--gpus", "0"], "--gpus 0: give 1 or more GPUs"),
     "bench sessions --gpus 2 on the CPU": Case("bench", lambda f: ["sessions", "--gpus", "2"], "add --device cuda"),
+    "bench kernels on the CPU": Case(
+        "bench", lambda f: ["kernels", "--device", "cpu"], "needs a CUDA GPU of compute capability 9.0+ with Triton"
+    ),
     **{
         f"bench {' '.join(args)}": Case("bench", lambda f, args=args: list(args), expected)
         for args, expected in [

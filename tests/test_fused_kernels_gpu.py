@@ -210,10 +210,35 @@ def test_the_quantising_norm_pass_writes_what_fp8_linears_make_of_its_h(batch, t
 
 
 @hopper
+@pytest.mark.parametrize("rows, n, gated", [(6000, 6144, True), (753, 6144, True), (1, 6144, True), (35, 1000, True),
+                                            (6000, 2048, False), (251, 2048, False)])  # fmt: skip
+def test_the_quantising_pass_writes_what_fp8_linears_make_of_the_stored_activation(rows, n, gated):
+    """Before the FP8 down projection, silu(gate) * up as the eager layer stores it (before an output projection, the
+    heads as they are), quantised as `quantize_rows` quantises it (scales equal but where the silu's last bit rounds
+    the other way in a row's largest value; e4m3 values equal but for a rare tie at one step)."""
+    from flowjam.engine.kernels import quantize
+    from flowjam.engine.models.fp8 import FP8, quantize_rows
+
+    x, up = (torch.randn(rows, n, device="cuda") * 3).bfloat16(), torch.randn(rows, n, device="cuda").bfloat16()
+    stored = F.silu(x) * up if gated else x
+    values, row_scale = quantize.quantize_rows(x, up if gated else None)
+    expected_values, expected_scale = quantize_rows(stored)
+    what = f"{rows}x{n}, gated {gated}"
+    assert values.dtype == FP8 and values.shape == (rows, n) and row_scale.shape == (rows, 1)
+    torch.testing.assert_close(row_scale, expected_scale, rtol=2**-7, atol=0, msg=what)
+    assert (row_scale == expected_scale).float().mean() > 0.99, what
+    same_scale = (row_scale == expected_scale).flatten()
+    got, want = values[same_scale].float(), expected_values[same_scale].float()
+    assert (got == want).float().mean() > 0.999, what
+    assert ((got - want).abs() <= want.abs() / 8 + 2**-9).all(), f"{what}: a value more than one e4m3 step off"
+
+
+@hopper
 @pytest.mark.parametrize("tokens", [750, 251])
 def test_an_fp8_layer_through_the_fused_ops_reads_quantised_rows_and_equals_the_eager_fp8_layer(tokens):
     """A turbo-2b layer in FP8: the norm passes hand q/k/v, the cross-attention query and gate/up their inputs
-    quantised (the quantising kernel runs), and the layer's outputs are the eager FP8 layer's within FP8 error."""
+    quantised, the quantising pass the output and down projections theirs (both kernels run), and the layer's
+    outputs are the eager FP8 layer's within FP8 error."""
     from flowjam.engine.kernels.fused_ops import FUSED_OPS
     from flowjam.engine.models.fp8 import Fp8Linear, Fp8Rows
 
@@ -242,7 +267,8 @@ def test_an_fp8_layer_through_the_fused_ops_reads_quantised_rows_and_equals_the_
                 layer.finish(x, heads, modulation, FUSED_OPS),
             )
     assert isinstance(handed, Fp8Rows)
-    assert "_add_norm_modulate" in {event.key for event in profiled.key_averages()}
+    kernels = {event.key for event in profiled.key_averages()}
+    assert "_add_norm_modulate" in kernels and "_quantize_rows" in kernels, kernels
     for name, a, b in zip(("x", "queries", "finish"), fused, eager):
         error = _relative(a, b.float())
         assert error < 2e-2, f"{name} at {tokens} tokens: relative error {error:.2e}"

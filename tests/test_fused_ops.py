@@ -106,8 +106,9 @@ def test_compile_graph_on_the_cpu_leaves_the_weights_and_the_layer_path_as_they_
 
 @pytest.mark.parametrize("forced", [False, True])
 def test_fp8_layers_through_the_fused_ops_read_their_input_quantised_by_the_norm_and_equal_the_eager_layer(forced):
-    """The norm before FP8 projections hands them e4m3 rows and scales (the kernel writes them on the GPU; here the
-    op's CPU implementation): the same numbers the FP8 linears make of a bf16 h, so the layer is the eager one."""
+    """The norm before FP8 projections hands them e4m3 rows and scales, as the SwiGLU does its activations to the
+    down projection (kernels on the GPU; here the ops' CPU implementation): the same numbers the FP8 linears make of
+    a bf16 input, so the layer is the eager one."""
     from flowjam.engine.lora.unmerged import LoraLinear
     from flowjam.engine.models.fp8 import Fp8Rows, to_fp8
 
@@ -133,12 +134,15 @@ def test_fp8_layers_through_the_fused_ops_read_their_input_quantised_by_the_norm
         handed = FUSED_OPS.modulated_norm(layer.mlp_norm, x, scale, shift, (mlp.gate_proj, mlp.up_proj))
         lora = LoraLinear(mlp.up_proj, SimpleNamespace(strengths=torch.ones(4), row_strengths=None))
         kept = FUSED_OPS.modulated_norm(layer.mlp_norm, x, scale, shift, (mlp.gate_proj, lora))
+        activations = FUSED_OPS.swiglu(mlp, handed)
+        down, eager_down = mlp.down_proj(activations), mlp.down_proj(EAGER_OPS.swiglu(mlp, handed))
     for name, a, b in zip(("x", "queries", "finish"), fused, eager):
         assert torch.equal(a, b), f"{name}: the FP8 layer through the fused ops differs from the eager one"
     assert isinstance(handed, Fp8Rows) and handed.values.dtype == torch.float8_e4m3fn
     assert handed.values.shape == (2 * tokens, config.hidden_size) and handed.shape == tuple(x.shape)
     assert torch.equal(mlp.up_proj(handed), mlp.up_proj(EAGER_OPS.modulated_norm(layer.mlp_norm, x, scale, shift)))
     assert isinstance(kept, torch.Tensor), "a LoRA-wrapped projection reads the bf16 input, not quantised rows"
+    assert isinstance(activations, Fp8Rows) and torch.equal(down, eager_down)
 
 
 def test_the_fused_ops_fake_kernels_give_their_outputs_shapes_and_strides():

@@ -150,6 +150,17 @@ def test_the_separate_norm_and_rope_pass_compiles(head):
     assert "cubin" in _compiled(qkv_rope._norm_rope_columns, args, constexprs, 4)
 
 
+@pytest.mark.parametrize("n, gated", [(6144, True), (2048, False), (1000, True)])
+def test_the_quantising_pass_before_fp8_projections_compiles(n, gated):
+    from flowjam.engine.kernels import quantize
+
+    vector = _tensor(BF16, n)
+    args = dict(x_ptr=vector, up_ptr=vector, values_ptr=_tensor(FP8, n), scale_ptr=_tensor(FP32, 1), n=n)
+    constexprs = dict(GATED=gated, BLOCK=triton.next_power_of_2(n))
+    for config in quantize._quantize_rows.configs:
+        assert "cubin" in _compiled(quantize._quantize_rows, args, constexprs, config.num_warps)
+
+
 @pytest.mark.parametrize("capability", [100, 120])
 def test_every_kernel_compiles_for_blackwell_too(capability):
     """The kernels run on every GPU of compute capability 9.0 and up (`engine.kernels.MIN_CAPABILITY`): datacenter

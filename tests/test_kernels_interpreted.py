@@ -1,6 +1,7 @@
 """Triton kernels run by Triton's interpreter on the CPU (numpy executes each program), against the math in fp32:
 the norm pass (x' and h one bf16 rounding from the exact values, the quantised variant's x' and row scales, at
-widths that are and are not powers of two) and the q/k/v GEMM with its head norms and RoPE (fp16: the interpreter's
+widths that are and are not powers of two), the quantising pass before FP8 projections (its row scales) and the
+q/k/v GEMM with its head norms and RoPE (fp16: the interpreter's
 bf16 products are wrong; heads of 16 and 32, row counts no tile divides, several tiles per program). The
 interpreter does not round e4m3 as a GPU does (it flushes subnormals and can miss a carry into the exponent), so
 the quantised values themselves are checked on the GPU (tests/test_fused_kernels_gpu.py). Skipped without Triton."""
@@ -95,6 +96,31 @@ print(json.dumps(results))
 """
 
 
+QUANTIZE_CHECK = r"""
+import json
+import torch
+import torch.nn.functional as F
+from flowjam.engine.kernels import quantize
+from flowjam.engine.models.fp8 import quantize_rows
+
+quantize._quantize_rows = quantize._quantize_rows.fn  # the interpreter cannot time configurations
+torch.manual_seed(0)
+results = []
+for m, n, gated in [(5, 96, True), (3, 1000, True), (4, 100, False)]:
+    x, up = (torch.randn(m, n) * 3).bfloat16(), torch.randn(m, n).bfloat16()
+    stored = F.silu(x) * up if gated else x  # what the eager layer stores before its FP8 projection
+    values, row_scale = quantize.quantize_rows(x, up if gated else None)
+    exact = F.silu(x.float()) * up.float() if gated else x.float()
+    results.append(dict(
+        shape=[m, n, gated],
+        scale_error=((row_scale - quantize_rows(exact)[1]) / quantize_rows(exact)[1]).abs().max().item(),
+        scales_equal=torch.equal(row_scale, quantize_rows(stored)[1]),
+        quantised=[str(values.dtype), list(values.shape), list(row_scale.shape)],
+    ))
+print(json.dumps(results))
+"""
+
+
 def _interpreted(check: str) -> list[dict]:
     environment = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=environment, timeout=300)
@@ -108,6 +134,17 @@ def test_the_qkv_gemm_interpreted_on_the_cpu_computes_the_projections_head_norms
     for result in _interpreted(QKV_CHECK):
         assert result["fused"] <= max(2 * result["eager"], 1e-3), result
         assert result["after"] <= max(2 * result["eager_bf16"], 1e-3) and result["v_kept"], result
+
+
+def test_the_quantising_pass_interpreted_on_the_cpu_scales_rows_as_fp8_linears_do():
+    """silu(gate) * up and a plain input: each row's scale within two bf16 steps of the exact activation's
+    (the interpreter truncates where a GPU rounds to bf16, so the gated rows' exact equality with `quantize_rows`
+    of the stored activation is checked on the GPU); the plain input's scales exactly `quantize_rows`'."""
+    for result in _interpreted(QUANTIZE_CHECK):
+        m, n, gated = result["shape"]
+        assert result["scale_error"] < 2**-6, result
+        assert gated or result["scales_equal"], result
+        assert result["quantised"] == ["torch.float8_e4m3fn", [m, n], [m, 1]], result
 
 
 def test_the_norm_pass_interpreted_on_the_cpu_computes_the_eager_layers_math():

@@ -78,9 +78,11 @@ class FusedOps(LayerOps):
     for FP8)."""
 
     @staticmethod
-    def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    def residual(
+        x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor | Fp8Rows, gate: torch.Tensor | None
+    ) -> torch.Tensor:
         if not _residual_kernel_taken(linear):
-            return LayerOps.residual(x, linear, inputs, gate)
+            return LayerOps.residual(x, linear, _input_for(linear, inputs), gate)
         return torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
 
     @staticmethod
@@ -94,7 +96,13 @@ class FusedOps(LayerOps):
         return attn.heads_attention(*split_heads(attn, joined), mask)
 
     @staticmethod
-    def swiglu(mlp: SwiGLU, h: torch.Tensor) -> torch.Tensor:
+    def swiglu(mlp: SwiGLU, h: torch.Tensor | Fp8Rows) -> torch.Tensor | Fp8Rows:
+        """The fused SwiGLU GEMM for plain linears; before an FP8 down projection, silu(gate) * up quantised by rows
+        in the pass that multiplies them."""
+        if _reads_fp8_rows((mlp.down_proj,)):
+            gate = mlp.gate_proj(h)
+            values, row_scale = torch.ops.flowjam.quantize_input(gate, mlp.up_proj(h))
+            return Fp8Rows(values, row_scale, tuple(gate.shape))
         if not plain_linears(mlp.gate_proj, mlp.up_proj):
             return LayerOps.swiglu(mlp, h)
         return torch.ops.flowjam.swiglu(h, mlp.gate_proj.weight, mlp.up_proj.weight)
@@ -129,12 +137,21 @@ class FusedOps(LayerOps):
         if _residual_kernel_taken(linear):
             x = torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
             return x, self.modulated_norm(norm, x, scale, shift, into)
+        delta = linear(_input_for(linear, inputs))
         if _reads_fp8_rows(into):
             x, values, row_scale = torch.ops.flowjam.add_norm_quantize(
-                x, linear(inputs), gate, norm.weight, scale, shift, norm.eps
+                x, delta, gate, norm.weight, scale, shift, norm.eps
             )
             return x, Fp8Rows(values, row_scale, tuple(x.shape))
-        return torch.ops.flowjam.add_norm_modulate(x, linear(inputs), gate, norm.weight, scale, shift, norm.eps)
+        return torch.ops.flowjam.add_norm_modulate(x, delta, gate, norm.weight, scale, shift, norm.eps)
+
+
+def _input_for(linear: nn.Module, inputs: torch.Tensor | Fp8Rows) -> torch.Tensor | Fp8Rows:
+    """`inputs` quantised in one pass where `linear` is a bare Fp8Linear (which would quantise them in two)."""
+    if isinstance(inputs, Fp8Rows) or not _reads_fp8_rows((linear,)):
+        return inputs
+    values, row_scale = torch.ops.flowjam.quantize_input(inputs, None)
+    return Fp8Rows(values, row_scale, tuple(inputs.shape))
 
 
 def _reads_fp8_rows(into: tuple[nn.Module, ...]) -> bool:

@@ -286,6 +286,22 @@ def _fake_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(rows, x.shape[2], dtype=FP8), x.new_empty(rows, 1, dtype=torch.float32)
 
 
+@torch.library.custom_op("flowjam::quantize_input", mutates_args=())
+def quantize_input(x: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """An FP8 projection's input [B, S, N] quantised by rows, `quantize_rows`' (e4m3 values [B * S, N], fp32 row
+    scales [B * S, 1]): of x, or of the MLP's silu(x) * up where `up` is given; one pass where the kernel runs."""
+    if not fused_kernels_available(x.device):
+        return quantize_rows((x if up is None else F.silu(x) * up).reshape(-1, x.shape[-1]))
+    from . import quantize
+
+    return quantize.quantize_rows(x.reshape(-1, x.shape[-1]), None if up is None else up.reshape(-1, x.shape[-1]))
+
+
+@quantize_input.register_fake
+def _(x: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fake_quantized(x)
+
+
 def plain_linears(*linears: nn.Module) -> bool:
     """Bias-free nn.Linear layers (not FP8, not wrapped by a LoRA): what the fused ops take."""
     return all(type(linear) is nn.Linear and linear.bias is None for linear in linears)

@@ -182,10 +182,12 @@ class LayerOps:
     """A DiT layer's GEMMs with the elementwise work around them (residuals, SwiGLU, norms with AdaLN modulation):
     plain PyTorch here; `engine.kernels.fused_ops.FusedOps` implements the same methods with fused Triton kernels.
     A norm's `into` names the projections that read its result: the fused ops hand FP8 ones their input quantised
-    (`Fp8Rows`)."""
+    (`Fp8Rows`), as they do the SwiGLU's activations to an FP8 down projection."""
 
     @staticmethod
-    def residual(x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    def residual(
+        x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor | Fp8Rows, gate: torch.Tensor | None
+    ) -> torch.Tensor:
         """x + linear(inputs) * gate (gate [B, 1, N], one per batch row; None: no gate)."""
         return gated_add(x, linear(inputs), gate)
 
@@ -198,7 +200,7 @@ class LayerOps:
         return attn.self_heads(h, rope, mask)
 
     @staticmethod
-    def swiglu(mlp: SwiGLU, h: torch.Tensor) -> torch.Tensor:
+    def swiglu(mlp: SwiGLU, h: torch.Tensor | Fp8Rows) -> torch.Tensor | Fp8Rows:
         """The MLP's activations before its down projection: silu(gate(h)) * up(h)."""
         return mlp.activations(h)
 
