@@ -202,6 +202,10 @@ def assert_a_tick_replays_without_host_sync(pipeline, request) -> None:
     assert pipeline.stats()["graphs"]["replays"] == replays + 1
 
 
+DEFAULT_OPCHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+OPCHECKS_FP8_INPUTS = DEFAULT_OPCHECKS[1:]
+
+
 def check_fused_op_fakes(device: str) -> None:
     """torch.library.opcheck of every fused custom op on `device`: the fake kernels torch.compile traces with give
     the real outputs' shapes and strides (a layer's first input arrives transposed, so x is non-contiguous here)."""
@@ -215,6 +219,9 @@ def check_fused_op_fakes(device: str) -> None:
     shift, scale, gate = tensor(2, 3, 2048).chunk(3, dim=1)
     w_gate, w_up = tensor(2, 192, 128)  # paired, as the SwiGLU kernel reads them
     qkv = tensor(256, 128).split([128, 64, 64])  # stacked, as the q/k/v kernel reads them (heads of 64)
+    fp8_rows = (tensor(16, 128).to(torch.float8_e4m3fn), torch.rand(16, 1, device=device) + 0.5)
+    fp8_qkv = tensor(256, 128).to(torch.float8_e4m3fn).split([128, 64, 64])  # stacked, with their scales
+    fp8_scales = (torch.rand(1, 256, device=device) + 0.5).split([128, 64, 64], dim=1)
     flowjam = torch.ops.flowjam
     with forced_path(fused=True):
         for op, args in (
@@ -231,7 +238,13 @@ def check_fused_op_fakes(device: str) -> None:
                 (tensor(2, 128, 5).transpose(1, 2), *qkv, tensor(64), tensor(64), *tensor(2, 5, 64), 1e-6),
             ),
             (flowjam.gated_residual, (x.contiguous(), tensor(2, 5, 128), tensor(2048, 128), gate)),
+            (
+                flowjam.fp8_qkv_norm_rope,
+                (*fp8_rows, *fp8_qkv, *fp8_scales, tensor(64), tensor(64), *tensor(2, 8, 64), 1e-6),
+            ),
             (flowjam.quantize_input, (x, None)),
             (flowjam.quantize_input, (delta, tensor(2, 5, 2048))),
         ):
-            torch.library.opcheck(op, args)
+            fp8_inputs = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
+            # the schema check compares inputs before and after with arithmetic e4m3 tensors do not have
+            torch.library.opcheck(op, args, test_utils=OPCHECKS_FP8_INPUTS if fp8_inputs else DEFAULT_OPCHECKS)

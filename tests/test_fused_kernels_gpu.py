@@ -4,6 +4,7 @@ quantising) at the DiT's real shapes and at row counts that are not a multiple o
 kernels against their outputs, a whole layer through the fused ops (FP8 too), and compile-graph ticks that take
 them, replayed without host syncs."""
 
+import copy
 import sys
 
 import pytest
@@ -237,9 +238,11 @@ def test_the_quantising_pass_writes_what_fp8_linears_make_of_the_stored_activati
 @pytest.mark.parametrize("tokens", [750, 251])
 def test_an_fp8_layer_through_the_fused_ops_reads_quantised_rows_and_equals_the_eager_fp8_layer(tokens):
     """A turbo-2b layer in FP8: the norm passes hand q/k/v, the cross-attention query and gate/up their inputs
-    quantised, the quantising pass the output and down projections theirs (both kernels run), and the layer's
-    outputs are the eager FP8 layer's within FP8 error."""
+    quantised, the quantising pass the output and down projections theirs, q/k/v run as one FP8 GEMM of the stacked
+    weights with the norm + RoPE pass after it (every kernel runs), and the layer's outputs are the eager FP8 layer's
+    within FP8 error."""
     from flowjam.engine.kernels.fused_ops import FUSED_OPS
+    from flowjam.engine.kernels.ops import stack_qkv
     from flowjam.engine.models.fp8 import Fp8Linear, Fp8Rows
 
     config = get_preset("turbo-2b").dit
@@ -250,6 +253,8 @@ def test_an_fp8_layer_through_the_fused_ops_reads_quantised_rows_and_equals_the_
         (layer.mlp, "gate_proj"), (layer.mlp, "up_proj"), (layer.mlp, "down_proj"),
     ]:  # fmt: skip
         setattr(parent, name, Fp8Linear(getattr(parent, name)))
+    eager_layer = copy.deepcopy(layer)  # q/k/v as three FP8 GEMMs, as the eager layer runs them
+    assert stack_qkv(layer.self_attn)
     x = torch.randn(4, tokens, HIDDEN, device="cuda").bfloat16()
     modulation = (torch.randn(4, 6, HIDDEN, device="cuda") * 0.1).bfloat16()
     rope = rope_cos_sin(torch.arange(tokens, device="cuda"), config.head_dim, config.rope_theta, torch.bfloat16)
@@ -258,8 +263,8 @@ def test_an_fp8_layer_through_the_fused_ops_reads_quantised_rows_and_equals_the_
     with torch.no_grad():
         handed = FUSED_OPS.modulated_norm(layer.mlp_norm, x, None, None, (mlp.gate_proj, mlp.up_proj))
         eager = (
-            *layer.attend_self(x, modulation, rope, None, EAGER_OPS),
-            layer.finish(x, heads, modulation, EAGER_OPS),
+            *eager_layer.attend_self(x, modulation, rope, None, EAGER_OPS),
+            eager_layer.finish(x, heads, modulation, EAGER_OPS),
         )
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiled:
             fused = (
@@ -268,7 +273,7 @@ def test_an_fp8_layer_through_the_fused_ops_reads_quantised_rows_and_equals_the_
             )
     assert isinstance(handed, Fp8Rows)
     kernels = {event.key for event in profiled.key_averages()}
-    assert "_add_norm_modulate" in kernels and "_quantize_rows" in kernels, kernels
+    assert {"_add_norm_modulate", "_quantize_rows", "_norm_rope_columns"} <= kernels, kernels
     for name, a, b in zip(("x", "queries", "finish"), fused, eager):
         error = _relative(a, b.float())
         assert error < 2e-2, f"{name} at {tokens} tokens: relative error {error:.2e}"

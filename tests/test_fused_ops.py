@@ -17,8 +17,14 @@ from helpers import check_fused_op_fakes
 
 
 def _decoder() -> DiTDecoder:
+    """The tiny DiT with every norm weight made distinct (they start at one), so a swapped weight shows."""
     torch.manual_seed(0)
-    return DiTDecoder(get_preset("tiny").dit).eval()
+    decoder = DiTDecoder(get_preset("tiny").dit).eval()
+    with torch.no_grad():
+        for name, parameter in decoder.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+    return decoder
 
 
 @pytest.mark.parametrize("forced", [False, True])
@@ -107,14 +113,24 @@ def test_compile_graph_on_the_cpu_leaves_the_weights_and_the_layer_path_as_they_
 @pytest.mark.parametrize("forced", [False, True])
 def test_fp8_layers_through_the_fused_ops_read_their_input_quantised_by_the_norm_and_equal_the_eager_layer(forced):
     """The norm before FP8 projections hands them e4m3 rows and scales, as the SwiGLU does its activations to the
-    down projection (kernels on the GPU; here the ops' CPU implementation): the same numbers the FP8 linears make of
-    a bf16 input, so the layer is the eager one."""
+    down projection, and the q/k/v weights stacked with their scales run as one op (kernels on the GPU; here the ops'
+    CPU implementation): the same numbers the FP8 linears make of a bf16 input, so the layer is the eager one."""
+    from flowjam.engine.kernels.ops import stack_qkv
     from flowjam.engine.lora.unmerged import LoraLinear
-    from flowjam.engine.models.fp8 import Fp8Rows, to_fp8
+    from flowjam.engine.models.fp8 import Fp8Rows, stacked_fp8, to_fp8
 
     decoder = _decoder()
     to_fp8(decoder)
     layer, config = decoder.layers[0], decoder.config
+    assert stack_qkv(layer.self_attn) and not stack_qkv(layer.self_attn)  # q/k/v in one e4m3 tensor, scales too
+    attn = layer.self_attn
+    assert (
+        stacked_fp8(
+            (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
+            (attn.q_proj.weight_scale, attn.k_proj.weight_scale, attn.v_proj.weight_scale),
+        )
+        is not None
+    )
     tokens = 24
     x = torch.randn(2, tokens, config.hidden_size)
     modulation = torch.randn(2, 6, config.hidden_size) * 0.1

@@ -72,8 +72,9 @@ def _chosen(decisions: dict[tuple, bool], key: tuple) -> bool:
 
 class FusedOps(LayerOps):
     """A DiT layer through the fused ops: the SwiGLU and the self-attention's q/k/v with their norms and RoPE always
-    (each op measures its two paths per row band), a gated residual where `choose_residuals` found the kernel
-    faster, every norm and modulation in one pass with the residual before it. GEMMs the
+    (each op measures its two paths per row band; FP8 q/k/v as one scaled GEMM and the norm + RoPE pass), a gated
+    residual where `choose_residuals` found the kernel faster, every norm and modulation in one pass with the
+    residual before it. GEMMs the
     ops do not take (FP8, LoRA-wrapped linears) run as LayerOps' (the norm pass after them still runs, quantising
     for FP8)."""
 
@@ -89,6 +90,12 @@ class FusedOps(LayerOps):
     def self_attention(
         attn: Attention, h: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
     ) -> torch.Tensor:
+        if isinstance(h, Fp8Rows):  # the norm pass quantised h: q, k and v are bare FP8 linears
+            q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+            weights = (q.weight, k.weight, v.weight, q.weight_scale, k.weight_scale, v.weight_scale)
+            norms = (attn.q_norm.weight, attn.k_norm.weight)
+            joined = torch.ops.flowjam.fp8_qkv_norm_rope(h.values, h.scale, *weights, *norms, *rope, attn.q_norm.eps)
+            return attn.heads_attention(*split_heads(attn, joined.view(*h.shape[:-1], -1)), mask)
         if not _qkv_taken(attn):
             return LayerOps.self_attention(attn, h, rope, mask)
         weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.q_norm.weight, attn.k_norm.weight)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.dit import DiTDecoder, gated_add, modulated
-from ..models.fp8 import FP8, quantize_rows
+from ..models.fp8 import FP8, Fp8Linear, quantize_rows, stack_fp8, stacked_fp8
 from ..models.layers import Attention, SwiGLU, stack_weights, stacked_rows
 from . import fused_kernels_available, row_band, supports
 
@@ -108,9 +108,15 @@ def pair_mlp(mlp: SwiGLU) -> bool:
 
 
 def stack_qkv(attn: Attention) -> bool:
-    """The attention's q, k and v weights as consecutive rows of one tensor, what the fused q/k/v GEMM reads. Whether
-    it moved them."""
-    return _stack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
+    """The attention's q, k and v weights as consecutive rows of one tensor, what the fused q/k/v GEMM reads (FP8
+    ones with their scales, `stack_fp8`). Whether it moved them."""
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if not all(type(linear) is Fp8Linear for linear in linears):
+        return _stack_linears(linears)
+    if stacked_fp8(*zip(*((linear.weight, linear.weight_scale) for linear in linears))) is not None:
+        return False
+    stack_fp8(linears)
+    return True
 
 
 def pair_mlp_weights(decoder: DiTDecoder) -> int:

@@ -10,6 +10,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .layers import stacked_rows
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper have FP8 tensor cores
@@ -59,6 +61,36 @@ class Fp8Linear(nn.Module):
             values, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=self.out_dtype
         )
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def stack_fp8(linears: tuple[Fp8Linear, ...]) -> None:
+    """Store these FP8 linears' weights as consecutive rows of one e4m3 tensor and their scales as consecutive
+    columns of one [1, sum of N] tensor, each layer's buffers becoming views of them: one `torch._scaled_mm` can
+    then run them all (the layers' own outputs are unchanged)."""
+    weight = torch.cat([linear.weight for linear in linears])
+    scale = torch.cat([linear.weight_scale for linear in linears], dim=1)
+    start = 0
+    for linear in linears:
+        linear.weight = weight[start : start + linear.out_features]
+        linear.weight_scale = scale[:, start : start + linear.out_features]
+        start += linear.out_features
+
+
+def stacked_fp8(
+    weights: tuple[torch.Tensor, ...], scales: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(e4m3 rows [sum of N, K], scales [1, sum of N]) of FP8 linears' weights and scales where `stack_fp8` stacked
+    them, else None."""
+    rows = stacked_rows(*weights)
+    first = scales[0]
+    offset = first.storage_offset()
+    for scale in scales:
+        if scale.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or scale.storage_offset() != offset:
+            return None
+        offset += scale.shape[1]
+    if rows is None:
+        return None
+    return rows, first.detach().as_strided((1, sum(s.shape[1] for s in scales)), (first.stride(0), 1))
 
 
 def check_fp8_device(device: torch.device) -> None:
