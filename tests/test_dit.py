@@ -139,3 +139,24 @@ def test_folded_time_embed_r_equals_explicit_r_equal_t():
         explicit_reload = dit(x, t, context, encoder_hidden_states=cond, timestep_r=t)
     torch.testing.assert_close(folded, explicit, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(after_reload, explicit_reload, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("counts", [(3, 3), (2, 2, 2), (3, 1)])
+def test_each_row_of_a_condition_group_cross_attends_bit_for_bit_as_it_would_alone(counts):
+    """Groups of equal row counts attend as one folded sequence each (one call, K/V stacked once per condition),
+    unequal ones with K/V stacked per row: either way every row's heads equal that row attending alone."""
+    from flowjam.engine.models.dit import _foldable, _group_attention
+    from flowjam.engine.models.layers import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(64, 4, 2, 16, 1e-6)
+    rows, tokens = sum(counts), 9
+    q = torch.randn(rows, tokens, 4, 16).transpose(1, 2)  # token-major, as the layer makes its queries
+    kvs = [(torch.randn(1, 2, 7, 16), torch.randn(1, 2, 7, 16)) for _ in counts]
+    starts = [sum(counts[:g]) for g in range(len(counts))]
+    cross = tuple((k, v, start, count) for (k, v), start, count in zip(kvs, starts, counts))
+    heads = _group_attention(attn, q, cross)
+    assert _foldable(q, cross) == (len(set(counts)) == 1)
+    for (k, v), start, count in zip(kvs, starts, counts):
+        for row in range(start, start + count):
+            assert torch.equal(heads[row : row + 1], attn.heads_attention(q[row : row + 1], k, v, None))

@@ -183,7 +183,8 @@ def test_the_silu_mul_pass_and_the_lora_fold_compile():
     from flowjam.engine.kernels import gemm_epilogue
     from flowjam.engine.lora import fold_kernel
 
-    silu = dict(gate_ptr=_tensor(BF16, 1), up_ptr=_tensor(BF16, 1), out_ptr=_tensor(BF16, 1), count=4096)
+    silu = dict(gate_ptr=_tensor(BF16, 1), up_ptr=_tensor(BF16, 1), out_ptr=_tensor(BF16, 1), count=4096, n=6144,
+                stride=12288)  # fmt: skip
     assert "cubin" in _compiled(gemm_epilogue._silu_mul, silu, dict(BLOCK=4096), 4)
     fold = dict(
         rest_ptr=_tensor(BF16, 1), up_ptr=_tensor(BF16, 1), down_ptr=_tensor(BF16, 1), scale_ptr=_tensor(FP32, 1),

@@ -121,6 +121,24 @@ print(json.dumps(results))
 """
 
 
+SILU_CHECK = r"""
+import json
+import torch
+import torch.nn.functional as F
+from flowjam.engine.kernels import gemm_epilogue
+
+torch.manual_seed(0)
+results = []
+for m, n in [(3, 100), (5, 4096), (1, 7)]:
+    joined = torch.randn(m, 2 * n)  # one GEMM's [gate | up]
+    out = gemm_epilogue.silu_mul(joined[:, :n], joined[:, n:])
+    apart = gemm_epilogue.silu_mul(torch.randn(m, n), torch.randn(m, n))
+    exact = F.silu(joined[:, :n]) * joined[:, n:]
+    results.append(dict(shape=[m, n], error=(out - exact).abs().max().item(), apart=list(apart.shape)))
+print(json.dumps(results))
+"""
+
+
 def _interpreted(check: str) -> list[dict]:
     environment = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=environment, timeout=300)
@@ -145,6 +163,11 @@ def test_the_quantising_pass_interpreted_on_the_cpu_scales_rows_as_fp8_linears_d
         assert result["scale_error"] < 2**-6, result
         assert gated or result["scales_equal"], result
         assert result["quantised"] == ["torch.float8_e4m3fn", [m, n], [m, 1]], result
+
+
+def test_the_silu_mul_pass_interpreted_on_the_cpu_reads_the_two_halves_of_one_gemm():
+    for result in _interpreted(SILU_CHECK):
+        assert result["error"] < 1e-5 and result["apart"] == result["shape"], result
 
 
 def test_the_norm_pass_interpreted_on_the_cpu_computes_the_eager_layers_math():

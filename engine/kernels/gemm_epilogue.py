@@ -183,17 +183,21 @@ def gated_residual(
 
 
 @triton.jit
-def _silu_mul(gate_ptr, up_ptr, out_ptr, count, BLOCK: tl.constexpr):
+def _silu_mul(gate_ptr, up_ptr, out_ptr, count, n, stride, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < count
-    gate = tl.load(gate_ptr + offsets, mask=inside).to(tl.float32)
-    up = tl.load(up_ptr + offsets, mask=inside).to(tl.float32)
+    at = (offsets // n) * stride + offsets % n  # gate and up rows `stride` apart: two tensors, or one's two halves
+    gate = tl.load(gate_ptr + at, mask=inside).to(tl.float32)
+    up = tl.load(up_ptr + at, mask=inside).to(tl.float32)
     tl.store(out_ptr + offsets, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up in one pass (what Inductor makes of it): the unfused path's second half."""
-    out = torch.empty_like(gate)
-    count = gate.numel()
-    _silu_mul[(triton.cdiv(count, 4096),)](gate.contiguous(), up.contiguous(), out, count, BLOCK=4096)
+    """silu(gate) * up [M, N] in one pass (what Inductor makes of it): the unfused path's second half. gate and up
+    may be the two column halves of one GEMM's output (rows of one stride, unit column stride)."""
+    m, n = gate.shape
+    if gate.stride(1) != 1 or up.stride() != gate.stride():
+        gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty((m, n), device=gate.device, dtype=gate.dtype)
+    _silu_mul[(triton.cdiv(m * n, 4096),)](gate, up, out, m * n, n, gate.stride(0), BLOCK=4096)
     return out

@@ -81,14 +81,18 @@ CrossSlice = tuple[torch.Tensor, torch.Tensor, int, int]  # one group at one lay
 def _group_attention(attn: Attention, q: torch.Tensor, cross: tuple[CrossSlice, ...]) -> torch.Tensor:
     """Cross-attention heads [R, heads, S, D] with each group's rows attending to its own condition.
 
-    Groups are contiguous and in row order. Where every condition has the same length, their K/V are stacked
-    row by row and one attention call covers the batch (stacking K/V moves a sixth of the bytes that joining
-    the per-group outputs would, at 60 s); otherwise each group attends on its slice and the results are
-    joined. Rows of different conditions never share a padded K/V tensor, so a row's result does not depend on
-    the other rows in the batch (stream == one-shot generation, bit for bit)."""
+    Groups are contiguous and in row order. Where every condition has the same length, one attention call covers
+    the batch: with as many rows in each group and one K/V per condition, each group's rows are one long query
+    sequence over its condition's K/V (`_folded_attention`: the K/V are stacked once per group, not once per row);
+    otherwise their K/V are stacked row by row (a sixth of the bytes that joining the per-group outputs would move,
+    at 60 s). Where lengths differ each group attends on its slice and the results are joined. Rows of different
+    conditions never share a padded K/V tensor, so a row's result does not depend on the other rows in the batch
+    (stream == one-shot generation, bit for bit)."""
     rows = [_rows_of(k, v, count) for k, v, _, count in cross]
     if len(rows) == 1:
         heads = attn.heads_attention(q, *rows[0], None)
+    elif _foldable(q, cross):
+        heads = _folded_attention(attn, q, cross)
     elif len({k.shape[2] for k, _ in rows}) == 1:
         keys, values = zip(*rows)
         heads = attn.heads_attention(q, torch.cat(keys), torch.cat(values), None)
@@ -96,6 +100,29 @@ def _group_attention(attn: Attention, q: torch.Tensor, cross: tuple[CrossSlice, 
         starts = [(start, count) for *_, start, count in cross]
         heads = torch.cat([attn.heads_attention(q.narrow(0, s, n), k, v, None) for (k, v), (s, n) in zip(rows, starts)])
     return _token_major(heads)
+
+
+def _foldable(q: torch.Tensor, cross: tuple[CrossSlice, ...]) -> bool:
+    """Whether the groups can attend as `_folded_attention` does: equal row counts, one K/V each (batch 1) of one
+    length, and queries stored token-major (so folding rows into the sequence moves no data)."""
+    return (
+        len({count for *_, count in cross}) == 1
+        and all(k.shape[0] == 1 for k, *_ in cross)
+        and len({k.shape[2] for k, *_ in cross}) == 1
+        and q.transpose(1, 2).is_contiguous()
+    )
+
+
+def _folded_attention(attn: Attention, q: torch.Tensor, cross: tuple[CrossSlice, ...]) -> torch.Tensor:
+    """One attention call for G groups of c rows: queries [R, heads, S, D] viewed as [G, heads, c * S, D] (each
+    group's rows one sequence; cross-attention has no mask, so every query still sees only its condition's keys)
+    over the G conditions' K/V stacked as [G, kv_heads, L, D]."""
+    rows, heads, tokens, dim = q.shape
+    groups = len(cross)
+    folded = q.transpose(1, 2).view(groups, rows // groups * tokens, heads, dim).transpose(1, 2)
+    keys, values = torch.cat([k for k, *_ in cross]), torch.cat([v for _, v, *_ in cross])
+    out = attn.heads_attention(folded, keys, values, None)
+    return out.transpose(1, 2).reshape(rows, tokens, heads, dim).transpose(1, 2)
 
 
 def _token_major(heads: torch.Tensor) -> torch.Tensor:
