@@ -1,7 +1,8 @@
 """Fused GPU kernels for the DiT layer (Triton, Hopper): GEMMs with the SwiGLU, AdaLN gate and residual in their
-epilogues (gemm_epilogue.py); the q/k/v projections as one GEMM with the heads' RMSNorm and RoPE in its epilogue
-(qkv_rope.py); the residual add, RMSNorm and AdaLN modulation in one pass, writing FP8 projections' inputs
-quantised (norm_modulate.py); their tile shapes tuned once per GPU (tuning.py).
+epilogues (gemm_epilogue.py); the q/k/v projections as one GEMM with the heads' RMSNorm and RoPE in its epilogue,
+or those as a pass after cuBLAS's GEMM (qkv_rope.py); the residual add, RMSNorm and AdaLN modulation in one pass,
+writing FP8 projections' inputs quantised (norm_modulate.py), and the other FP8 inputs quantised in one pass
+(quantize.py); their tile shapes tuned once per GPU (tuning.py).
 `fused_kernels_available` says where they run; elsewhere the layer runs as plain PyTorch (or Inductor's
 code), the same math. The `compile-graph` backend uses them (engine/stream/backends.py)."""
 

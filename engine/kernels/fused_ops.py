@@ -74,9 +74,8 @@ class FusedOps(LayerOps):
     """A DiT layer through the fused ops: the SwiGLU and the self-attention's q/k/v with their norms and RoPE always
     (each op measures its two paths per row band; FP8 q/k/v as one scaled GEMM and the norm + RoPE pass), a gated
     residual where `choose_residuals` found the kernel faster, every norm and modulation in one pass with the
-    residual before it. GEMMs the
-    ops do not take (FP8, LoRA-wrapped linears) run as LayerOps' (the norm pass after them still runs, quantising
-    for FP8)."""
+    residual before it, and every FP8 projection's input quantised by the pass that makes it. LoRA-wrapped
+    linears run as LayerOps' (the norm pass after them still runs)."""
 
     @staticmethod
     def residual(
