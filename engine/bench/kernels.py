@@ -15,6 +15,8 @@ from ..models.layers import rope_cos_sin
 from ..models.presets import AceStepConfig, get_preset
 from ..params import LATENT_RATE_HZ
 
+GRAPH_CALLS = 20  # calls captured in one graph; the graph is replayed 5 times
+
 
 @dataclass(frozen=True)
 class KernelTiming:
@@ -24,10 +26,22 @@ class KernelTiming:
 
 
 def graph_us(run: Callable[[], object]) -> float:
-    """Microseconds per call of `run`, replayed from a CUDA graph (`kernels.ops.time_ms`, what the ops choose by)."""
-    from ..kernels.ops import time_ms
-
-    return time_ms(run, replays=5) * 1000.0
+    """Microseconds per call of `run`, captured `GRAPH_CALLS` times in a CUDA graph (after two plain calls, which
+    also tune any kernel) and replayed."""
+    run(), run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            run()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / (5 * GRAPH_CALLS)
 
 
 def bench_kernels(preset: str, song_seconds: list[float], batch_rows: int, device: str) -> list[KernelTiming]:

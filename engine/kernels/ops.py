@@ -23,6 +23,7 @@ from ..models.layers import Attention, SwiGLU, stack_weights, stacked_rows
 from . import fused_kernels_available, row_band, supports
 
 TIMING_REPEATS = 10
+QUEUE_CYCLES = 10_000_000  # ~5 ms of GPU clock, far longer than the host takes to launch the timed calls
 
 
 @dataclass(frozen=True)
@@ -60,23 +61,20 @@ def forced() -> bool | None:
     return _FORCED[-1] if _FORCED else None
 
 
-def time_ms(run: Callable[[], object], replays: int = 1) -> float:
-    """Milliseconds per call of `run` as a tick graph runs it: `TIMING_REPEATS` calls captured in one CUDA graph
-    and replayed, so the host's launch cost (a Triton kernel's is tens of microseconds, as long as the kernel
-    itself at a 10 s window's rows) does not count. The first call, plain, tunes a kernel's tiles."""
+def time_ms(run: Callable[[], object]) -> float:
+    """Milliseconds per call of `run` on the GPU alone, as a tick graph's replay runs it: the calls are queued
+    behind a GPU-side wait, so the host's launch cost (a Triton kernel's is tens of microseconds, as long as the
+    kernel itself at a 10 s window's rows) does not count. No graph capture: a live stream's other threads (the
+    writer's decodes) keep using the GPU undisturbed. The first call, plain, tunes a kernel's tiles."""
     run()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(TIMING_REPEATS):
-            run()
-    graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(QUEUE_CYCLES)
     start.record()
-    for _ in range(replays):
-        graph.replay()
+    for _ in range(TIMING_REPEATS):
+        run()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / (replays * TIMING_REPEATS)
+    return start.elapsed_time(end) / TIMING_REPEATS
 
 
 def takes_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
