@@ -168,6 +168,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     lm.add_argument("--repeats", type=int, default=3)
     lm.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
     lm.add_argument("--compile", action="store_true", help="also time the torch.compile'd layer step (CUDA)")
+    lm.add_argument(
+        "--profile", action="store_true", help="print the kernels of one generate call per decode step (GPU)"
+    )
     add_device(lm, "cuda")
     add_dtype(lm, "bfloat16")
     return parser

@@ -60,6 +60,7 @@ def bench_lm(args: argparse.Namespace) -> int:
         args.repeats,
         not args.no_baseline,
         args.compile,
+        args.profile,
     )
     return 0
 

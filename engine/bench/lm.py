@@ -13,6 +13,7 @@ from ..lm.prompts import codes_prompt, codes_uncond_prompt
 from ..lm.sampling import SamplingParams
 from ..models.lm import AUDIO_CODE_BASE, LM_PRESETS, NUM_CODES, Qwen3LM
 from ..models.text_tokenizer import Qwen3Tokenizer
+from .profile import kernel_profile
 
 BENCH_CAPTION = "energetic synthwave with driving bass, bright analog leads and gated reverb drums"
 BENCH_COT = "bpm: 118\ncaption: energetic synthwave\nduration: 60\nkeyscale: A minor\nlanguage: en\ntimesignature: 4"
@@ -158,8 +159,10 @@ def run_lm_bench(
     repeats: int = 3,
     baseline: bool = True,
     compile_layers: bool = False,
+    profile: bool = False,
 ) -> dict:
-    """Time every variant and print one table; returns the numbers."""
+    """Time every variant and print one table (with `profile`, on a GPU, the kernels of one generate call of the
+    fastest of ours, per decode step); returns the numbers."""
     sampling = SamplingParams(cfg=cfg)
     sampling.validate()
     if tokens < 1 or not 1 <= batch <= 64:
@@ -197,4 +200,10 @@ def run_lm_bench(
             f"speed-up of {fastest.label} over generate: {results[-1].ms_per_step / fastest.ms_per_step:.1f}x; "
             f"{fastest.ms_per_step / bound_ms:.2f}x the bound"
         )
+    if profile and lm.model.embed_tokens.weight.device.type != "cuda":
+        print("--profile: the kernels are profiled on a GPU only (--device cuda)")
+    elif profile:
+        generator = CodeGenerator(lm, sampling, cuda_graphs=True, compile_layers=compile_layers)
+        generator.generate(requests)  # warm: compiled, captured
+        print(kernel_profile(lambda: generator.generate(requests), generator.device, 1, "step", tokens))
     return {"results": results, "bound_ms": bound_ms, "weight_bytes": weight_bytes, "bandwidth": bandwidth}

@@ -22,6 +22,7 @@ from ..params import DEFAULT_PRECISION, LATENT_RATE_HZ
 from ..stream import RealtimeNeed, SlotRequest, StreamPipeline
 from ..stream.windowed import WindowedStream
 from .host_sections import host_sections
+from .profile import kernel_profile
 
 CONDITION_TOKENS = 256
 WALK_DENOISE = 0.7  # how far a window re-noises the frames the timeline holds (the live `denoise` knob)
@@ -334,7 +335,7 @@ def bench_tick(
     table = None
     if profile:
         host = host_sections(run.tick, lambda: _sync(run.device))
-        table = host if run.device.type != "cuda" else _profile(run.tick, run.device) + "\n" + host
+        table = host if run.device.type != "cuda" else kernel_profile(run.tick, run.device, 8, "tick") + "\n" + host
     total_s = sum(times_ms) / 1000.0
     ordered = sorted(times_ms)
     row_flops = dit_row_flops(fixture.decoder.config, run.frames)
@@ -355,44 +356,6 @@ def bench_tick(
         profile=table,
         precision=fixture.precision,
     )
-
-
-KERNEL_KINDS = {
-    "gemm": ("gemm", "nvjet", "cutlass", "xmma", "scaled_mm", "cublas"),
-    "attention": ("flash", "fmha", "attention", "cudnn"),
-    "copy": ("copy", "index", "fill", "cat"),
-    "fused elementwise": ("triton", "norm_modulate"),
-    "other": (),
-}
-
-
-def kernel_kind(name: str) -> str:
-    """Which KERNEL_KINDS a CUDA kernel's name belongs to (the first that matches; else "other")."""
-    lowered = name.lower()
-    return next((kind for kind, marks in KERNEL_KINDS.items() if any(m in lowered for m in marks)), "other")
-
-
-def _profile(tick, device: torch.device, ticks: int = 8) -> str:
-    """torch.profiler over `ticks` ticks on a GPU: device time per tick and the kernels that take it."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(ticks):
-            tick()
-        _sync(device)
-    events = prof.key_averages()
-    kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
-    device_ms = sum(e.self_device_time_total for e in kernels) / 1000.0 / ticks
-    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:24]
-    kinds = {kind: 0.0 for kind in KERNEL_KINDS}
-    for event in kernels:
-        kinds[kernel_kind(event.key)] += event.self_device_time_total / 1000.0 / ticks
-    lines = [f"device time {device_ms:.2f} ms/tick in {sum(e.count for e in kernels) / ticks:.0f} kernels/tick"]
-    lines.append("  by kind: " + ", ".join(f"{kind} {ms:.2f} ms" for kind, ms in kinds.items()))
-    lines += [
-        f"  {e.self_device_time_total / 1000.0 / ticks:7.3f} ms  {e.count / ticks:6.1f}x  {e.key[:90]}" for e in top
-    ]
-    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
