@@ -129,11 +129,11 @@ from flowjam.engine.kernels import gemm_epilogue
 
 torch.manual_seed(0)
 results = []
-for m, n in [(3, 100), (5, 4096), (1, 7)]:
-    joined = torch.randn(m, 2 * n)  # one GEMM's [gate | up]
-    out = gemm_epilogue.silu_mul(joined[:, :n], joined[:, n:])
+for m, n, k in [(3, 100, 16), (5, 4096, 8), (1, 7, 4)]:
+    a, pair = torch.randn(m, k), torch.randn(2, n, k)
+    out = gemm_epilogue.paired_gemm_silu_mul(a, pair)  # one GEMM's [gate | up], then the pass over its halves
     apart = gemm_epilogue.silu_mul(torch.randn(m, n), torch.randn(m, n))
-    exact = F.silu(joined[:, :n]) * joined[:, n:]
+    exact = F.silu(a @ pair[0].t()) * (a @ pair[1].t())
     results.append(dict(shape=[m, n], error=(out - exact).abs().max().item(), apart=list(apart.shape)))
 print(json.dumps(results))
 """

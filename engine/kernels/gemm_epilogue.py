@@ -201,3 +201,11 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((m, n), device=gate.device, dtype=gate.dtype)
     _silu_mul[(triton.cdiv(m * n, 4096),)](gate, up, out, m * n, n, gate.stride(0), BLOCK=4096)
     return out
+
+
+def paired_gemm_silu_mul(a: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU without its epilogue kernel: cuBLAS's one GEMM of the paired weights [2, N, K] -> [M, gate | up],
+    then `silu_mul` over its two halves."""
+    n = pair.shape[1]
+    joined = a @ pair.view(-1, pair.shape[-1]).t()
+    return silu_mul(joined[:, :n], joined[:, n:])

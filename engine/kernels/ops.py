@@ -82,8 +82,8 @@ def takes_fused(key: tuple, m: int, n: int, k: int, fused, unfused) -> bool:
     capture (a plan is captured only after its shapes ran plain, so a capture finds its shapes measured)."""
     if not supports(m, n, k):
         return False
-    if forced() is not None:
-        return forced()
+    if (choice := forced()) is not None:
+        return choice
     found = MEASURED.get(key)
     if found is None:
         if torch.cuda.is_current_stream_capturing():
@@ -157,8 +157,7 @@ def swiglu(h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
         return gemm_epilogue.swiglu(rows, pair)
 
     def unfused() -> torch.Tensor:
-        joined = rows @ pair.view(-1, pair.shape[-1]).t()  # one GEMM of the paired weights: [M, gate | up]
-        return gemm_epilogue.silu_mul(joined[:, :n], joined[:, n:])
+        return gemm_epilogue.paired_gemm_silu_mul(rows, pair)
 
     (m, k), n = rows.shape, w_gate.shape[0]
     key = ("swiglu", row_band(m), n, k, h.dtype, h.device)

@@ -82,15 +82,8 @@ def stacked_fp8(
     """(e4m3 rows [sum of N, K], scales [1, sum of N]) of FP8 linears' weights and scales where `stack_fp8` stacked
     them, else None."""
     rows = stacked_rows(*weights)
-    first = scales[0]
-    offset = first.storage_offset()
-    for scale in scales:
-        if scale.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or scale.storage_offset() != offset:
-            return None
-        offset += scale.shape[1]
-    if rows is None:
-        return None
-    return rows, first.detach().as_strided((1, sum(s.shape[1] for s in scales)), (first.stride(0), 1))
+    columns = stacked_rows(*(scale.t() for scale in scales))  # each [1, N_i] scale read as [N_i, 1] rows
+    return None if rows is None or columns is None else (rows, columns.t())
 
 
 def check_fp8_device(device: torch.device) -> None:
