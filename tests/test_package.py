@@ -1,8 +1,11 @@
 """The package imports without ComfyUI and without torch work; the XL-shaped networks (CLS timbre) run end to end."""
 
+import shutil
 import subprocess
 import sys
+import zipfile
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from flowjam.engine.models.acestep import AceStepModel
@@ -30,6 +33,20 @@ def test_import_is_light_and_help_works():
     assert result.stdout.strip() == "False True", result.stderr
     help_text = subprocess.run([sys.executable, "-m", "flowjam", "--help"], capture_output=True, text=True, timeout=60)
     assert help_text.returncode == 0 and "render" in help_text.stdout
+
+
+def test_a_built_wheel_holds_every_package_folder(tmp_path):
+    """A non-editable install gets every subpackage (the fused kernels and the sync clocks included)."""
+    source = tmp_path / "source"
+    skipped = shutil.ignore_patterns(".*", "tests", "build", "*.egg-info", "__pycache__")
+    shutil.copytree(Path(__file__).resolve().parents[1], source, ignore=skipped)
+    folders = {Path("flowjam", init.parent.relative_to(source)) for init in source.rglob("__init__.py")}
+    build = ["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)]
+    result = subprocess.run([sys.executable, "-m", "pip", *build], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (wheel,) = tmp_path.glob("flowjam-*.whl")
+    packed = {Path(name).parent for name in zipfile.ZipFile(wheel).namelist() if name.endswith("/__init__.py")}
+    assert folders - packed == set(), "add these packages to [tool.setuptools] packages in pyproject.toml"
 
 
 def test_xl_shaped_model_uses_a_cls_token_for_timbre_and_embeds_a_narrower_condition():
