@@ -155,3 +155,27 @@ def test_bench_host_sections_time_each_step_of_a_tick_and_leave_the_pipeline_as_
         ms, per_tick = float(line.split()[1]), float(line.split()[3])
         assert ms > 0 and per_tick == 1.0, line
     assert {(owner, name): owner.__dict__[name] for owner, name in SECTIONS} == before
+
+
+def test_a_tensor_edited_in_place_between_requests_reaches_the_static_copy(session, prompts, source):
+    """The graph path copies a request's read-only tensors (here its x0 target) into a home only when the home does
+    not hold them already; one the caller edited in place since counts as new, as on the eager path."""
+    a, _, _ = prompts
+    target = source.latents[:, :FRAMES].clone()
+    ramp = torch.linspace(0.0, 1.0, FRAMES)
+
+    def latents(backend):
+        pipeline = StreamPipeline(session.models.acestep.decoder, depth=1, backend=backend)
+        out = []
+        for scale in (1.0, 0.25):
+            target.mul_(scale)
+            request = session.make_request(a, SECONDS, source=source, seed=8, x0_target=target, x0_target_curve=ramp)
+            pipeline.submit(request)
+            out += pipeline.drain()
+        target.copy_(source.latents[:, :FRAMES])
+        return [f.latent for f in out]
+
+    static, eager = latents("graph"), latents("eager")
+    assert not torch.equal(eager[0], eager[1])  # the edit changes what the x0 target pulls toward
+    for got, expected in zip(static, eager):
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)

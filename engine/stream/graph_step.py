@@ -21,8 +21,6 @@ from .lanes import MAX_DEPTH, MAX_LANES, Lane, Slot
 from .pinned import PinnedStaging
 from .tick_graph import StaticTensors, TickGraphs
 
-SPARE_HOME = -1  # where a slot waits while the slots it trades homes with move (a cycle of moves)
-
 DeviceStep = Callable[
     [TickBatch, list[CrossGroup], torch.Tensor, torch.Tensor, dict[int, tuple[Any, Any]], torch.Tensor | None],
     list[StepResult],
@@ -40,6 +38,7 @@ class GraphStep:
         self._staging = staging
         self._kv_owner: dict[int, tuple[CrossKV, CrossKV]] = {}  # each group's (K/V its static tensors hold, them)
         self._times: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # `_time_views`, by row
+        self._holds: dict[int, tuple[tuple, tuple]] = {}  # `_stale`'s record, by id of a static tensor
 
     def run(
         self,
@@ -59,11 +58,14 @@ class GraphStep:
         hidden = embeddings[0][0].shape[-1]
         temb = static.get("temb", (len(batch.rows), hidden), dtype)
         modulation = static.get("modulation", (len(batch.rows), 6, hidden), dtype)
-        torch.cat([e[0] for e in embeddings], out=temb)
-        torch.cat([e[1] for e in embeddings], out=modulation)
-        clock = torch.tensor([[slot.t, slot.t_next] for slot in active], dtype=torch.float32)
+        if self._stale(temb, *(e[0] for e in embeddings)):  # a steady ring's rows keep their t, tick after tick
+            torch.cat([e[0] for e in embeddings], out=temb)
+        if self._stale(modulation, *(e[1] for e in embeddings)):
+            torch.cat([e[1] for e in embeddings], out=modulation)
+        clock = [(slot.t, slot.t_next) for slot in active]
         times_device = static.get("times", ((MAX_LANES + 1) * MAX_DEPTH, 2), torch.float32)
-        self._staging.copy(clock, times_device[: len(active)])
+        if self._stale(times_device, *clock):
+            self._staging.copy(torch.tensor(clock, dtype=torch.float32), times_device[: len(active)])
         times = {id(slot): self._time_views(times_device, i) for i, slot in enumerate(active)}
         layout = batch.layout
         kvs = [self._static_kv(g, c, own) for g, (c, own) in enumerate(zip(layout.conditions, layout.kv_strengths))]
@@ -98,6 +100,17 @@ class GraphStep:
             slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
         return self.graphs.counters.replays > replays
 
+    def _stale(self, static: torch.Tensor, *sources: Any) -> bool:
+        """Whether `static` does not hold `sources` (tensors, by identity and version: one edited in place is new;
+        or plain values) already; records that it will, once the caller has copied them in. The static tensors are
+        written by nothing else."""
+        key = tuple((id(s), s._version) if isinstance(s, torch.Tensor) else s for s in sources)
+        held = self._holds.get(id(static))
+        if held is not None and held[0] == key:
+            return False
+        self._holds[id(static)] = (key, sources)  # the sources kept alive, so no other tensor takes their ids
+        return True
+
     def _time_views(self, times_device: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(t, t_next) of the static times' `row`, as [1, 1, 1] views made once per row (the times tensor is one
         static tensor for the pipeline's life)."""
@@ -108,48 +121,77 @@ class GraphStep:
 
     def _home(self, slots: list[Slot]) -> None:
         """Give every slot in flight the home of its rank by age in its lane (`slots` come lane by lane, each
-        `Lane.by_age`): a new slot is placed there, one whose rank changed moves, in an order that never overwrites
-        a slot still to move (a cycle of moves goes through SPARE_HOME)."""
+        `Lane.by_age`): a new slot is placed there, one whose rank changed moves. Two copy launches whatever the
+        depth: the moving slots' state (x and guidance states) into a scratch copy by new home, then everything
+        into the homes, so no launch reads a home that it writes."""
         target, ranks = {}, {}
         for slot in slots:
             rank = ranks[slot.lane.base] = ranks.get(slot.lane.base, -1) + 1
             target[id(slot)] = slot.lane.base + rank
-        pending = [slot for slot in slots if slot.home != target[id(slot)]]
-        while pending:
-            held = {slot.home for slot in pending}
-            ready = [slot for slot in pending if target[id(slot)] not in held]
-            copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # one launch for the round: no slot's home is read
-            for slot in ready or pending[:1]:
-                self._place(slot, target[id(slot)] if ready else SPARE_HOME, copies)
-            targets, sources = zip(*copies)
-            torch._foreach_copy_(list(targets), list(sources))
-            pending = [slot for slot in pending if slot.home != target[id(slot)]]
+        staged: list[tuple[torch.Tensor, torch.Tensor]] = []
+        placed: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for slot in slots:
+            if slot.home != target[id(slot)]:
+                self._place(slot, target[id(slot)], staged, placed)
+        for copies in (staged, placed):
+            if copies:
+                targets, sources = zip(*copies)
+                torch._foreach_copy_(list(targets), list(sources))
 
-    def _place(self, slot: Slot, home: int, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Point the slot at `home`'s static tensors (curves at full length) and add the copies that fill them to
-        `copies`; give it that home's tensor for its per-step noise: a captured tick finds everything at fixed
-        addresses."""
+    def _place(
+        self,
+        slot: Slot,
+        home: int,
+        staged: list[tuple[torch.Tensor, torch.Tensor]],
+        placed: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
+        """Point the slot at `home`'s static tensors (curves at full length) and add the copies that fill them; give
+        it that home's tensor for its per-step noise: a captured tick finds everything at fixed addresses. What a
+        slot only reads (its noise, context, source, target, curves) is copied from the request's own tensors, and
+        not at all where the home holds them already (a live stream's requests share them); what it writes (x, the
+        guidance states) comes from its old home through `staged`'s scratch copy."""
         frames_shape = (1, slot.x.shape[1], 1)
+        moved = slot.home is not None
+        if not moved:
+            slot.originals = {
+                "noise": slot.noise,
+                "context": slot.context,
+                "source": slot.source,
+                "x0_target": slot.x0_target,
+                **{("curve", name): c for name, c in slot.curves.items()},
+                **{("extra", e): w for e, w in enumerate(slot.extra_weights)},
+            }
+        originals = slot.originals
 
-        def put(name: tuple, value: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-            same = shape is None or value.shape == shape
-            static = self.static.get(name, tuple(value.shape) if shape is None else shape, value.dtype)
-            copies.append((static, value if same else value.expand(shape)))
+        def state(name: str, value: torch.Tensor | None) -> torch.Tensor | None:
+            if value is None:
+                return None
+            static = self.static.get((home, name), tuple(value.shape), value.dtype)
+            if moved:
+                scratch = self.static.get(("scratch", home, name), tuple(value.shape), value.dtype)
+                staged.append((scratch, value))
+                value = scratch
+            placed.append((static, value))
             return static
 
-        slot.x = put((home, "x"), slot.x)
-        slot.noise = put((home, "noise"), slot.noise)
-        slot.context = put((home, "context"), slot.context)
-        slot.source = None if slot.source is None else put((home, "source"), slot.source)
-        slot.x0_target = None if slot.x0_target is None else put((home, "x0_target"), slot.x0_target)
-        slot.curves = {name: put((home, "curve", name), c, frames_shape) for name, c in slot.curves.items()}
-        slot.extra_weights = tuple(
-            None if w is None else put((home, "extra", e), w, frames_shape) for e, w in enumerate(slot.extra_weights)
-        )
-        slot.running = None if slot.running is None else put((home, "running"), slot.running)
-        slot.cached_negative = (
-            None if slot.cached_negative is None else put((home, "cached_negative"), slot.cached_negative)
-        )
+        def constant(name: str | tuple, shape: tuple[int, ...] | None = None) -> torch.Tensor | None:
+            value = originals[name]
+            if value is None:
+                return None
+            static = self.static.get((home, name), tuple(value.shape) if shape is None else shape, value.dtype)
+            if self._stale(static, value):
+                placed.append((static, value if shape is None or value.shape == shape else value.expand(shape)))
+            return static
+
+        slot.x = state("x", slot.x)
+        slot.running = state("running", slot.running)
+        slot.cached_negative = state("cached_negative", slot.cached_negative)
+        slot.noise = constant("noise")
+        slot.context = constant("context")
+        slot.source = constant("source")
+        slot.x0_target = constant("x0_target")
+        slot.curves = {name: constant(("curve", name), frames_shape) for name in slot.curves}
+        slot.extra_weights = tuple(constant(("extra", e), frames_shape) for e in range(len(slot.extra_weights)))
         slot.step_noise = self.static.get((home, "step_noise"), tuple(slot.x.shape), slot.x.dtype)
         slot.home = home
 

@@ -34,6 +34,7 @@ class Slot(Prepared, SchedulePlace):
     lane: Lane
     step_noise: torch.Tensor | None = None  # graph path: this step's noise, drawn before the device work
     home: int | None = None  # graph path: whose static tensors it reads (its lane's base + its rank by age)
+    originals: dict[Any, torch.Tensor | None] | None = None  # graph path: the request's own tensors its home copies
     step: int = 0
     running: torch.Tensor | None = None
     cached_negative: torch.Tensor | None = None
