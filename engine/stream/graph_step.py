@@ -7,6 +7,7 @@ captured graph, if any, the tick replays."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,6 +21,8 @@ from .batch import TickBatch
 from .lanes import MAX_DEPTH, MAX_LANES, Lane, Slot
 from .pinned import PinnedStaging
 from .tick_graph import StaticTensors, TickGraphs
+
+CLOCKS_KEPT = 64  # distinct sets of the slots' times kept on the device
 
 DeviceStep = Callable[
     [TickBatch, list[CrossGroup], torch.Tensor, torch.Tensor, dict[int, tuple[Any, Any]], torch.Tensor | None],
@@ -39,6 +42,9 @@ class GraphStep:
         self._kv_owner: dict[int, tuple[CrossKV, CrossKV]] = {}  # each group's (K/V its static tensors hold, them)
         self._times: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # `_time_views`, by row
         self._holds: dict[int, tuple[tuple, tuple]] = {}  # `_stale`'s record, by id of a static tensor
+        self._home_reads: dict[int, tuple[tuple, dict, dict]] = {}  # `_read_only`'s record, by home
+        self._row_views: dict[int, tuple[torch.Tensor, ...]] = {}  # `_rows_into`'s, by id of a static tensor
+        self._clocks: OrderedDict[tuple, torch.Tensor] = OrderedDict()  # `_clock_on_device`'s
 
     def run(
         self,
@@ -54,18 +60,19 @@ class GraphStep:
         `embeddings`: each batch row's (temb, modulation). Returns whether the tick was a replay (a steady tick,
         not a first run or a capture: a cost to learn from)."""
         static, active = self.static, batch.slots
-        self._home(active)
+        copies = self._home(active)
         hidden = embeddings[0][0].shape[-1]
         temb = static.get("temb", (len(batch.rows), hidden), dtype)
         modulation = static.get("modulation", (len(batch.rows), 6, hidden), dtype)
-        if self._stale(temb, *(e[0] for e in embeddings)):  # a steady ring's rows keep their t, tick after tick
-            torch.cat([e[0] for e in embeddings], out=temb)
-        if self._stale(modulation, *(e[1] for e in embeddings)):
-            torch.cat([e[1] for e in embeddings], out=modulation)
-        clock = [(slot.t, slot.t_next) for slot in active]
+        self._rows_into(temb, [e[0] for e in embeddings], copies)
+        self._rows_into(modulation, [e[1] for e in embeddings], copies)
+        if copies:  # what the homes and the rows' embeddings need this tick, in one launch
+            targets, sources = zip(*copies)
+            torch._foreach_copy_(list(targets), list(sources))
+        clock = tuple((slot.t, slot.t_next) for slot in active)
         times_device = static.get("times", ((MAX_LANES + 1) * MAX_DEPTH, 2), torch.float32)
         if self._stale(times_device, *clock):
-            self._staging.copy(torch.tensor(clock, dtype=torch.float32), times_device[: len(active)])
+            times_device[: len(active)].copy_(self._clock_on_device(clock))
         times = {id(slot): self._time_views(times_device, i) for i, slot in enumerate(active)}
         layout = batch.layout
         kvs = [self._static_kv(g, c, own) for g, (c, own) in enumerate(zip(layout.conditions, layout.kv_strengths))]
@@ -111,6 +118,27 @@ class GraphStep:
         self._holds[id(static)] = (key, sources)  # the sources kept alive, so no other tensor takes their ids
         return True
 
+    def _rows_into(
+        self, static: torch.Tensor, rows: list[torch.Tensor], copies: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        """Add the copies of `rows` (each [1, ...]) into the rows of `static`, unless it holds them already."""
+        if self._stale(static, *rows):
+            views = self._row_views.get(id(static))
+            if views is None:
+                views = self._row_views[id(static)] = static.split(1)
+            copies.extend(zip(views, rows))
+
+    def _clock_on_device(self, clock: tuple[tuple[float, float], ...]) -> torch.Tensor:
+        """The slots' (t, t_next) as a device tensor, kept by value: a steady ring's clocks repeat every few ticks,
+        and a copy from the device costs less host time than one from the host."""
+        tensor = self._clocks.get(clock)
+        if tensor is None:
+            tensor = self._clocks[clock] = self._staging.to_device(torch.tensor(clock, dtype=torch.float32))
+            if len(self._clocks) > CLOCKS_KEPT:
+                self._clocks.popitem(last=False)
+        self._clocks.move_to_end(clock)
+        return tensor
+
     def _time_views(self, times_device: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(t, t_next) of the static times' `row`, as [1, 1, 1] views made once per row (the times tensor is one
         static tensor for the pipeline's life)."""
@@ -119,11 +147,12 @@ class GraphStep:
             views = self._times[row] = (times_device[row, 0].view(1, 1, 1), times_device[row, 1].view(1, 1, 1))
         return views
 
-    def _home(self, slots: list[Slot]) -> None:
+    def _home(self, slots: list[Slot]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Give every slot in flight the home of its rank by age in its lane (`slots` come lane by lane, each
-        `Lane.by_age`): a new slot is placed there, one whose rank changed moves. Two copy launches whatever the
-        depth: the moving slots' state (x and guidance states) into a scratch copy by new home, then everything
-        into the homes, so no launch reads a home that it writes."""
+        `Lane.by_age`): a new slot is placed there, one whose rank changed moves. The moving slots' state (x and
+        guidance states) is copied into a scratch copy by new home here, in one launch; returns the copies that
+        fill the homes (from the scratch and the requests' tensors), for the caller's one launch: no launch reads
+        a home that it writes, whatever the depth."""
         target, ranks = {}, {}
         for slot in slots:
             rank = ranks[slot.lane.base] = ranks.get(slot.lane.base, -1) + 1
@@ -133,10 +162,10 @@ class GraphStep:
         for slot in slots:
             if slot.home != target[id(slot)]:
                 self._place(slot, target[id(slot)], staged, placed)
-        for copies in (staged, placed):
-            if copies:
-                targets, sources = zip(*copies)
-                torch._foreach_copy_(list(targets), list(sources))
+        if staged:
+            targets, sources = zip(*staged)
+            torch._foreach_copy_(list(targets), list(sources))
+        return placed
 
     def _place(
         self,
@@ -161,7 +190,6 @@ class GraphStep:
                 **{("curve", name): c for name, c in slot.curves.items()},
                 **{("extra", e): w for e, w in enumerate(slot.extra_weights)},
             }
-        originals = slot.originals
 
         def state(name: str, value: torch.Tensor | None) -> torch.Tensor | None:
             if value is None:
@@ -174,26 +202,43 @@ class GraphStep:
             placed.append((static, value))
             return static
 
-        def constant(name: str | tuple, shape: tuple[int, ...] | None = None) -> torch.Tensor | None:
-            value = originals[name]
-            if value is None:
-                return None
-            static = self.static.get((home, name), tuple(value.shape) if shape is None else shape, value.dtype)
-            if self._stale(static, value):
-                placed.append((static, value if shape is None or value.shape == shape else value.expand(shape)))
-            return static
-
         slot.x = state("x", slot.x)
         slot.running = state("running", slot.running)
         slot.cached_negative = state("cached_negative", slot.cached_negative)
-        slot.noise = constant("noise")
-        slot.context = constant("context")
-        slot.source = constant("source")
-        slot.x0_target = constant("x0_target")
-        slot.curves = {name: constant(("curve", name), frames_shape) for name in slot.curves}
-        slot.extra_weights = tuple(constant(("extra", e), frames_shape) for e in range(len(slot.extra_weights)))
+        reads = self._read_only(home, slot.originals, frames_shape, placed)
+        slot.noise, slot.context, slot.source, slot.x0_target = (
+            reads[n] for n in ("noise", "context", "source", "x0_target")
+        )
+        slot.curves = {name: reads[("curve", name)] for name in slot.curves}
+        slot.extra_weights = tuple(reads[("extra", e)] for e in range(len(slot.extra_weights)))
         slot.step_noise = self.static.get((home, "step_noise"), tuple(slot.x.shape), slot.x.dtype)
         slot.home = home
+
+    def _read_only(
+        self,
+        home: int,
+        originals: dict[Any, torch.Tensor | None],
+        frames_shape: tuple[int, ...],
+        placed: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> dict[Any, torch.Tensor | None]:
+        """`home`'s static tensors for a slot's read-only tensors (`Slot.originals`; curves at full length), adding
+        the copies of those it does not hold already to `placed`. A home that holds every one of them (a steady
+        ring's slot moving into the place of one with the same request tensors) is answered at once."""
+        signature = (tuple(originals), tuple(None if v is None else (id(v), v._version) for v in originals.values()))
+        held = self._home_reads.get(home)
+        if held is not None and held[0] == signature:
+            return held[1]
+        reads: dict[Any, torch.Tensor | None] = {}
+        for name, value in originals.items():
+            if value is None:
+                reads[name] = None
+                continue
+            shape = tuple(value.shape) if isinstance(name, str) else frames_shape
+            static = reads[name] = self.static.get((home, name), shape, value.dtype)
+            if self._stale(static, value):
+                placed.append((static, value if value.shape == shape else value.expand(shape)))
+        self._home_reads[home] = (signature, reads, originals)  # the originals kept alive: their ids stay theirs
+        return reads
 
     def shared_curve(self, lane: Lane, name: str, curve: torch.Tensor, frames: int) -> torch.Tensor:
         """A lane's shared curve copied into its static tensor (at full length), where a captured tick reads it."""
