@@ -495,12 +495,11 @@ class StreamPipeline:
         stats.finished += len(finished)
         stats.last_tick_ms = (time.perf_counter() - started) * 1000.0
         stats.steady = steady
-        if self.cycle_costs:
-            pass
-        elif steady and stats.gpu_events is None:
-            stats.cost_samples.append((len(batch.rows), stats.last_tick_ms))
-        elif steady and stats.pending_cost is None:
-            stats.pending_cost = (len(batch.rows), stats.gpu_events)
+        if steady and not self.cycle_costs:  # a cycle's driver reports its own costs (`record_cycle`)
+            if stats.gpu_events is None:
+                stats.cost_samples.append((len(batch.rows), stats.last_tick_ms))
+            elif stats.pending_cost is None:
+                stats.pending_cost = (len(batch.rows), stats.gpu_events)
         stats.history_ms.append(stats.last_tick_ms)
         del stats.history_ms[:-256]
 
