@@ -9,7 +9,9 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from flowjam.live.sync.band import Recorder
 
 RUN = r"""
 import dataclasses, json, sys
@@ -70,3 +72,38 @@ def test_an_ableton_link_session_gives_the_bar_lines_heard():
     report = bench("link", 16.0, private_network=True)
     assert_on_the_bar_lines(report, 5)
     assert report["clock_bpm"] == pytest.approx(120.0, abs=0.01)
+
+
+class _Port:
+    def __init__(self):
+        self.block = np.zeros(4, np.float32)
+
+    def get_array(self):
+        return self.block
+
+
+class _Client:
+    """What the recorder reads of a JACK client: its sample rate, block size, input ports and the cycle's frame."""
+
+    samplerate, blocksize, last_frame_time = 8, 4, 1000
+
+    def __init__(self):
+        self.port = _Port()
+        self.inports = self
+
+    def register(self, name):
+        return self.port
+
+
+def test_the_band_recorder_keeps_each_block_at_its_frame_across_a_missed_cycle():
+    """A cycle the recorder missed (an xrun) stays silent in its place: the blocks after it are not moved one block
+    early, which would put every later bar line one block early in the measured phase errors."""
+    client = _Client()
+    recorder = Recorder(client, seconds=2.0)
+    recorder.recording = True
+    for cycle in (0, 1, 3):  # cycle 2 never reaches the recorder
+        client.last_frame_time = 1000 + 4 * cycle
+        client.port.block = np.full(4, cycle + 1, np.float32)
+        recorder.process(4)
+    assert recorder.frame_at_start == 1000 and recorder.written == 16
+    assert recorder.audio[:16].tolist() == [1] * 4 + [2] * 4 + [0] * 4 + [4] * 4

@@ -29,7 +29,8 @@ class BandPlan:
 
 class Recorder:
     """A JACK client with one input, recording into a preallocated array; `frame_at_start` is the JACK frame of the
-    recording's first sample."""
+    recording's first sample. Each block is written where its JACK frame puts it, so a cycle the recorder missed (an
+    xrun) stays silence in its place instead of moving everything after it one block early."""
 
     def __init__(self, client, seconds: float):
         self.client = client
@@ -40,12 +41,16 @@ class Recorder:
         self.recording = False
 
     def process(self, frames: int) -> None:
-        if not self.recording or self.written + frames > self.audio.shape[0]:
+        if not self.recording:
             return
+        frame = self.client.last_frame_time
         if self.frame_at_start is None:
-            self.frame_at_start = self.client.last_frame_time
-        self.audio[self.written : self.written + frames] = self.port.get_array()
-        self.written += frames
+            self.frame_at_start = frame
+        at = frame - self.frame_at_start
+        if at + frames > self.audio.shape[0]:
+            return
+        self.audio[at : at + frames] = self.port.get_array()
+        self.written = at + frames
 
 
 class TimebaseMaster:
