@@ -144,9 +144,19 @@ class HeadShape(NamedTuple):
     grouped: bool  # heads != kv_heads, as a bool: torch.compile keeps bools constant where ints turn symbolic
 
 
-def decode_project(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: DecodeWeights, shape: HeadShape):
-    """First half of one layer's one-token step: x [B, 1, H] -> (q [B, heads, 1, D], k and v [B·kv_heads, D]
-    contiguous, ready for the cache write), with the q and k head norms in one pass and RoPE applied."""
+def decode_project(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    w: DecodeWeights,
+    shape: HeadShape,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """First half of one layer's one-token step: x [B, 1, H] -> q [B, heads, 1, D], with the q and k head norms in
+    one pass and RoPE applied; the new keys and values are written in place at each row's position of cache rows
+    0..B-1 (compiled, the write is part of the kernel that makes k, not a pass of its own)."""
     heads, kv_heads, head_dim, eps, _ = shape
     b = x.shape[0]
     qkv = F.linear(F.rms_norm(x, (x.shape[-1],), w.input_norm, eps), w.qkv).view(b, 1, -1, head_dim).transpose(1, 2)
@@ -154,7 +164,10 @@ def decode_project(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w: Dec
     norm_weights = torch.cat([w.q_norm.expand(heads, -1), w.k_norm.expand(kv_heads, -1)])
     qk = F.rms_norm(qk, (head_dim,), eps=eps) * norm_weights[:, None]
     q, k = apply_rope(qk, cos, sin).split([heads, kv_heads], dim=1)
-    return q, k.reshape(b * kv_heads, head_dim).contiguous(), v.reshape(b * kv_heads, head_dim).contiguous()
+    at = (torch.arange(b, device=x.device)[:, None], torch.arange(kv_heads, device=x.device), positions[:, None])
+    k_cache.index_put_(at, k[:, :, 0])  # [B, kv_heads, D] at (row, head, the row's position)
+    v_cache.index_put_(at, v[:, :, 0])
+    return q
 
 
 def decode_attend(
@@ -179,8 +192,8 @@ def decode_attend(
 
 
 class LayerStep(NamedTuple):
-    """How a decode step runs each layer: the two pure halves (eager, or compiled by torch.compile). The KV write
-    between them stays an in-place eager op, so a compiled half never copies the cache."""
+    """How a decode step runs each layer: its two halves (eager, or compiled by torch.compile), the first of which
+    writes the new keys and values into the caches in place."""
 
     project: Callable = decode_project
     attend: Callable = decode_attend
@@ -298,17 +311,9 @@ class Qwen3LM(nn.Module):
         mask = (torch.arange(keys_end, device=x.device)[None, :] <= positions[:, None])[:, None, None]  # [B,1,1,T]
         heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
         shape = HeadShape(heads, kv_heads, c.head_dim, c.rms_norm_eps, heads != kv_heads)
-        # Row r, kv head h, position p is row (r * kv_heads + h) * cache_len + p of a cache viewed as [-1, head_dim]:
-        # one index_copy_ per tensor writes every new key (or value).
-        heads_of_rows = torch.arange(b, device=x.device)[:, None] * c.num_key_value_heads + torch.arange(
-            c.num_key_value_heads, device=x.device
-        )
-        slots = (heads_of_rows * self.cache_len + positions[:, None]).reshape(-1)
         for layer, (k_cache, v_cache) in zip(self.model.layers, self.kv_cache):
             weights = layer.decode_weights()
-            q, k, v = step.project(x, cos, sin, weights, shape)
-            k_cache.view(-1, c.head_dim).index_copy_(0, slots, k)
-            v_cache.view(-1, c.head_dim).index_copy_(0, slots, v)
+            q = step.project(x, cos, sin, weights, shape, k_cache, v_cache, positions)
             x = step.attend(x, q, k_cache, v_cache, mask, keys_end, weights, shape)
         return self.model.norm(x)[:, 0]
 
