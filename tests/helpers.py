@@ -237,7 +237,6 @@ def check_fused_op_fakes(device: str) -> None:
                 flowjam.qkv_norm_rope,
                 (tensor(2, 128, 5).transpose(1, 2), *qkv, tensor(64), tensor(64), *tensor(2, 5, 64), 1e-6),
             ),
-            (flowjam.gated_residual, (x.contiguous(), tensor(2, 5, 128), tensor(2048, 128), gate)),
             (
                 flowjam.fp8_qkv_norm_rope,
                 (*fp8_rows, *fp8_qkv, *fp8_scales, tensor(64), tensor(64), *tensor(2, 8, 64), 1e-6),

@@ -107,26 +107,6 @@ def test_the_swiglu_gemm_compiles_in_every_tile_configuration():
         assert "cubin" in _compiled(gemm_epilogue._swiglu_gemm, args, constexprs, config.num_warps, config.num_stages)
 
 
-@pytest.mark.parametrize("gated", [True, False])
-def test_the_gated_residual_gemm_compiles_in_every_tile_configuration(gated):
-    from flowjam.engine.kernels import gemm_epilogue
-
-    for config in gemm_epilogue.SINGLE_CONFIGS:
-        tile = config.kwargs
-        block_m, block_n, block_k = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
-        args = dict(
-            a_desc=_descriptor(BF16, (6000, 6144), [block_m, block_k]),
-            w_desc=_descriptor(BF16, (2048, 6144), [block_n, block_k]),
-            out_desc=_descriptor(BF16, (6000, 2048), [block_m, block_n]),
-            residual_ptr=_tensor(BF16, 1), gate_ptr=_tensor(BF16, 1),
-            M=6000, N=2048, K=6144, m_band=8192, tokens=750, residual_stride=2048, gate_stride=2048,
-        )  # fmt: skip
-        constexprs = dict(GATE=gated, PROGRAMS=PROGRAMS, **tile)
-        assert "cubin" in _compiled(
-            gemm_epilogue._gated_residual_gemm, args, constexprs, config.num_warps, config.num_stages
-        )
-
-
 @pytest.mark.parametrize("head, heads, kv_heads", [(128, 16, 8), (16, 4, 2)])
 def test_the_qkv_gemm_compiles_in_every_tile_configuration(head, heads, kv_heads):
     from flowjam.engine.kernels import qkv_rope

@@ -1,52 +1,16 @@
-"""A DiT layer through the fused kernels (`FusedOps`, what compile-graph runs on GPUs that run them) and the choice
-it follows: per projection shape, whether the gated-residual GEMM beats cuBLAS on this GPU (timed once, before
-the layers are traced, so compiled code never re-decides); docs/benchmarks.md, "Fused
-kernels", has the measurements."""
+"""A DiT layer through the fused kernels (`FusedOps`, what compile-graph runs on GPUs that run them); docs/benchmarks.md,
+"Fused kernels", has the measurements."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..models.dit import DiTDecoder, LayerOps
+from ..models.dit import LayerOps
 from ..models.fp8 import Fp8Linear, Fp8Rows
 from ..models.layers import Attention, RMSNorm, SwiGLU
-from . import supports
-from .ops import forced, gated_residual, plain_linears, time_ms
+from .ops import plain_linears
 from .qkv_ops import split_heads
-
-TIMING_ROWS = 4096  # rows the GEMM kernels are timed at against cuBLAS (8 batch rows of 512 tokens)
-RESIDUAL_FUSED: dict[tuple, bool] = {}
-"""By (N, K, dtype, device): whether the gated-residual kernel beat cuBLAS's GEMM alone (`choose_residuals`)."""
-
-
-def choose_residuals(decoder: DiTDecoder) -> dict[tuple, bool]:
-    """Time the gated-residual kernel against cuBLAS's bare GEMM at each of the decoder's projection shapes (o_proj,
-    down_proj), once per shape and device: where the kernel is not faster, `FusedOps` runs cuBLAS's GEMM and leaves
-    the gate and residual to the pass after it (o_proj's to the norm pass, down_proj's to Inductor's next kernel).
-    Decided before the layers are traced, so compiled code never re-decides. Returns the decisions for this
-    decoder's shapes."""
-    layer = decoder.layers[0]
-    weights = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
-    for weight in weights:
-        key = _weight_key(weight)
-        if key not in RESIDUAL_FUSED:
-            RESIDUAL_FUSED[key] = _residual_kernel_wins(weight)
-    return {_weight_key(weight): RESIDUAL_FUSED[_weight_key(weight)] for weight in weights}
-
-
-def _residual_kernel_wins(weight: torch.Tensor) -> bool:
-    n, k = weight.shape
-    if weight.dtype not in (torch.bfloat16, torch.float16) or not supports(TIMING_ROWS, n, k):
-        return False
-    batch, like = 8, dict(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        inputs = torch.randn(batch, TIMING_ROWS // batch, k, **like)
-        x = torch.randn(batch, TIMING_ROWS // batch, n, **like)
-        gate = torch.randn(batch, 1, n, **like)
-        fused_ms = time_ms(lambda: gated_residual(x, inputs, weight, gate))
-        bare_ms = time_ms(lambda: inputs @ weight.t())
-    return fused_ms < bare_ms
 
 
 def _qkv_taken(attn: Attention) -> bool:
@@ -55,35 +19,17 @@ def _qkv_taken(attn: Attention) -> bool:
     return plain_linears(attn.q_proj, attn.k_proj, attn.v_proj)
 
 
-def _weight_key(weight: torch.Tensor) -> tuple:
-    return (*weight.shape, weight.dtype, weight.device)
-
-
-def _residual_kernel_taken(linear: nn.Module) -> bool:
-    """Whether this projection runs as the gated-residual GEMM (forced, or chosen by `choose_residuals`)."""
-    return plain_linears(linear) and _chosen(RESIDUAL_FUSED, _weight_key(linear.weight))
-
-
-def _chosen(decisions: dict[tuple, bool], key: tuple) -> bool:
-    """The path `forced_path` forces, else what was measured for `key` (unmeasured: not fused)."""
-    choice = forced()
-    return bool(decisions.get(key)) if choice is None else choice
-
-
 class FusedOps(LayerOps):
     """A DiT layer through the fused ops: the SwiGLU and the self-attention's q/k/v with their norms and RoPE always
-    (each op measures its two paths per row band; FP8 q/k/v as one scaled GEMM and the norm + RoPE pass), a gated
-    residual where `choose_residuals` found the kernel faster, every norm and modulation in one pass with the
-    residual before it, and every FP8 projection's input quantised by the pass that makes it. LoRA-wrapped
-    linears run as LayerOps' (the norm pass after them still runs)."""
+    (each op measures its two paths per row band; FP8 q/k/v as one scaled GEMM and the norm + RoPE pass), every
+    norm and modulation in one pass with the gated residual before it, and every FP8 projection's input quantised
+    by the pass that makes it. LoRA-wrapped linears run as LayerOps' (the norm pass after them still runs)."""
 
     @staticmethod
     def residual(
         x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor | Fp8Rows, gate: torch.Tensor | None
     ) -> torch.Tensor:
-        if not _residual_kernel_taken(linear):
-            return LayerOps.residual(x, linear, _input_for(linear, inputs), gate)
-        return torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
+        return LayerOps.residual(x, linear, _input_for(linear, inputs), gate)
 
     @staticmethod
     def self_attention(
@@ -138,11 +84,7 @@ class FusedOps(LayerOps):
         into: tuple[nn.Module, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
         """The projection alone (cuBLAS, or FP8 / LoRA-wrapped as it comes), then the gate, residual, norm and
-        modulation in one pass (quantising where every projection `into` is FP8); with the gated-residual GEMM
-        where that was chosen."""
-        if _residual_kernel_taken(linear):
-            x = torch.ops.flowjam.gated_residual(x, inputs, linear.weight, gate)
-            return x, self.modulated_norm(norm, x, scale, shift, into)
+        modulation in one pass (quantising where every projection `into` is FP8)."""
         delta = linear(_input_for(linear, inputs))
         if _reads_fp8_rows(into):
             x, values, row_scale = torch.ops.flowjam.add_norm_quantize(

@@ -3,9 +3,9 @@ grid of one program per multiprocessor walking the output tiles).
 
 `swiglu`: silu(x @ Wg^T) * (x @ Wu^T) from gate and up weights stored as one [2, N, K] tensor (`ops.pair_mlp`): one
 TMA box brings a tile's gate and up rows together, one 2 x BLOCK_N-wide product makes both, and the SiLU-mul is
-applied to the fp32 accumulator, so the [M, 2N] activations never reach memory.
-`gated_residual`: residual + (a @ W^T) * gate[row], where `gate` holds one vector per batch row (AdaLN's gate,
-broadcast over that row's tokens): the projection's output is never written on its own.
+applied to the fp32 accumulator, so the [M, 2N] activations never reach memory. (A GEMM with the AdaLN gate and
+the residual in its epilogue, for o_proj and down_proj, lost to cuBLAS's GEMM + the norm pass on the H100 and the
+H200 at every shape and cost first-use warm-up time: measured and removed, docs/benchmarks.md.)
 
 Row edges (M not a multiple of the tile) are handled by the TMA engine (loads past the end read zeros, stores past
 it are dropped); N and K must be multiples of 64 (`engine.kernels.supports`). This module imports Triton, so it is
@@ -37,29 +37,18 @@ def _swiglu_blocks(nargs: dict) -> None:
     nargs["out_desc"].block_shape = [block_m, block_n]
 
 
-def _single_blocks(nargs: dict) -> None:
-    block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
-    nargs["a_desc"].block_shape = [block_m, block_k]
-    nargs["w_desc"].block_shape = [block_n, block_k]
-    nargs["out_desc"].block_shape = [block_m, block_n]
-
-
-def _config(hook, block_m: int, block_n: int, stages: int, warps: int) -> triton.Config:
+def _config(block_m: int, block_n: int, stages: int, warps: int) -> triton.Config:
     return triton.Config(
         {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8},
         num_stages=stages,
         num_warps=warps,
-        pre_hook=hook,
+        pre_hook=_swiglu_blocks,
     )
 
 
 # Measured on an H200 at the turbo-2b shapes (docs/benchmarks.md, "Fused kernels"): the paired 128 x (2 x 128) tile
-# on 8 warps leads from 1,500 rows up; the single GEMM's 128 x 256 and 256 x 128 tiles lead at 6,000.
-SWIGLU_CONFIGS = [_config(_swiglu_blocks, *shape) for shape in ((128, 128, 3, 8), (128, 128, 4, 8), (128, 64, 4, 4))]
-SINGLE_CONFIGS = [
-    _config(_single_blocks, *shape)
-    for shape in ((128, 256, 3, 8), (256, 128, 3, 8), (128, 128, 4, 8), (128, 64, 4, 4), (64, 128, 4, 4))
-]
+# on 8 warps leads from 1,500 rows up.
+SWIGLU_CONFIGS = [_config(*shape) for shape in ((128, 128, 3, 8), (128, 128, 4, 8), (128, 64, 4, 4))]
 
 
 @triton.jit
@@ -103,47 +92,6 @@ def _swiglu_gemm(
         out_desc.store([off_m, off_n], (gate * tl.sigmoid(gate) * up).to(out_desc.dtype))
 
 
-@autotuned(SINGLE_CONFIGS, ["m_band", "N", "K", "GATE"])
-@triton.jit
-def _gated_residual_gemm(
-    a_desc,
-    w_desc,
-    out_desc,
-    residual_ptr,
-    gate_ptr,
-    M,
-    N,
-    K,
-    m_band,
-    tokens,
-    residual_stride,
-    gate_stride,
-    GATE: tl.constexpr,
-    PROGRAMS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
-        pid_m, pid_n = _tile_at(tile, tiles_m, tiles_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            acc = tl.dot(a_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc)
-        rows = off_m + tl.arange(0, BLOCK_M)
-        cols = off_n + tl.arange(0, BLOCK_N)
-        inside = (rows < M)[:, None] & (cols < N)[None, :]
-        if GATE:
-            gate_at = gate_ptr + (rows // tokens)[:, None] * gate_stride + cols[None, :]
-            acc = acc * tl.load(gate_at, mask=inside, other=0.0).to(tl.float32)
-        residual = tl.load(residual_ptr + rows[:, None] * residual_stride + cols[None, :], mask=inside, other=0.0)
-        out_desc.store([off_m, off_n], (acc + residual.to(tl.float32)).to(out_desc.dtype))
-
-
 def _descriptor(t: torch.Tensor) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, [1] * t.dim())  # block shape set per config by the pre-hook
 
@@ -161,24 +109,6 @@ def swiglu(x: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
     programs = _multiprocessors(x.get_device())
     grid = _persistent_grid(m, n, programs)
     _swiglu_gemm[grid](_descriptor(x), _descriptor(pair), _descriptor(out), m, n, k, row_band(m), PROGRAMS=programs)
-    return out
-
-
-def gated_residual(
-    a: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor | None, tokens: int
-) -> torch.Tensor:
-    """residual + (a @ weight^T) * gate[row // tokens] for a [M, K], weight [N, K], residual [M, N] and gate
-    [M / tokens, N] (or None: no gate) -> a new [M, N]."""
-    m, k = a.shape
-    n = weight.shape[0]
-    a, residual = a.contiguous(), residual.contiguous()
-    out = torch.empty((m, n), device=a.device, dtype=a.dtype)
-    programs = _multiprocessors(a.get_device())
-    _gated_residual_gemm[_persistent_grid(m, n, programs)](
-        _descriptor(a), _descriptor(weight), _descriptor(out), residual, residual if gate is None else gate,
-        m, n, k, row_band(m), tokens, residual.stride(0), 0 if gate is None else gate.stride(0),
-        GATE=gate is not None, PROGRAMS=programs,
-    )  # fmt: skip
     return out
 
 

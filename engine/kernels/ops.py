@@ -170,29 +170,6 @@ def _(h: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor
     return h.new_empty(*h.shape[:-1], w_gate.shape[0])
 
 
-@torch.library.custom_op("flowjam::gated_residual", mutates_args=())
-def gated_residual(
-    x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None
-) -> torch.Tensor:
-    """x + (inputs @ weight^T) * gate for x [B, S, N], inputs [B, S, K], weight [N, K] and gate [B or 1, 1, N]
-    (None: no gate) -> a new [B, S, N], in one kernel where it runs."""
-    batch, tokens, n = x.shape
-    rows = inputs.reshape(-1, inputs.shape[-1])
-    m, k = rows.shape
-    if not fused_kernels_available(x.device) or not supports(m, n, k):
-        return gated_add(x, F.linear(inputs, weight), gate).contiguous()
-    from . import gemm_epilogue
-
-    gate_rows = None if gate is None else gate.reshape(gate.shape[0], n)
-    per_gate = tokens if gate is None or gate.shape[0] == batch else m
-    return gemm_epilogue.gated_residual(rows, weight, x.reshape(m, n), gate_rows, per_gate).view(batch, tokens, n)
-
-
-@gated_residual.register_fake
-def _(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(x.shape)
-
-
 def _vectors(x: torch.Tensor, *vectors: torch.Tensor | None) -> list[torch.Tensor | None]:
     """Per-batch-row vectors [B or 1, 1, N] as [B or 1, N] with unit column stride (views where they can be), what
     the norm kernel reads."""

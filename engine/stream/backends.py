@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from ..kernels import fused_kernels_available
-from ..kernels.fused_ops import FUSED_OPS, choose_residuals
+from ..kernels.fused_ops import FUSED_OPS
 from ..kernels.ops import pair_mlp_weights, stack_qkv_weights
 from ..models.dit import DiTDecoder, DiTLayer, LayerStages
 from ..params import BACKENDS
@@ -77,7 +77,6 @@ def decoder_forward(decoder: DiTDecoder, backend: str = "eager") -> Callable:
         if fused:
             pair_mlp_weights(decoder)
             stack_qkv_weights(decoder)
-            choose_residuals(decoder)
         return functools.partial(decoder.forward_rows, stages=compiled_stages(fused))
     raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 

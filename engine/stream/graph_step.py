@@ -254,15 +254,7 @@ class GraphStep:
                 self._step_facts(slot, state),
                 slot.t > 0,
                 slot.t_next > 0,
-                slot.request.solver,
-                slot.request.cfg_mode,
-                slot.request.guidance_method,
-                slot.request.dcw,
-                slot.request.x0_target_gate,
-                slot.source is not None,
-                slot.x0_target is not None,
-                tuple(sorted(slot.curves)),
-                tuple(weight is not None for weight in slot.extra_weights),
+                self._options(slot),
                 slot.running is not None,
                 slot.cached_negative is not None,
             )
@@ -279,6 +271,25 @@ class GraphStep:
         structure = self.decoder.structure_version  # LoRAs attached or detached: the layers themselves changed
         shapes = (frames, row_kinds, layout.order, layout.counts, kv_lengths, structure, per_row_loras)
         return shapes, slots, shared
+
+    @staticmethod
+    def _options(slot: Slot) -> tuple:
+        """What in a slot's device work its request fixes for the slot's life (solver, guidance, which optional
+        tensors and curves it has), made once per slot."""
+        if slot.plan_options is None:
+            request = slot.request
+            slot.plan_options = (
+                request.solver,
+                request.cfg_mode,
+                request.guidance_method,
+                request.dcw,
+                request.x0_target_gate,
+                slot.source is not None,
+                slot.x0_target is not None,
+                tuple(sorted(slot.curves)),
+                tuple(weight is not None for weight in slot.extra_weights),
+            )
+        return slot.plan_options
 
     @staticmethod
     def _step_facts(slot: Slot, state: SlotState) -> tuple:

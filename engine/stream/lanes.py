@@ -35,6 +35,7 @@ class Slot(Prepared, SchedulePlace):
     step_noise: torch.Tensor | None = None  # graph path: this step's noise, drawn before the device work
     home: int | None = None  # graph path: whose static tensors it reads (its lane's base + its rank by age)
     originals: dict[Any, torch.Tensor | None] | None = None  # graph path: the request's own tensors its home copies
+    plan_options: tuple | None = None  # graph path: what its request fixes in a tick plan (`GraphStep._options`)
     step: int = 0
     running: torch.Tensor | None = None
     cached_negative: torch.Tensor | None = None
