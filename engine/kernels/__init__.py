@@ -1,5 +1,5 @@
-"""Fused GPU kernels for the DiT layer (Triton, Hopper): GEMMs with the SwiGLU, AdaLN gate and residual in their
-epilogues (gemm_epilogue.py); the q/k/v projections as one GEMM with the heads' RMSNorm and RoPE in its epilogue,
+"""Fused GPU kernels for the DiT layer (Triton, Hopper): the gate|up GEMM with the SwiGLU in its epilogue
+(gemm_epilogue.py); the q/k/v projections as one GEMM with the heads' RMSNorm and RoPE in its epilogue,
 or those as a pass after cuBLAS's GEMM (qkv_rope.py); the residual add, RMSNorm and AdaLN modulation in one pass,
 writing FP8 projections' inputs quantised (norm_modulate.py), and the other FP8 inputs quantised in one pass
 (quantize.py); their tile shapes tuned once per GPU (tuning.py).
