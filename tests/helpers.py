@@ -2,6 +2,7 @@
 records what is played, and the ComfyUI nodes driven without ComfyUI (text conditioning, a live stream)."""
 
 import contextlib
+import random
 import socket
 import time
 
@@ -23,18 +24,31 @@ def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.01):
     return value
 
 
+QUIET_PORTS = range(20000, 32000)
+"""Ports a test hands to a server it starts: below Linux's ephemeral range (32768-60999), where every outgoing
+socket on the machine (this test's own OSC client included) is given a port, so none can take it before the
+server binds it."""
+
+
+def _free_port(kind: socket.SocketKind) -> int:
+    for port in random.sample(QUIET_PORTS, 200):
+        with socket.socket(socket.AF_INET, kind) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {QUIET_PORTS}")
+
+
 def free_udp_port() -> int:
     """A UDP port on 127.0.0.1 that nothing is bound to now (OSC servers, feedback listeners)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return _free_port(socket.SOCK_DGRAM)
 
 
 def free_tcp_port() -> int:
     """A TCP port on 127.0.0.1 that nothing is bound to now (HTTP servers started in another process)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return _free_port(socket.SOCK_STREAM)
 
 
 # ---- JACK -----------------------------------------------------------------------------------------------------------
