@@ -152,11 +152,12 @@ def decode_project(
     shape: HeadShape,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    positions: torch.Tensor,
+    at: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
     """First half of one layer's one-token step: x [B, 1, H] -> q [B, heads, 1, D], with the q and k head norms in
-    one pass and RoPE applied; the new keys and values are written in place at each row's position of cache rows
-    0..B-1 (compiled, the write is part of the kernel that makes k, not a pass of its own)."""
+    one pass and RoPE applied; the new keys and values are written in place into the caches at `at` (`cache_slots`:
+    each row's position in cache rows 0..B-1; compiled, the write is part of the kernel that makes k, not a pass of
+    its own)."""
     heads, kv_heads, head_dim, eps, _ = shape
     b = x.shape[0]
     qkv = F.linear(F.rms_norm(x, (x.shape[-1],), w.input_norm, eps), w.qkv).view(b, 1, -1, head_dim).transpose(1, 2)
@@ -164,10 +165,16 @@ def decode_project(
     norm_weights = torch.cat([w.q_norm.expand(heads, -1), w.k_norm.expand(kv_heads, -1)])
     qk = F.rms_norm(qk, (head_dim,), eps=eps) * norm_weights[:, None]
     q, k = apply_rope(qk, cos, sin).split([heads, kv_heads], dim=1)
-    at = (torch.arange(b, device=x.device)[:, None], torch.arange(kv_heads, device=x.device), positions[:, None])
     k_cache.index_put_(at, k[:, :, 0])  # [B, kv_heads, D] at (row, head, the row's position)
     v_cache.index_put_(at, v[:, :, 0])
     return q
+
+
+def cache_slots(positions: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where a decode step writes its keys and values: (rows [B, 1], kv heads [kv_heads], positions [B, 1]), which
+    index a [B, kv_heads, T, D] cache at every row's kv heads at that row's position; made once per step."""
+    rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
+    return rows, torch.arange(kv_heads, device=positions.device), positions[:, None]
 
 
 def decode_attend(
@@ -311,9 +318,10 @@ class Qwen3LM(nn.Module):
         mask = (torch.arange(keys_end, device=x.device)[None, :] <= positions[:, None])[:, None, None]  # [B,1,1,T]
         heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
         shape = HeadShape(heads, kv_heads, c.head_dim, c.rms_norm_eps, heads != kv_heads)
+        at = cache_slots(positions, kv_heads)
         for layer, (k_cache, v_cache) in zip(self.model.layers, self.kv_cache):
             weights = layer.decode_weights()
-            q = step.project(x, cos, sin, weights, shape, k_cache, v_cache, positions)
+            q = step.project(x, cos, sin, weights, shape, k_cache, v_cache, at)
             x = step.attend(x, q, k_cache, v_cache, mask, keys_end, weights, shape)
         return self.model.norm(x)[:, 0]
 
