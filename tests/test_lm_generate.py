@@ -231,6 +231,19 @@ def test_compiled_layer_step_compiles_once_per_shape_and_gives_the_eager_codes(m
     assert [c.tolist() for c in got] == [c.tolist() for c in expected]
 
 
+def test_compiled_step_reads_a_growing_key_range_without_compiling_again(models):
+    """The keys read grow by KEY_BLOCK as the codes come (here 128 -> 256 after a few codes): the compiled step
+    takes the new range as it is (on CUDA a recompile there would cost seconds mid-generation) and still gives
+    the eager codes."""
+    ours, _ = models
+    crossing = [CodeRequest(ids(100, 124), num_codes=10, seed=3, uncond_ids=ids(100, 60))]
+    expected = CodeGenerator(ours, SAMPLED).generate(crossing)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = CodeGenerator(ours, SAMPLED, compile_layers=True).generate(crossing)
+    assert [c.tolist() for c in got] == [c.tolist() for c in expected]
+
+
 def test_one_compiled_step_serves_lms_of_different_head_counts():
     """A process that loads a second LM size reuses the compiled step, its head counts then symbolic: GQA must
     stay a constant (SDPA takes no symbolic bool), and each model's step must equal its eager one."""

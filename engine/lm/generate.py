@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from ..models.lm import AUDIO_CODE_BASE, EAGER_STEP, Qwen3LM, compiled_layer_step
 from .sampling import SamplingParams, cfg_logits, sample
@@ -74,6 +75,7 @@ class CodeGenerator:
         through torch.compile (fused norm/RoPE/elementwise kernels; the first steps of a new shape compile)."""
         self.lm = lm
         self._layer_step = compiled_layer_step() if compile_layers else EAGER_STEP
+        self._advance = torch.compile(advance, fullgraph=True) if compile_layers else advance
         self.sampling = sampling or SamplingParams()
         self.sampling.validate()
         device = lm.model.embed_tokens.weight.device
@@ -135,7 +137,10 @@ class CodeGenerator:
         n, lm, device = len(requests), self.lm, self.device
         row_prompts = [r.prompt_ids for r in requests] + ([r.uncond_ids for r in requests] if self.guided else [])
         max_codes = max(r.num_codes for r in requests)
-        self._allocate(len(row_prompts), max(len(p) for p in row_prompts) + max_codes, n, max_codes)
+        positions_needed = max(len(p) for p in row_prompts) + max_codes
+        # The keys a step reads (KEY_BLOCK buckets) stop short of the cache's end, so a compiled step never sees
+        # them become the whole (contiguous) cache: one compiled step for every key range.
+        self._allocate(len(row_prompts), -(-positions_needed // KEY_BLOCK) * KEY_BLOCK + 1, n, max_codes)
         last_hidden = torch.empty(
             len(row_prompts), lm.config.hidden_size, dtype=lm.model.embed_tokens.weight.dtype, device=device
         )
@@ -153,7 +158,7 @@ class CodeGenerator:
         state.prompt_lengths = {
             i: max(len(row_prompts[i]), len(row_prompts[i + n]) if self.guided else 0) for i in range(n)
         }
-        self._sample_and_advance(lm.code_logits(last_hidden), n)
+        self._sample_and_advance(last_hidden, n)
 
     def _allocate(self, rows: int, cache_len: int, n: int, max_codes: int) -> None:
         """KV cache and state buffers, reused while the shapes stay the same (so captured graphs stay valid)."""
@@ -193,22 +198,16 @@ class CodeGenerator:
         """Feed each active row its previous code, then sample and record the next one (all in place)."""
         state, rows = self.state, self._rows(n)
         hidden = self.lm.decode_hidden(state.tokens[:rows], state.positions[:rows], keys_end, self._layer_step)
-        state.positions[:rows] += 1
-        self._sample_and_advance(self.lm.code_logits(hidden), n)
+        self._sample_and_advance(hidden, n, state.positions[:rows])
 
-    def _sample_and_advance(self, logits: torch.Tensor, n: int) -> None:
-        """logits [rows, 64000] -> code per active sequence, written to `codes` and fed back as next tokens."""
+    def _sample_and_advance(self, hidden: torch.Tensor, n: int, positions: torch.Tensor | None = None) -> None:
+        """hidden [rows, H] -> a code per active sequence, written to `codes` and fed back as next tokens (and the
+        fed rows' `positions`, when given, moved on by one). After the prefill (no positions) it runs eagerly: once
+        a call, and the compiled step keeps one signature."""
         state = self.state
-        if self.guided:
-            logits = cfg_logits(logits[:n], logits[n : 2 * n], self.sampling.cfg)
-        steps = state.step.expand(n)
-        code = sample(logits, self.sampling, state.seeds[:n], steps)
-        state.codes.index_put_((state.owners[:n], steps), code)
-        token = code + AUDIO_CODE_BASE
-        state.tokens[:n] = token
-        if self.guided:
-            state.tokens[n : 2 * n] = token
-        state.step += 1
+        run = advance if positions is None else self._advance
+        in_place = (state.seeds, state.owners, state.step, state.codes, state.tokens, positions)
+        run(hidden, self.lm.code_head(), self.sampling, n, *in_place)
 
     def _run_step(self, n: int, keys_end: int) -> None:
         if not self.cuda_graphs:
@@ -247,6 +246,37 @@ class CodeGenerator:
         state.seeds[: len(active)] = state.seeds[slots]
         state.owners[: len(active)] = state.owners[slots]
         state.active = active
+
+
+def advance(
+    hidden: torch.Tensor,
+    head: torch.Tensor,
+    sampling: SamplingParams,
+    n: int,
+    seeds: torch.Tensor,
+    owners: torch.Tensor,
+    step: torch.Tensor,
+    codes: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor | None,
+) -> None:
+    """One code step's end, in place on `DecodeState`'s tensors: the code logits of hidden [rows, H] (rows n..2n-1
+    unconditional with CFG), a code per active sequence sampled at (its seed, `step`), written at `codes[owner,
+    step]` and fed back as the next tokens; `step` and the fed `positions` move on by one. One compiled region on
+    CUDA (a few kernels, not dozens)."""
+    logits = F.linear(hidden, head)
+    if sampling.guided:
+        logits = cfg_logits(logits[:n], logits[n : 2 * n], sampling.cfg)
+    steps = step.expand(n)
+    code = sample(logits, sampling, seeds[:n], steps)
+    codes.index_put_((owners[:n], steps), code)
+    token = code + AUDIO_CODE_BASE
+    tokens[:n] = token
+    if sampling.guided:
+        tokens[n : 2 * n] = token
+    step += 1
+    if positions is not None:
+        positions += 1
 
 
 def _rows_by_prompt(row_prompts: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], list[int]]:

@@ -92,5 +92,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, st
         kept = torch.minimum(kept, ((cdf - probs) < params.top_p).sum(dim=-1, keepdim=True))
     kept = kept.clamp(min=1)
     target = uniforms(seeds, steps)[:, None] * cdf.gather(-1, kept - 1)
-    index = torch.searchsorted(cdf, target, right=True).clamp(max=kept - 1)
+    # How many CDF entries are <= target: searchsorted(right=True) as a reduction, which a compiled step fuses
+    # (Inductor cannot lower searchsorted on this CDF on CUDA).
+    index = (cdf <= target).sum(dim=-1, keepdim=True).clamp(max=kept - 1)
     return order.gather(-1, index)[:, 0]

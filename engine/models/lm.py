@@ -183,13 +183,13 @@ def decode_attend(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     mask: torch.Tensor,
-    keys_end: int,
     w: DecodeWeights,
     shape: HeadShape,
 ) -> torch.Tensor:
-    """Second half: attention over cache rows 0..B-1 (keys 0..keys_end-1, masked), output projection and MLP."""
+    """Second half: attention over cache rows 0..B-1 (keys 0..keys_end-1, `mask` [B, 1, 1, keys_end] additive, as
+    `decode_inputs` makes it), output projection and MLP."""
     heads, _, head_dim, eps, grouped = shape
-    b = x.shape[0]
+    b, keys_end = x.shape[0], mask.shape[-1]
     attended = F.scaled_dot_product_attention(
         q, k_cache[:b, :, :keys_end], v_cache[:b, :, :keys_end], attn_mask=mask, enable_gqa=grouped
     )
@@ -198,20 +198,79 @@ def decode_attend(
     return x + F.linear(F.silu(gate) * up, w.down)
 
 
-class LayerStep(NamedTuple):
-    """How a decode step runs each layer: its two halves (eager, or compiled by torch.compile), the first of which
-    writes the new keys and values into the caches in place."""
+def decode_attend_project(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    mask: torch.Tensor,
+    layer: tuple[DecodeWeights, torch.Tensor, torch.Tensor],
+    following: tuple[DecodeWeights, torch.Tensor, torch.Tensor],
+    shape: HeadShape,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    at: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's second half and the following layer's first half, `layer` and `following` each (weights, key
+    cache, value cache): compiled as one, the residual add ending a layer and the norm starting the next are one
+    kernel. -> (x, the following layer's q)."""
+    weights, k_cache, v_cache = layer
+    x = decode_attend(x, q, k_cache, v_cache, mask, weights, shape)
+    weights, k_cache, v_cache = following
+    return x, decode_project(x, cos, sin, weights, shape, k_cache, v_cache, at)
 
+
+def decode_attend_last(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    mask: torch.Tensor,
+    layer: tuple[DecodeWeights, torch.Tensor, torch.Tensor],
+    shape: HeadShape,
+    final_norm: torch.Tensor,
+) -> torch.Tensor:
+    """The last layer's second half and the final norm: -> hidden [B, H]."""
+    weights, k_cache, v_cache = layer
+    x = decode_attend(x, q, k_cache, v_cache, mask, weights, shape)
+    return F.rms_norm(x, (x.shape[-1],), final_norm, shape.eps)[:, 0]
+
+
+class DecodeInputs(NamedTuple):
+    x: torch.Tensor  # [B, 1, H] the fed tokens' embeddings
+    cos: torch.Tensor  # [B, 1, 1, D] RoPE tables at each row's position
+    sin: torch.Tensor
+    mask: torch.Tensor  # [B, 1, 1, keys_end] additive: 0 where a row sees the key, -inf beyond its position
+    at: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # `cache_slots`
+
+
+def decode_inputs(
+    tokens: torch.Tensor, positions: torch.Tensor, embedding: torch.Tensor, keys: torch.Tensor, config: Qwen3Config
+) -> DecodeInputs:
+    """What every layer of a one-token step reads, made once per step from the fed tokens, their positions and
+    the key positions read (`keys` = 0..keys_end-1)."""
+    x = F.embedding(tokens, embedding)[:, None]
+    cos, sin = rope_cos_sin(positions, config.head_dim, config.rope_theta, x.dtype)
+    seen = keys[None, :] <= positions[:, None]
+    mask = torch.zeros(seen.shape, dtype=x.dtype, device=x.device).masked_fill(~seen, float("-inf"))
+    at = cache_slots(positions, config.num_key_value_heads)
+    return DecodeInputs(x, cos[:, None, None], sin[:, None, None], mask[:, None, None], at)
+
+
+class LayerStep(NamedTuple):
+    """How a decode step runs: its inputs, the first layer's first half, each later layer's first half together
+    with the layer before's second half, and the last layer's second half; eager, or compiled by torch.compile.
+    Each first half writes its layer's new keys and values into the caches in place."""
+
+    inputs: Callable = decode_inputs
     project: Callable = decode_project
-    attend: Callable = decode_attend
+    attend_project: Callable = decode_attend_project
+    attend_last: Callable = decode_attend_last
 
 
 EAGER_STEP = LayerStep()
 
 
 def compiled_layer_step() -> LayerStep:
-    """torch.compile'd halves: norms, RoPE and elementwise ops fuse into a few kernels, shared by every layer."""
-    return LayerStep(torch.compile(decode_project, fullgraph=True), torch.compile(decode_attend, fullgraph=True))
+    """torch.compile'd parts: norms, RoPE and elementwise ops fuse into a few kernels, the middle part shared by
+    every layer."""
+    return LayerStep(*(torch.compile(part, fullgraph=True) for part in EAGER_STEP))
 
 
 class Body(nn.Module):
@@ -230,6 +289,7 @@ class Qwen3LM(nn.Module):
         self.config = config
         self.model = Body(config)
         self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._key_positions = torch.arange(0)
 
     # ---- cache -------------------------------------------------------------------------------------------------
 
@@ -246,6 +306,16 @@ class Qwen3LM(nn.Module):
             for _ in range(c.num_hidden_layers)
         ]
 
+    def key_positions(self, keys_end: int) -> torch.Tensor:
+        """0..keys_end-1 on the weights' device: a view of one tensor made once, not a tensor made every step; marked
+        dynamic in length, so a compiled step takes every keys_end without compiling again."""
+        device = self.model.embed_tokens.weight.device
+        if self._key_positions.shape[0] < keys_end or self._key_positions.device != device:
+            self._key_positions = torch.arange(max(keys_end, self.cache_len), device=device)
+        keys = self._key_positions[:keys_end]
+        torch._dynamo.maybe_mark_dynamic(keys, 0)
+        return keys
+
     @property
     def cache_len(self) -> int:
         return self.kv_cache[0][0].shape[2] if self.kv_cache else 0
@@ -256,11 +326,15 @@ class Qwen3LM(nn.Module):
         """Full-vocabulary logits through the tied embedding: [..., H] -> [..., V]."""
         return F.linear(hidden, self.model.embed_tokens.weight)
 
+    def code_head(self) -> torch.Tensor:
+        """The tied embedding's rows of the 64,000 valid codes [64,000, H]: a view (they are contiguous)."""
+        return self.model.embed_tokens.weight[AUDIO_CODE_BASE : AUDIO_CODE_BASE + NUM_CODES]
+
     def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of the 64,000 valid code tokens only: [..., H] -> [..., 64,000] (index k = code k).
 
         The code rows of the tied embedding are contiguous, so this head is a view: nothing is copied per call."""
-        return F.linear(hidden, self.model.embed_tokens.weight[AUDIO_CODE_BASE : AUDIO_CODE_BASE + NUM_CODES])
+        return F.linear(hidden, self.code_head())
 
     # ---- passes ------------------------------------------------------------------------------------------------
 
@@ -309,21 +383,19 @@ class Qwen3LM(nn.Module):
         the whole cache) bounds the keys read; every position must be below it. Same math as `forward`, with
         fused q/k/v and gate/up GEMMs."""
         c = self.config
-        b = tokens.shape[0]
-        positions = torch.as_tensor(positions, device=tokens.device).expand(b)
-        x = self.model.embed_tokens(tokens)[:, None]  # [B, 1, H]
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
-        cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, D] broadcasts over heads
+        positions = torch.as_tensor(positions, device=tokens.device).expand(tokens.shape[0])
         keys_end = self.cache_len if keys_end is None else keys_end
-        mask = (torch.arange(keys_end, device=x.device)[None, :] <= positions[:, None])[:, None, None]  # [B,1,1,T]
         heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
         shape = HeadShape(heads, kv_heads, c.head_dim, c.rms_norm_eps, heads != kv_heads)
-        at = cache_slots(positions, kv_heads)
-        for layer, (k_cache, v_cache) in zip(self.model.layers, self.kv_cache):
-            weights = layer.decode_weights()
-            q = step.project(x, cos, sin, weights, shape, k_cache, v_cache, at)
-            x = step.attend(x, q, k_cache, v_cache, mask, keys_end, weights, shape)
-        return self.model.norm(x)[:, 0]
+        keys = self.key_positions(keys_end)
+        x, cos, sin, mask, at = step.inputs(tokens, positions, self.model.embed_tokens.weight, keys, c)
+        torch._dynamo.maybe_mark_dynamic(mask, -1)  # compiled once for every keys_end, as `key_positions` is
+        layers = [(layer.decode_weights(), *cache) for layer, cache in zip(self.model.layers, self.kv_cache)]
+        weights, k_cache, v_cache = layers[0]
+        q = step.project(x, cos, sin, weights, shape, k_cache, v_cache, at)
+        for layer, following in zip(layers, layers[1:]):
+            x, q = step.attend_project(x, q, mask, layer, following, shape, cos, sin, at)
+        return step.attend_last(x, q, mask, layers[-1], shape, self.model.norm.weight)
 
     def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, keys_end: int | None = None) -> torch.Tensor:
         """One token per row at the given positions -> full-vocabulary logits [B, V]."""
