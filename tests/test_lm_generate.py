@@ -232,9 +232,9 @@ def test_compiled_layer_step_compiles_once_per_shape_and_gives_the_eager_codes(m
 
 
 def test_compiled_step_reads_a_growing_key_range_without_compiling_again(models):
-    """The keys read grow by KEY_BLOCK as the codes come (here 128 -> 256 after a few codes): the compiled step
-    takes the new range as it is (on CUDA a recompile there would cost seconds mid-generation) and still gives
-    the eager codes."""
+    """The keys read grow by KEY_BLOCK as the codes come, up to the last position written (here 128, then 134):
+    the compiled step takes each range as it is (on CUDA a recompile there would cost seconds mid-generation) and
+    still gives the eager codes."""
     ours, _ = models
     crossing = [CodeRequest(ids(100, 124), num_codes=10, seed=3, uncond_ids=ids(100, 60))]
     expected = CodeGenerator(ours, SAMPLED).generate(crossing)

@@ -137,10 +137,8 @@ class CodeGenerator:
         n, lm, device = len(requests), self.lm, self.device
         row_prompts = [r.prompt_ids for r in requests] + ([r.uncond_ids for r in requests] if self.guided else [])
         max_codes = max(r.num_codes for r in requests)
-        positions_needed = max(len(p) for p in row_prompts) + max_codes
-        # The keys a step reads (KEY_BLOCK buckets) stop short of the cache's end, so a compiled step never sees
-        # them become the whole (contiguous) cache: one compiled step for every key range.
-        self._allocate(len(row_prompts), -(-positions_needed // KEY_BLOCK) * KEY_BLOCK + 1, n, max_codes)
+        # One position to spare: the keys a step reads never become the whole cache (see `_keys_end`).
+        self._allocate(len(row_prompts), max(len(p) for p in row_prompts) + max_codes + 1, n, max_codes)
         last_hidden = torch.empty(
             len(row_prompts), lm.config.hidden_size, dtype=lm.model.embed_tokens.weight.dtype, device=device
         )
@@ -189,10 +187,12 @@ class CodeGenerator:
         return 2 * n if self.guided else n
 
     def _keys_end(self, step: int) -> int:
-        """Keys the attention must read at `step`: up to the furthest active row's position, in KEY_BLOCK buckets."""
+        """Keys the attention must read at `step`: up to the furthest active row's position, in KEY_BLOCK buckets,
+        short of the cache's spare last position: a compiled step then never sees the keys become the whole
+        (contiguous) cache, which would be a second compiled variant."""
         state = self.state
         furthest = max(state.prompt_lengths[i] for i in state.active) + step - 1
-        return min(self.lm.cache_len, -(-(furthest + 1) // KEY_BLOCK) * KEY_BLOCK)
+        return min(self.lm.cache_len - 1, -(-(furthest + 1) // KEY_BLOCK) * KEY_BLOCK)
 
     def _decode_step(self, n: int, keys_end: int) -> None:
         """Feed each active row its previous code, then sample and record the next one (all in place)."""
