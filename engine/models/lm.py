@@ -308,7 +308,8 @@ class Qwen3LM(nn.Module):
 
     def key_positions(self, keys_end: int) -> torch.Tensor:
         """0..keys_end-1 on the weights' device: a view of one tensor made once, not a tensor made every step; marked
-        dynamic in length, so a compiled step takes every keys_end without compiling again."""
+        dynamic in length, so a compiled step takes every keys_end without compiling again (torch.compile carries
+        the mark to the mask made from it, and so to every part that reads the mask)."""
         device = self.model.embed_tokens.weight.device
         if self._key_positions.shape[0] < keys_end or self._key_positions.device != device:
             self._key_positions = torch.arange(max(keys_end, self.cache_len), device=device)
@@ -389,7 +390,6 @@ class Qwen3LM(nn.Module):
         shape = HeadShape(heads, kv_heads, c.head_dim, c.rms_norm_eps, heads != kv_heads)
         keys = self.key_positions(keys_end)
         x, cos, sin, mask, at = step.inputs(tokens, positions, self.model.embed_tokens.weight, keys, c)
-        torch._dynamo.maybe_mark_dynamic(mask, -1)  # compiled once for every keys_end, as `key_positions` is
         layers = [(layer.decode_weights(), *cache) for layer, cache in zip(self.model.layers, self.kv_cache)]
         weights, k_cache, v_cache = layers[0]
         q = step.project(x, cos, sin, weights, shape, k_cache, v_cache, at)
