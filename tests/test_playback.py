@@ -305,7 +305,7 @@ def test_jack_server_stopping_under_the_output_process_is_reported(jack_server, 
     server = f"flowjam-vanishing-{os.getpid()}"
     env = dict(os.environ, JACK_DEFAULT_SERVER=server, JACK_NO_AUDIO_RESERVATION="1")
     jackd = subprocess.Popen(
-        ["jackd", "--no-realtime", "-d", "dummy", "-r", str(SR), "-p", str(BLOCK)],
+        ["jackd", "-R", "-d", "dummy", "-r", str(SR), "-p", str(BLOCK)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
