@@ -1,8 +1,12 @@
 """Following a MIDI clock (live/midi_clock.py): tempo from jittery 24 ppqn pulses, a tempo change, the transport
-and the song position. The real-port test sends the clock through JACK MIDI (tests/test_midi.py's set-up)."""
+and the song position, pulses lost. The real-port tests send the clock through JACK MIDI (here: cycles the port missed;
+tests/test_midi.py: the tempo and the song position)."""
 
 import math
 import random
+import subprocess
+import sys
+import time
 
 import pytest
 from flowjam.live.sync.midi_clock import (
@@ -143,6 +147,33 @@ def test_pulses_lost_on_the_way_keep_the_tempo_and_the_beat():
     assert state.beats == pytest.approx((len(times) - 1) / PULSES_PER_BEAT, abs=0.01)
 
 
+@pytest.mark.parametrize("cycle_frames", [256, 1024])
+def test_pulses_a_port_says_it_lost_keep_the_beat_from_the_first_beat_on(cycle_frames):
+    """A JACK client that misses a process cycle (an xrun) never sees that cycle's MIDI, and says so: pulses lost
+    in the first beat, before the clock's jitter is known, and in cycles that hand the pulses over late and bunched
+    (python-rtmidi's JACK backend) still count, so the beat stays on the clock's. Unsaid, a loss that early went by as
+    a slower gap and left the beat a pulse or more behind for the rest of the song."""
+    follower = MidiClockFollower()
+    follower.handle(START, 0.0)
+    times = in_jack_cycles(pulses(100.0, 6.0, jitter_s=0.0), cycle_frames)
+    cycle_s = cycle_frames / 48_000
+    lost_cycles = {round(times[k] / cycle_s) for k in (10, 60)} | {round(times[200] / cycle_s) + 1}
+    heard = 0  # the cycle of the last pulse heard
+    for at in times:
+        cycle = round(at / cycle_s)
+        if cycle in lost_cycles:
+            continue
+        missed = sum(heard < c < cycle for c in lost_cycles)
+        if missed:
+            follower.lost(missed * cycle_s)
+        follower.handle(CLOCK, at)
+        heard = cycle
+    assert sum(round(at / cycle_s) in lost_cycles for at in times) >= 2, "the lost cycles held pulses"
+    state = follower.state(times[-1])
+    assert state.bpm == pytest.approx(100.0, abs=0.05)
+    assert state.beats == pytest.approx((len(times) - 1) / PULSES_PER_BEAT, abs=0.3 / PULSES_PER_BEAT)
+
+
 @pytest.mark.parametrize(("old_bpm", "new_bpm"), [(120.0, 60.0), (100.0, 50.0)])
 def test_a_tempo_halved_is_not_taken_for_lost_pulses(old_bpm, new_bpm):
     follower = MidiClockFollower()
@@ -151,3 +182,71 @@ def test_a_tempo_halved_is_not_taken_for_lost_pulses(old_bpm, new_bpm):
     for at in before + after:
         follower.handle(CLOCK, at)
     assert follower.bpm == pytest.approx(new_bpm, abs=0.05)
+
+
+SENDER = r"""
+import sys, jack
+from flowjam.live.sync.band import MidiClockSender
+client = jack.Client("fj-clock-sender", no_start_server=True)
+sender = MidiClockSender(client, float(sys.argv[1]))
+client.set_process_callback(sender.process)
+client.activate()
+print(sender.port.name, sender.start_at_next_pulse(client.samplerate // 4), flush=True)
+sys.stdin.read()
+"""
+
+
+STALLS = 4
+
+
+def test_cycles_the_jack_clock_port_misses_lose_no_beat(jack_server):
+    """A DAW's frame-exact MIDI clock (the band's sender, a process of its own) read by `JackMidiClock`; from a quarter
+    of a second after Start this process holds the GIL for 150 ms, STALLS times, so the port's Python process callback
+    misses cycles and their pulses (as a busy flowjam under an xrun does), and JACK now and then runs the callback
+    twice for the cycle after a stall. The port tells the follower the cycles it missed and reads no cycle twice: the
+    song position stays on the sender's. Without the first the beat fell pulses behind for good (every run); without
+    the second it ran a pulse or more ahead at a tempo 1-2 BPM off (3 runs in 4 on an idle machine, 8 in 8 busy)."""
+    jack = pytest.importorskip("jack")
+    from flowjam.live.sync.clock import now_s
+    from flowjam.live.sync.jack_midi import JackMidiClock
+
+    bpm = 60.0
+    sender = subprocess.Popen([sys.executable, "-c", SENDER, str(bpm)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    probe = port = None
+    try:
+        source, start_frame = sender.stdout.readline().decode().split()
+        follower = MidiClockFollower()
+        port = JackMidiClock(follower, source, client_name="fj-misses-cycles")
+        probe = jack.Client("fj-clock-probe", no_start_server=True)
+        rate = probe.samplerate
+
+        def beats_sent() -> float:
+            return (probe.frame_time - int(start_frame)) / rate * bpm / 60.0
+
+        deadline = time.monotonic() + 10
+        while beats_sent() < 0.25:
+            assert time.monotonic() < deadline, "the sender's Start never came"
+            time.sleep(0.01)
+        switch = sys.getswitchinterval()
+        for _ in range(STALLS):
+            sys.setswitchinterval(10.0)
+            try:
+                held = time.perf_counter() + 0.15
+                while time.perf_counter() < held:
+                    pass
+            finally:
+                sys.setswitchinterval(switch)
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert port.missed_cycles >= 1, "the held GIL made the port miss no cycle: nothing was tested"
+        at, sent = now_s(), beats_sent()
+        state = follower.state(at)
+        assert state.playing and state.bpm == pytest.approx(bpm, abs=0.5)
+        assert state.beats == pytest.approx(sent, abs=0.3 / PULSES_PER_BEAT), (state, sent, port.missed_cycles)
+    finally:
+        if port is not None:
+            port.close()
+        if probe is not None:
+            probe.close()
+        sender.stdin.close()
+        sender.wait(10)

@@ -138,6 +138,7 @@ class MidiClockSender:
 
     def start_at_next_pulse(self, after_frames: int) -> int:
         """Start the song on a pulse at least `after_frames` ahead; its JACK frame."""
+        wait_until(lambda: self._next_pulse is not None, 5, "the clock's first cycle")
         target = self.client.frame_time + after_frames
         pulse = self._next_pulse
         while pulse < target:

@@ -8,6 +8,7 @@ from .midi_clock import CLOCK, CONTINUE, SONG_POSITION, START, STOP, MidiClockFo
 
 _REALTIME = {0xF8: CLOCK, 0xFA: START, 0xFB: CONTINUE, 0xFC: STOP}
 _SONG_POSITION = 0xF2
+FRAME_WRAP = 1 << 32
 
 
 class JackMidiClockError(RuntimeError):
@@ -28,6 +29,9 @@ class JackMidiClock:
             raise JackMidiClockError("--midi-backend jack needs a running JACK server: start jackd") from error
         self.follower = follower
         self.errors = 0
+        self.missed_cycles = 0  # process cycles this client missed (its MIDI then is lost; the follower is told)
+        self.repeated_cycles = 0  # callbacks for a cycle already read (its MIDI is not read twice)
+        self._next_frame: int | None = None  # the JACK frame the next cycle starts on if none is missed
         self._port = self._client.midi_inports.register("clock_in")
         self._client.set_process_callback(self._process)
         self._client.activate()
@@ -49,9 +53,20 @@ class JackMidiClock:
 
     def _process(self, frames: int) -> None:
         """In JACK's process thread: each message at the time of its frame (the cycle's start time, on the sync
-        clock, is the transport position's time stamp)."""
+        clock, is the transport position's time stamp). A cycle that starts later than the last one ended was
+        missed (the client was late: an xrun), and its MIDI with it; one that starts earlier was read already."""
         _, position = self._client.transport_query_struct()
         start_s, rate = position.usecs / 1e6, position.frame_rate
+        frame = self._client.last_frame_time
+        if self._next_frame is not None:
+            missed = (frame - self._next_frame) % FRAME_WRAP  # JACK's frame counter wraps at 32 bits
+            if missed >= FRAME_WRAP // 2:  # a cycle read already: after a stall JACK may run the callback twice
+                self.repeated_cycles += 1
+                return
+            if missed:
+                self.missed_cycles += 1
+                self.follower.lost(missed / rate)
+        self._next_frame = (frame + frames) % FRAME_WRAP
         for offset, buffer in self._port.incoming_midi_events():
             data = bytes(buffer)
             status = data[0]

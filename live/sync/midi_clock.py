@@ -14,6 +14,7 @@ Song Position Pointer (in sixteenths) sets it while stopped, Continue plays on f
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 
@@ -44,6 +45,13 @@ class MidiClockFollower:
         self._held: tuple[float, float] | None = None  # the old tempo's line, standing in at a change
         self._reach: float | None = None  # the pulses' largest offset from their line, in periods (their jitter)
         self._suspect: tuple[int, float] | None = None  # (pulses perhaps lost before the newest, the period then)
+        self._lost_s = 0.0  # seconds of messages the port says it lost since the last pulse
+
+    def lost(self, seconds: float) -> None:
+        """The port lost `seconds` of messages since the last one (a JACK client that missed a process cycle never
+        sees that cycle's MIDI): the next pulse counts the pulses its gap held, however jittery the clock."""
+        with self._lock:
+            self._lost_s += seconds
 
     def handle(self, kind: str, at_s: float, position_16ths: int | None = None) -> None:
         """One MIDI real-time message (`CLOCK`, `START`, `CONTINUE`, `STOP`) or a `SONG_POSITION` (with its
@@ -93,14 +101,20 @@ class MidiClockFollower:
     def _pulse(self, at_s: float) -> None:
         """A clock pulse feeds the tempo whether or not the transport plays (a DAW sends its clock while stopped)."""
         line = self._line()
+        lost_s, self._lost_s = self._lost_s, 0.0
         periods = None
         if line is not None and self._pulses:
-            periods = (at_s - self._pulses[-1][0]) / line[0]
+            gap_s = at_s - self._pulses[-1][0]
+            if lost_s > 0.0:  # pulses went by unheard (as many as the lost stretch can hold): the song went on
+                unheard = max(0, min(round(gap_s / line[0]) - 1, math.floor(lost_s / line[0]) + 1))
+                self._index += unheard
+                gap_s -= unheard * line[0]
+            periods = gap_s / line[0]
             if periods > GAP_PULSES:
                 self._pulses.clear()  # the clock paused (many DAWs stop it with the transport): a new line from here
                 self._held, self._suspect, periods = None, None, None
-        if periods is not None:
-            self._resolve_lost(at_s - self._pulses[-1][0])
+            else:
+                self._resolve_lost(gap_s)
         self._index += 1
         self._pulses.append((at_s, self._index))
         if periods is not None and self._reach is not None and self._reach < LOST_PULSE_REACH:
