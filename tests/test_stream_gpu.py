@@ -450,3 +450,23 @@ def test_the_writer_reads_an_offered_latent_only_once_the_offering_stream_has_ma
     assert writer.stats.writes >= 1
     after_patches = slice(session.sample_rate, None)  # the first write fills the loop; patches go near its start
     torch.testing.assert_close(heard[:, after_patches], expected.float().cpu()[:, after_patches], atol=1e-3, rtol=1e-3)
+
+
+@cuda
+def test_a_windowed_stream_walks_without_host_syncs():
+    """Windows at a new place every tick are new crops of the song's context and target: the song's tensors were
+    checked for NaN once, so submitting and ticking a walking window synchronises nothing with the host."""
+    session = Session.load(preset="tiny", device="cuda")
+    a = session.encode_text("walking window")
+    song = 40.0
+    stream = session.stream(depth=2, paced=True, window_s=10.0, song_seconds=song)
+    target = torch.zeros(1, round(song * 25), session.models.acestep.decoder.config.audio_acoustic_hidden_dim)
+    request = session.make_request(a, song, seed=3, steps=4, x0_target=target.cuda(), x0_target_strength=0.5)
+    for tick in range(4):  # warm-up: the first window, the first with timeline frames, their curves
+        stream.submit(request, at_frame=tick * 8)
+        stream.tick()
+    with no_host_sync():
+        for tick in range(4, 10):
+            stream.submit(request, at_frame=tick * 8)
+            stream.tick()
+    torch.cuda.synchronize()

@@ -20,6 +20,7 @@ from flowjam.live.loop_buffer import PLAYED, LoopBuffer
 from flowjam.live.runner import LiveRunner, RunnerConfig
 from helpers import free_udp_port
 from pythonosc.udp_client import SimpleUDPClient
+from torch.utils._python_dispatch import TorchDispatchMode
 
 W = 250  # frames (10 s): batch-size-invariant CPU GEMMs, as the shared-ring tests use
 STEPS = 4
@@ -396,3 +397,56 @@ def test_bench_tick_costs_the_same_at_a_60_s_and_a_600_s_loop_with_10_s_windows(
     at_60, at_600 = interleaved_ms(runs, rounds=30, ticks_per_round=3)
     print(f"10 s windows: {at_60:.2f} ms/tick at a 60 s loop, {at_600:.2f} at 600 s ({at_600 / at_60:.2f}x)")
     assert 0.85 <= at_600 / at_60 <= 1.15, (at_60, at_600)
+
+
+class _LatentChecksSeen(TorchDispatchMode):
+    """Counts the NaN/inf checks run over a window's latents (`isfinite(x).all()` on [1, W, C>1]: on a GPU, each a
+    host-device sync; the [1, W, 1] curves the walker makes on the CPU are not counted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.checks = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        x = args[0] if args else None
+        if func is torch.ops.aten.all.default and x.dim() == 3 and x.shape[1] == W and x.shape[2] > 1:
+            self.checks += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_windows_check_the_song_for_nan_once_and_refuse_a_nan_written_into_it(session, prompts):
+    """A window's context and x0 target are crops of the song's, new tensors at every place: the song's are checked
+    once (a GPU sync each), not every crop every tick; a NaN written into the song in place is still refused, by
+    name, at the next submit, and the stream plays on once it is gone."""
+    song = 40.0
+    stream = session.stream(depth=2, paced=True, window_s=W / 25, song_seconds=song)
+    target = torch.zeros(1, round(song * 25), session.models.acestep.decoder.config.audio_acoustic_hidden_dim)
+    request = session.make_request(prompts[0], song, seed=3, steps=STEPS, x0_target=target, x0_target_strength=0.5)
+    stream.submit(request, at_frame=0)
+    stream.tick()
+    with _LatentChecksSeen() as seen:
+        for tick in range(1, 6):
+            stream.submit(request, at_frame=tick * ADVANCE)
+            stream.tick()
+    assert seen.checks == 0, f"{seen.checks} NaN checks in 5 ticks of an unchanged song"
+    for name, song_tensor in (("context_latents", request.context_latents), ("x0_target", target)):
+        value = song_tensor[0, 400, 3].item()  # the context may be the session's own silence: put it back
+        song_tensor[0, 400, 3] = float("nan")
+        with pytest.raises(ValueError, match=f"{name} contains NaN"):
+            stream.submit(request, at_frame=6 * ADVANCE)
+        song_tensor[0, 400, 3] = value
+    stream.submit(request, at_frame=6 * ADVANCE)
+    assert stream.tick() is not None
+
+
+def test_a_nan_written_into_a_checked_tensor_is_refused_at_the_next_submit(session, prompts):
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=2)
+    request = session.make_request(prompts[0], W / 25, seed=1, steps=STEPS)
+    pipeline.submit(request)
+    value = request.context_latents[0, 7, 7].item()
+    request.context_latents[0, 7, 7] = float("inf")
+    with pytest.raises(ValueError, match="context_latents contains NaN or infinite values"):
+        pipeline.submit(request)
+    request.context_latents[0, 7, 7] = value
+    pipeline.submit(request)
+    assert [f.request.seed for f in pipeline.drain()] == [1]

@@ -47,9 +47,9 @@ from .lanes import (
 from .pinned import PinnedStaging
 from .requests import (
     CURVE_FIELDS,
+    FINITE_CHECKS,
     MAIN_LANE,
     Finished,
-    FiniteChecks,
     Prepared,
     SlotRequest,
     seeded_noise,
@@ -99,7 +99,6 @@ class StreamPipeline:
         self._last_noise: tuple[tuple, torch.Tensor] | None = None
         self._event_pairs: list[tuple[Any, Any]] = []  # reused: at most three, two of them possibly still read
         self._constant_curves: OrderedDict[tuple[str, float], torch.Tensor] = OrderedDict()
-        self._check_finite = FiniteChecks()
         self.cycle_costs = False  # True: whoever drives the ticks reports what a whole cycle costs (record_cycle)
 
     # ---- configuration ---------------------------------------------------------------------------------------
@@ -246,7 +245,7 @@ class StreamPipeline:
             config.audio_acoustic_hidden_dim,
             self.frames,
             lane.shared,
-            self._check_finite,
+            FINITE_CHECKS,
         )
         supersedes = supersedes or (lane.queued is not None and lane.queued.supersedes)
         lane.queued = self._prepare(request, lane_strengths(self.decoder, lane).kv)
@@ -479,7 +478,11 @@ class StreamPipeline:
         return weight.device, weight.dtype
 
     def _to_device(self, curve: torch.Tensor) -> torch.Tensor:
+        """A curve on the decoder's device; one made on the host (a window's latent mask, every tick) is copied
+        through pinned staging, without waiting for the GPU work queued."""
         device, dtype = self._device_dtype()
+        if curve.device.type == "cpu" and device.type == "cuda":
+            return self._staging.to_device(curve, dtype)
         return curve.to(device=device, dtype=dtype)
 
     def _record(self, started: float, batch: TickBatch, finished: list[Finished], steady: bool) -> None:

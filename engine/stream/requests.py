@@ -4,6 +4,7 @@ step, and the checks a request passes before it is queued (`validate_request`)."
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -18,7 +19,7 @@ from ..sampling.curves import Curve
 from .windows import WindowPlace
 
 MAIN_LANE = "main"  # the lane a pipeline's own submit/set_depth/set_shared_curve reach
-FINITE_CHECKS_KEPT = 64
+FINITE_CHECKS_KEPT = 256  # tensors remembered as checked (or derived), the newest
 
 CURVE_FIELDS = frozenset(
     (
@@ -130,21 +131,55 @@ def step_seed(seed: int, step: int) -> int:
 
 
 class FiniteChecks:
-    """NaN/inf check (a host-device sync on a GPU), done once per tensor: a stream resubmits the same context
-    and target tensors every tick."""
+    """NaN/inf checks, each a host-device sync on a GPU, so each tensor is checked once while it is unchanged (its
+    in-place version counter keys the check): a stream resubmits the same context and target every tick. A tensor
+    copied out of others (a window's crop of the song's context) is `derived` from them: checking it checks them,
+    once each, instead of a new tensor every tick. One instance, `FINITE_CHECKS`, serves every stream and walker."""
 
     def __init__(self) -> None:
-        self._checked: OrderedDict[int, weakref.ref[torch.Tensor]] = OrderedDict()
+        self._lock = threading.Lock()  # a live runner's thread and a ComfyUI worker may submit at once
+        self._checked: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()  # (tensor, version checked)
+        self._sources: OrderedDict[int, tuple[weakref.ref, tuple[int, tuple[weakref.ref, ...]]]] = OrderedDict()
+
+    def derived(self, tensor: torch.Tensor, *sources: torch.Tensor) -> None:
+        """`tensor` holds only values copied from `sources` (as they are now): it is finite where they are. No
+        sources: made by the engine from inputs it checked (a window of the timeline)."""
+        with self._lock:
+            _remember(self._sources, tensor, (tensor._version, tuple(weakref.ref(s) for s in sources)))
 
     def __call__(self, name: str, tensor: torch.Tensor) -> None:
-        seen = self._checked.get(id(tensor))
-        if seen is not None and seen() is tensor:
-            return
-        if not torch.isfinite(tensor).all():
-            raise ValueError(f"{name} contains NaN or infinite values")
-        self._checked[id(tensor)] = weakref.ref(tensor)
-        if len(self._checked) > FINITE_CHECKS_KEPT:
-            self._checked.popitem(last=False)
+        """Raise ValueError naming `name` if `tensor` (or what it was derived from) holds NaN or inf."""
+        with self._lock:
+            if _recalled(self._checked, tensor) == tensor._version:
+                return
+            recorded = _recalled(self._sources, tensor)
+        sources = None
+        if recorded is not None and recorded[0] == tensor._version:
+            sources = [ref() for ref in recorded[1]]
+        if sources is None or any(source is None for source in sources):
+            if not torch.isfinite(tensor).all():
+                raise ValueError(f"{name} contains NaN or infinite values")
+        else:
+            for source in sources:
+                self(name, source)
+        with self._lock:
+            _remember(self._checked, tensor, tensor._version)
+
+
+def _remember(table: OrderedDict, tensor: torch.Tensor, value: Any) -> None:
+    table[id(tensor)] = (weakref.ref(tensor), value)
+    table.move_to_end(id(tensor))
+    if len(table) > FINITE_CHECKS_KEPT:
+        table.popitem(last=False)
+
+
+def _recalled(table: OrderedDict, tensor: torch.Tensor) -> Any:
+    """What `_remember` kept for this very tensor (an id can be reused once a tensor is gone), else None."""
+    entry = table.get(id(tensor))
+    return entry[1] if entry is not None and entry[0]() is tensor else None
+
+
+FINITE_CHECKS = FiniteChecks()
 
 
 def validate_request(

@@ -18,7 +18,7 @@ import torch
 
 from ..sampling.curves import frame_view
 from ..sampling.schedule import timestep_schedule
-from .requests import Finished
+from .requests import FINITE_CHECKS, Finished
 from .windows import Timeline, WindowPlace, cyclic_crop, place_window
 
 
@@ -45,21 +45,23 @@ class WindowWalker:
         shift: float,
     ) -> dict[str, Any]:
         """A window's request fields: context, x0 target, and (once the timeline holds any of its frames) the
-        source, latent mask and starting noise. Made again only when something they depend on changed: a stream
-        checks each new tensor once for NaN."""
+        source, latent mask and starting noise. Made again only when something they depend on changed; the crops
+        are `derived` from the song's tensors, so a stream checks those for NaN once, not each new window."""
         timeline = self.timeline
-        key = (place, timeline.version, id(context), id(target), denoise, steps, shift)
+        target_key = None if target is None else (id(target), target._version)  # versions: changed in place
+        key = (place, timeline.version, id(context), context._version, target_key, denoise, steps, shift)
         if self._inputs is not None and self._inputs[0] == key:
             return self._inputs[1]
         inputs: dict[str, Any] = {
-            "context_latents": cyclic_crop(context, place.start, place.frames),
-            "x0_target": None if target is None else cyclic_crop(target, place.start, place.frames),
+            "context_latents": _crop(context, place),
+            "x0_target": None if target is None else _crop(target, place),
             "window": place,
         }
         held = timeline.holds(place)
         if held.any():
             kept = (torch.arange(place.frames) < place.keep) & held
             inputs["source_latents"] = timeline.window(place)
+            FINITE_CHECKS.derived(inputs["source_latents"])  # the engine's latents and a source checked at `fill`
             inputs["latent_mask"] = (~kept).float()
             # frames never generated start from noise, the others at the schedule's start; always given, held frames
             # or not, so every window request has the same curves (one tick plan, not one per mix of windows)
@@ -76,7 +78,8 @@ class WindowWalker:
             self.timeline.merge(delivered.latent, delivered.request.window)
 
     def fill(self, latents: torch.Tensor) -> None:
-        """A loop's source: the timeline starts from its latents."""
+        """A loop's source: the timeline starts from its latents (ValueError if they hold NaN or inf)."""
+        FINITE_CHECKS("source_latents", latents)
         self.timeline.fill(latents)
 
     def set_frame_curve(self, name: str, curve: torch.Tensor) -> None:
@@ -95,3 +98,10 @@ class WindowWalker:
         for name, curve in self._frame_curves.items():
             set_shared(name, cyclic_crop(curve, place.start, place.frames))
         self._curves_at = place
+
+
+def _crop(song: torch.Tensor, place: WindowPlace) -> torch.Tensor:
+    """A song-long tensor's frames at a window's place, finite wherever the song's are."""
+    crop = cyclic_crop(song, place.start, place.frames)
+    FINITE_CHECKS.derived(crop, song)
+    return crop
