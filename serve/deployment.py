@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -49,6 +50,10 @@ RETRY_S = 0.1
 PLACEMENT_TIMEOUT_S = 10.0
 SHUTDOWN_S = 2.0  # audio streams never finish on their own: a stopping replica waits this long, then goes
 MULTIPLEX_WRAPPER = "__serve_multiplex_wrapper"  # where @serve.multiplexed keeps its cache on the instance
+# Serve kills an HTTP proxy that has not answered its readiness check three times in a row, and its default 5 s a
+# check is too short for a proxy starting on a busy 2-core machine (it failed `serve.start` once in CI): a local
+# cluster started here gives it this long, unless the environment says otherwise.
+PROXY_READY_ENV, PROXY_READY_S = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30"
 
 
 class NotHere(LookupError):
@@ -404,6 +409,7 @@ def start_on_ray(
     app = build_app(options, replicas, gpus_per_replica, policy)
     if not ray.is_initialized():
         if address is None:
+            os.environ.setdefault(PROXY_READY_ENV, PROXY_READY_S)  # the cluster's processes inherit it
             ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
         else:
             ray.init(address=address, configure_logging=False)
