@@ -30,7 +30,6 @@ class JackMidiClock:
         self.follower = follower
         self.errors = 0
         self.missed_cycles = 0  # process cycles this client missed (its MIDI then is lost; the follower is told)
-        self.repeated_cycles = 0  # callbacks for a cycle already read (its MIDI is not read twice)
         self._next_frame: int | None = None  # the JACK frame the next cycle starts on if none is missed
         self._port = self._client.midi_inports.register("clock_in")
         self._client.set_process_callback(self._process)
@@ -61,7 +60,6 @@ class JackMidiClock:
         if self._next_frame is not None:
             missed = (frame - self._next_frame) % FRAME_WRAP  # JACK's frame counter wraps at 32 bits
             if missed >= FRAME_WRAP // 2:  # a cycle read already: after a stall JACK may run the callback twice
-                self.repeated_cycles += 1
                 return
             if missed:
                 self.missed_cycles += 1
