@@ -137,6 +137,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     soak = targets.add_parser("soak", help="play for N minutes under a knob storm and prompt swaps")
     soak.add_argument("--minutes", type=float, default=2.0, help="how long to play")
+    soak.add_argument(
+        "--strict",
+        action="store_true",
+        help="gaps and late blocks fail the run too (a GPU soak); without it only runner errors and capture failures do",
+    )
     add_stream(soak, song_seconds=10.0, cfg="off")
     add_model_arguments(soak)
 

@@ -40,7 +40,18 @@ def bench_latency(args: argparse.Namespace) -> int:
             f"{s.ear_ms_median:17.1f} / {s.ear_ms_p95:8.1f} {s.first_touch_ear_ms:21.1f} {s.first_touch_plan_ticks:19d}"
         )
     print("runner at the end: " + ", ".join(f"{key} {status[key]}" for key in (*RUNNER_TIMINGS, "tick_graphs")))
-    return 0
+    return first_touch_verdict(summaries)
+
+
+def first_touch_verdict(summaries) -> int:
+    """Print each knob's first touch against its later touches (the bound FIRST_TOUCH_BOUND); 1 if any misses it."""
+    from ..live.bench import FIRST_TOUCH_BOUND
+
+    slow = [s.knob for s in summaries if not s.first_touch_ratio <= FIRST_TOUCH_BOUND]
+    ratios = ", ".join(f"{s.knob} {s.first_touch_ratio:.2f}x" for s in summaries)
+    verdict = f"FAILED: {', '.join(slow)}" if slow else "passed"
+    print(f"first touch -> ear over the later touches' median: {ratios} (bound {FIRST_TOUCH_BOUND:g}x): {verdict}")
+    return 1 if slow else 0
 
 
 def bench_soak(args: argparse.Namespace) -> int:
@@ -62,11 +73,13 @@ def bench_soak(args: argparse.Namespace) -> int:
         f"soak {r.minutes:g} min: {r.ticks} ticks, {r.knob_sets} knob sets, {r.prompt_swaps} prompt swaps, "
         f"{r.errors} runner errors"
     )
-    print(f"  RSS {r.rss_start_mb:.1f} -> {r.rss_end_mb:.1f} MB ({r.rss_end_mb - r.rss_start_mb:+.1f} MB)")
+    since = "" if r.rss_minute1_mb is None else f"; from minute 1: {r.rss_end_mb - r.rss_minute1_mb:+.1f} MB"
+    print(f"  RSS {r.rss_start_mb:.1f} -> {r.rss_end_mb:.1f} MB ({r.rss_end_mb - r.rss_start_mb:+.1f} MB{since})")
     drift_ms = r.tick_ms_last - r.tick_ms_first
     print(f"  tick ms median: first {r.tick_ms_first:.2f}, last {r.tick_ms_last:.2f} (drift {drift_ms:+.2f})")
     if r.gpu_mb is not None:
-        print(f"  GPU memory allocated {r.gpu_mb[0]:.1f} -> {r.gpu_mb[1]:.1f} MB, peak {r.gpu_mb[2]:.1f} MB")
+        since = "" if r.gpu_minute1_mb is None else f"; from minute 1: {r.gpu_mb[1] - r.gpu_minute1_mb:+.1f} MB"
+        print(f"  GPU memory allocated {r.gpu_mb[0]:.1f} -> {r.gpu_mb[1]:.1f} MB, peak {r.gpu_mb[2]:.1f} MB{since}")
     print(
         f"  underruns {r.underruns}: {r.gaps} gaps (the engine behind the playhead), {r.late_blocks} late blocks (the "
         f"output itself late); and {r.start_underruns} while starting, before the storm"
@@ -77,7 +90,24 @@ def bench_soak(args: argparse.Namespace) -> int:
             print(
                 f"  {which.replace('_', ' ')}: " + ", ".join(f"{key} {value}" for key, value in r.status[which].items())
             )
-    return 0 if r.errors == 0 else 1
+    return _soak_verdict(r, args.strict)
+
+
+def _soak_verdict(r, strict: bool) -> int:
+    """The soak's last lines: capture failures, gaps (with when) and late blocks, and what the run is judged by:
+    runner errors and capture failures always fail it; with `strict` (a GPU soak), gaps and late blocks too."""
+    when = ", ".join(f"{t:g}" for t in r.gap_times_s[:20]) + (" ..." if len(r.gap_times_s) > 20 else "")
+    print(
+        f"capture failures {r.capture_failures}; gaps {r.gaps}"
+        + (f" (at {when} s)" if when else "")
+        + f"; late blocks {r.late_blocks}; runner errors {r.errors}"
+    )
+    failed = [what for what, count in (("runner errors", r.errors), ("capture failures", r.capture_failures)) if count]
+    if strict:
+        failed += [what for what, count in (("gaps", r.gaps), ("late blocks", r.late_blocks)) if count]
+    judged = "runner errors, capture failures" + (", gaps, late blocks (--strict)" if strict else "")
+    print(f"verdict: {'FAILED: ' + ', '.join(failed) if failed else 'passed'} (judged by {judged})")
+    return 1 if failed else 0
 
 
 PRIVATE_NETWORK = "FLOWJAM_PRIVATE_NETWORK"

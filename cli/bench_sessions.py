@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .bench_live import first_touch_verdict
 from .flags import CommandError, describe_device, load_session
 
 
@@ -119,3 +120,10 @@ def report_sessions(r, count: int, args: argparse.Namespace) -> None:
         )
     if r.refused:
         print(f"    refused: {r.refused}")
+    if r.graphs is not None:
+        cause = f" (the newest: {r.graphs.last_failure})" if r.graphs.capture_failures else ""
+        print(
+            f"    tick graphs: {r.graphs.captures} captures ({r.graphs.capture_ms:.0f} ms of host time, the slowest "
+            f"{r.graphs.capture_ms_max:.0f} ms), {r.graphs.capture_failures} capture failures{cause}"
+        )
+    first_touch_verdict(r.knobs)

@@ -72,6 +72,14 @@ class LatencySummary:
     first_touch_ear_ms: float  # the knob's first move off its default, before the trials (see measure_latency)
     first_touch_plan_ticks: int  # ticks after the first move that still made new tick plans (settle_plans)
 
+    @property
+    def first_touch_ratio(self) -> float:
+        """The first touch's knob -> ear over the later touches' median: how much slower a knob's first move is heard."""
+        return self.first_touch_ear_ms / self.ear_ms_median
+
+
+FIRST_TOUCH_BOUND = 1.5  # a knob's first move is heard within this many times its later moves' median
+
 
 def summarize_latency(knob: str, kind: str, records, first_touch, plan_ticks: int = 0) -> LatencySummary:
     ticks = sorted(r.knob_to_tick_ms for r in records)
@@ -174,6 +182,15 @@ class SoakReport:
     errors: int
     gpu_mb: tuple[float, float, float] | None  # allocated at the start and the end, peak (None off a GPU)
     status: dict
+    rss_minute1_mb: float | None = None  # after the first minute of the storm (None in a shorter soak)
+    gpu_minute1_mb: float | None = None
+    gap_times_s: tuple[float, ...] = ()  # when gaps were counted (to the half second), from the storm's start
+
+    @property
+    def capture_failures(self) -> int:
+        """Failed CUDA-graph captures of the ticks and the window decodes, the start included."""
+        graphs = (self.status.get(which) or {} for which in ("tick_graphs", "window_graphs"))
+        return sum(int(counters.get("capture_failures", 0)) for counters in graphs)
 
 
 def soak(
@@ -233,9 +250,18 @@ def soak(
         at_start = _underruns(app)
         started = time.monotonic()
         worker.start()
+        rss_minute1 = gpu_minute1 = None
+        gap_times, gaps_seen = [], at_start[1]
         while time.monotonic() - started < minutes * 60:
             time.sleep(0.5)
-            tick_samples.append((time.monotonic() - started, app.runner.stats.tick_ms))
+            elapsed = time.monotonic() - started
+            tick_samples.append((elapsed, app.runner.stats.tick_ms))
+            gaps_now = _underruns(app)[1]
+            gap_times += [round(elapsed * 2) / 2] * (gaps_now - gaps_seen)
+            gaps_seen = gaps_now
+            if rss_minute1 is None and elapsed >= 60:
+                rss_minute1 = _rss_mb()
+                gpu_minute1 = torch.cuda.memory_allocated(session.device) / 2**20 if cuda else None
             if report is not None and len(tick_samples) % 60 == 0:
                 stats = app.runner.stats
                 graphs = app.runner.stream.stats()["graphs"]
@@ -282,4 +308,7 @@ def soak(
         errors=app.runner.stats.errors,
         gpu_mb=gpu_mb,
         status=status,
+        rss_minute1_mb=rss_minute1,
+        gpu_minute1_mb=gpu_minute1,
+        gap_times_s=tuple(gap_times),
     )

@@ -18,6 +18,7 @@ from contextlib import nullcontext
 
 import torch
 
+from ..engine.audio.window_decode import MAX_CAPTURED_WINDOW_S
 from ..engine.params import LATENT_RATE_HZ
 from ..engine.session import DECODE_MARGIN_FRAMES, Session
 from .latency import RunnerStats
@@ -32,7 +33,10 @@ JITTER_COVER = 4.0  # mean absolute deviations of the write time the lead covers
 EMA_WEIGHT = 0.2
 WINDOW_STEP_S = 0.2  # windows are whole multiples of this, so a few captured window shapes serve every write
 MIN_GAP_S = 0.01
-WARM_WINDOWS_S = (0.4, 0.6, 0.8)
+WARM_WINDOWS_S = tuple(round(WINDOW_STEP_S * k, 6) for k in range(1, round(MAX_CAPTURED_WINDOW_S / WINDOW_STEP_S) + 1))
+"""Every window a write can ask for and a graph replays, captured at the first write: a knob's first move or a busy
+tick lengthens the window, and a shape decoded for the first time then (plain, its convolutions tuned, with the
+device lock held that a tick's capture waits for) cost a first touch 100-200 ms."""
 
 
 class AheadWriter:

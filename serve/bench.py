@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, replace
 
 from ..engine.params import DEFAULT_WINDOW_SECONDS
+from ..engine.stream.tick_graph import GraphCounters
 from ..live.bench import LatencySummary, summarize_latency
 from ..live.shared_ticker import CyclePhases
 from .errors import SessionRefused
@@ -33,6 +34,7 @@ class SessionsReport:
     touch_settle_s: tuple[float | None, ...]  # each knob's first touch -> settled again (its new plans captured)
     knobs: list[LatencySummary]  # over every session's trials
     errors: int
+    graphs: GraphCounters | None = None  # the ring's tick graphs at the end (None on a backend without graphs)
 
     def realtime(self, interval_ms: float, ear_ms: float) -> bool:
         shared = self.knobs[0]
@@ -158,6 +160,7 @@ def measure_sessions(
             tuple(touch_settle_s),
             summaries,
             sum(r.stats.errors for r in runners),
+            host.ticker.pipeline.graph_counters,
         )
     finally:
         for name in host.names():

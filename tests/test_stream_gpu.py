@@ -470,3 +470,50 @@ def test_a_windowed_stream_walks_without_host_syncs():
             stream.submit(request, at_frame=tick * 8)
             stream.tick()
     torch.cuda.synchronize()
+
+
+@cuda
+def test_captures_after_every_tick_graph_was_dropped_never_fail():
+    """Evictions and a dropped set of graphs (what a K/V buffer's growth does) leave the graphs' pool without a
+    graph; every capture after that still succeeds and replays the right work, round after round."""
+    from flowjam.engine.stream.tick_graph import TickGraphs
+
+    graphs = TickGraphs(torch.device("cuda"), capacity=2)
+    x = torch.zeros(4096, device="cuda")
+    expected = torch.zeros(4096, device="cuda")
+
+    def plan(k: int):
+        def step():  # allocates inside the capture, so the pool holds memory between captures
+            x.copy_(x * 0.5 + k)
+
+        return step
+
+    for _ in range(6):
+        for k in range(4):  # four plans in a pool of two graphs: evictions
+            for _ in range(3):  # seen (plain), captured, replayed
+                graphs.run(("plan", k), plan(k), shapes="4096")
+                expected.copy_(expected * 0.5 + k)
+        graphs.clear()  # every graph dropped at once
+    torch.cuda.synchronize()
+    counters = graphs.counters
+    assert counters.capture_failures == 0, counters.last_failure
+    assert counters.captures >= 24 and counters.evictions > 0, counters
+    torch.testing.assert_close(x, expected)
+
+
+@cuda
+def test_a_graph_ring_whose_kv_buffers_grow_and_graphs_are_evicted_captures_without_failure():
+    """Ever longer prompts grow the static K/V buffers (every tick graph dropped) while a pool of few graphs evicts:
+    the ring keeps capturing and replaying with no failed capture."""
+    session = Session.load(preset="tiny", device="cuda")
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=4, backend="graph")
+    pipeline._graph.graphs.capacity = 2
+    for round_ in range(6):
+        conditioning = session.encode_text("grow " * (4 * 2**round_))  # a longer prompt each round
+        for seed in range(12):
+            pipeline.submit(session.make_request(conditioning, 10.0, seed=seed))
+            pipeline.tick()
+    torch.cuda.synchronize()
+    counters = pipeline.stats()["graphs"]
+    assert counters["capture_failures"] == 0, counters["last_failure"]
+    assert counters["captures"] > 6 and counters["evictions"] > 0 and counters["replays"] > 0, counters

@@ -107,7 +107,10 @@ class WindowDecoder:
         return static_out.clone()
 
     def warm_up(self, latent: torch.Tensor, windows_s: tuple[float, ...], margin_frames: int) -> None:
-        """Run and capture these window lengths now, so no later decode of them pays for it."""
+        """Run and capture these window lengths now, so no later decode of them pays for it (nothing to do where
+        decodes are not captured)."""
+        if not self._graphs.capture:
+            return
         for window_s in windows_s:
             for _ in range(2):
                 self(latent, 0.0, window_s, margin_frames)

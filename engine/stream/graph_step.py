@@ -3,7 +3,13 @@ eager tick, through static tensors at fixed addresses. A slot's tensors live at 
 age in its lane (its home): copied there when it starts and moved up when an older slot finishes, so a ring in its
 steady rhythm replays the same two or three graphs whichever places its slots hold. Each tick copies in only what
 changes (times, embeddings, LoRA strengths, a changed condition's K/V) and the plan (`GraphStep.plan`) says which
-captured graph, if any, the tick replays."""
+captured graph, if any, the tick replays.
+
+A tick is two graphs: the forward (the DiT over every row, into a static velocity tensor) and the advance (each slot's
+guidance and solver step). The forward's plan holds only what shapes the forward, so what changes a slot's step alone
+(a shared knob's first move, a slot's place in its schedule) makes a new advance plan, whose capture records a few
+hundred small kernels in milliseconds, while the forward, a thousand kernels and ~100 ms of host time to record,
+replays as before."""
 
 from __future__ import annotations
 
@@ -24,11 +30,14 @@ from .tick_graph import StaticTensors, TickGraphs
 
 CLOCKS_KEPT = 64  # distinct sets of the slots' times kept on the device
 
-DeviceStep = Callable[
+Forward = Callable[
     [TickBatch, list[CrossGroup], torch.Tensor, torch.Tensor, dict[int, tuple[Any, Any]], torch.Tensor | None],
-    list[StepResult],
+    torch.Tensor,
 ]
-"""A tick's device work (`StreamPipeline`'s): (batch, K/V groups, temb, modulation, times by slot id, LoRA rows)."""
+"""A tick's batched forward (`StreamPipeline._forward`): (batch, K/V groups, temb, modulation, times by slot id, LoRA
+rows) -> the rows' velocities."""
+Advance = Callable[[TickBatch, torch.Tensor, dict[int, tuple[Any, Any]]], list[StepResult]]
+"""A tick's guidance and solver steps (`StreamPipeline._advance`): (batch, velocities, times by slot id)."""
 
 
 class GraphStep:
@@ -52,13 +61,14 @@ class GraphStep:
         embeddings: list[tuple[torch.Tensor, torch.Tensor]],
         dtype: torch.dtype,
         lanes: Iterable[Lane],
-        device_step: DeviceStep,
+        forward: Forward,
+        advance: Advance,
         draw_step_noise: Callable[[Slot], torch.Tensor],
     ) -> bool:
         """The same device work through static tensors: plain PyTorch the first time a plan comes, captured the
-        second, one graph replay after that. Host work here is copies: times, embeddings, strengths, changed K/V.
-        `embeddings`: each batch row's (temb, modulation). Returns whether the tick was a replay (a steady tick,
-        not a first run or a capture: a cost to learn from)."""
+        second, one graph replay after that (a forward's and an advance's). Host work here is copies: times,
+        embeddings, strengths, changed K/V. `embeddings`: each batch row's (temb, modulation). Returns whether the
+        tick was two replays (a steady tick, not a first run or a capture: a cost to learn from)."""
         static, active = self.static, batch.slots
         copies = self._home(active)
         hidden = embeddings[0][0].shape[-1]
@@ -87,9 +97,13 @@ class GraphStep:
             if uses_step_noise(state):
                 slot.step_noise.copy_(draw_step_noise(slot))
         plan = self.plan(batch, states, lanes, lora_rows is not None)
+        velocities = static.get("velocities", (len(batch.rows), *active[0].x.shape[1:]), dtype)
 
-        def step() -> tuple[tuple[bool, bool], ...]:
-            results = device_step(batch, groups, temb, modulation, times, lora_rows)
+        def forward_step() -> None:
+            velocities.copy_(forward(batch, groups, temb, modulation, times, lora_rows))
+
+        def advance_step() -> tuple[tuple[bool, bool], ...]:
+            results = advance(batch, velocities, times)
             facts = []
             for slot, result in zip(active, results):
                 slot.x.copy_(result.x)
@@ -102,10 +116,11 @@ class GraphStep:
             return tuple(facts)
 
         replays = self.graphs.counters.replays
-        for slot, (has_running, has_cached) in zip(active, self.graphs.run(plan, step, shapes=plan[0])):
+        self.graphs.run(self.forward_plan(batch, plan[0]), forward_step, shapes=plan[0])
+        for slot, (has_running, has_cached) in zip(active, self.graphs.run(plan, advance_step, shapes=plan[0:1])):
             slot.running = self._static_state(slot, "running") if has_running else None
             slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
-        return self.graphs.counters.replays > replays
+        return self.graphs.counters.replays == replays + 2
 
     def _stale(self, static: torch.Tensor, *sources: Any) -> bool:
         """Whether `static` does not hold `sources` (tensors, by identity and version: one edited in place is new;
@@ -271,6 +286,11 @@ class GraphStep:
         structure = self.decoder.structure_version  # LoRAs attached or detached: the layers themselves changed
         shapes = (frames, row_kinds, layout.order, layout.counts, kv_lengths, structure, per_row_loras)
         return shapes, slots, shared
+
+    @staticmethod
+    def forward_plan(batch: TickBatch, shapes: tuple) -> tuple:
+        """The forward graph's key: the shapes, and which slots' model inputs blend kept frames in (a latent mask)."""
+        return "forward", shapes, tuple((slot.home, "latent_mask" in slot.curves) for slot in batch.slots)
 
     @staticmethod
     def _options(slot: Slot) -> tuple:

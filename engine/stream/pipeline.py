@@ -332,7 +332,9 @@ class StreamPipeline:
             embeddings = self._row_embeddings(batch)
             dtype = self._device_dtype()[1]
             lanes = self._lanes.values()
-            steady = self._graph.run(batch, embeddings, dtype, lanes, self._device_step, self._draw_step_noise)
+            steady = self._graph.run(
+                batch, embeddings, dtype, lanes, self._forward, self._advance, self._draw_step_noise
+            )
         finished: list[Finished] = []
         for slot in active:
             slot.step += 1
@@ -379,19 +381,35 @@ class StreamPipeline:
         times: dict[int, tuple[Any, Any]],
         lora_rows: torch.Tensor | None,
     ) -> list[StepResult]:
-        """The device work of a tick: one decoder call over every row (at each row's session's LoRA strengths when
-        `lora_rows` [rows, MAX_LORAS] is given), then each slot's guidance and step."""
+        """The device work of a tick: the batched forward, then each slot's guidance and step."""
+        return self._advance(batch, self._forward(batch, groups, temb, modulation, times, lora_rows), times)
+
+    def _forward(
+        self,
+        batch: TickBatch,
+        groups: list[CrossGroup],
+        temb: torch.Tensor,
+        modulation: torch.Tensor,
+        times: dict[int, tuple[Any, Any]],
+        lora_rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One decoder call over every row (at each row's session's LoRA strengths when `lora_rows` [rows,
+        MAX_LORAS] is given) -> the rows' velocities, in `batch.layout.order`."""
         rows, order = batch.rows, batch.layout.order
-        states = {id(slot): slot.state() for slot in batch.slots}
-        inputs = {id(slot): model_input(states[id(slot)], times[id(slot)][0]) for slot in batch.slots}
+        inputs = {id(slot): model_input(slot.state(), times[id(slot)][0]) for slot in batch.slots}
         x = torch.cat([inputs[id(rows[i].slot)] for i in order])
         context = torch.cat([rows[i].slot.context for i in order])
         if lora_rows is None:
-            velocities = self.decoder_forward(x, temb, modulation, context, groups)
-        else:
-            with lora_set(self.decoder).rows_at(lora_rows):
-                velocities = self.decoder_forward(x, temb, modulation, context, groups)
-        position = {index: p for p, index in enumerate(order)}
+            return self.decoder_forward(x, temb, modulation, context, groups)
+        with lora_set(self.decoder).rows_at(lora_rows):
+            return self.decoder_forward(x, temb, modulation, context, groups)
+
+    def _advance(
+        self, batch: TickBatch, velocities: torch.Tensor, times: dict[int, tuple[Any, Any]]
+    ) -> list[StepResult]:
+        """Each slot's guidance and solver step from the rows' `velocities` (in `batch.layout.order`)."""
+        rows = batch.rows
+        position = {index: p for p, index in enumerate(batch.layout.order)}
         results = []
         for slot in batch.slots:
             own = [
@@ -400,7 +418,7 @@ class StreamPipeline:
                 if row.slot is slot
             ]
             noise = functools.partial(self._step_noise, slot)
-            results.append(advance(states[id(slot)], own, *times[id(slot)], noise))
+            results.append(advance(slot.state(), own, *times[id(slot)], noise))
         return results
 
     def _gpu_events(self) -> tuple[Any, Any] | None:

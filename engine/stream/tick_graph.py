@@ -6,7 +6,10 @@ each slot's place, step and options. The first time a plan comes the tick runs a
 a capture needs; skipped when its shapes have run before), the next time it is captured, from then on it is one
 `CUDAGraph.replay()`. New values (requests, knobs, curves, prompts) are copies into the static tensors, never
 re-captures. Graphs share one memory pool: they run one at a time and keep nothing but the static tensors between
-ticks."""
+ticks. The pool's life is owned by a keeper: a one-kernel graph captured into the pool first and never dropped. The
+device and the pinned-host allocators each count a pool's graphs, and a pool whose last graph went (evicted, or every
+graph cleared when a K/V buffer grows) has a count of 0 that the next capture into it trips over (`use_count > 0`
+INTERNAL ASSERT in CUDACachingAllocator.cpp or CachingHostAllocator.h); the keeper holds both counts above 0."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import contextlib
 import logging
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -23,7 +27,7 @@ import torch
 
 log = logging.getLogger("flowjam.graphs")
 
-GRAPH_CAPACITY = 64  # captured plans kept (least recently used dropped first)
+GRAPH_CAPACITY = 128  # captured plans kept, forwards and advances (least recently used dropped first)
 CAPTURE_TRIES = 2  # failed captures of one plan before it always runs uncaptured
 DEVICE_WORK = threading.RLock()
 """Held by every capture and by device work that may synchronise the whole device (a compiled kernel's first run
@@ -39,6 +43,9 @@ class GraphCounters:
     replays: int = 0
     evictions: int = 0
     capture_failures: int = 0  # failed captures (the tick then runs uncaptured)
+    capture_ms: float = 0.0  # host time of every capture (recording and instantiation), summed
+    capture_ms_max: float = 0.0  # the slowest capture's
+    last_failure: str = ""  # the newest failed capture's cause (its error's first line)
 
 
 class StaticTensors:
@@ -94,7 +101,8 @@ class TickGraphs:
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self._failures: dict[Hashable, int] = {}  # failed captures per plan
         self._warm_shapes: OrderedDict[Hashable, None] = OrderedDict()  # shapes some plan has run plain at
-        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self._pool: tuple[int, int] | None = None  # the graphs' memory pool, made with its keeper
+        self._keeper: torch.cuda.CUDAGraph | None = None
         self._stream: torch.cuda.Stream | None = None
 
     def run(self, plan: Hashable, step: Callable[[], Any], capture: bool = True, shapes: Hashable = None) -> Any:
@@ -121,15 +129,19 @@ class TickGraphs:
                 facts = step()
                 self._warmed(shapes)
                 return facts
+            started = time.perf_counter()
             try:
                 facts, graph = self._capture(step)
             except RuntimeError as error:  # nothing ran on the device: run the tick plain (a fresh warm-up)
                 self._failed(plan, error)
                 self.counters.uncaptured += 1
                 return step()
+            capture_ms = 1e3 * (time.perf_counter() - started)
         graph.replay()
         self._graphs[plan] = (graph, facts)
         self.counters.captures += 1
+        self.counters.capture_ms += capture_ms
+        self.counters.capture_ms_max = max(self.counters.capture_ms_max, capture_ms)
         if len(self._graphs) > self.capacity:
             self._graphs.popitem(last=False)
             self.counters.evictions += 1
@@ -154,6 +166,8 @@ class TickGraphs:
             self._stream = torch.cuda.Stream()
         self._stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._stream):
+            if self._keeper is None:
+                self._keep_pool()
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
             try:
                 facts = step()
@@ -164,6 +178,16 @@ class TickGraphs:
             self._end_capture(graph)
         torch.cuda.current_stream().wait_stream(self._stream)
         return facts, graph
+
+    def _keep_pool(self) -> None:
+        """Open a new pool with its keeper graph (one add into a one-element tensor, never replayed), on the capture
+        stream."""
+        self._pool = torch.cuda.graph_pool_handle()
+        keeper, counter = torch.cuda.CUDAGraph(), torch.zeros(1, device=torch.cuda.current_device())
+        keeper.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+        counter.add_(1)
+        self._end_capture(keeper)
+        self._keeper = keeper
 
     def _end_capture(self, graph: torch.cuda.CUDAGraph) -> None:
         """End the capture; one that ends in error leaves the pool marked as being recorded into (every later
@@ -182,10 +206,12 @@ class TickGraphs:
     def _failed(self, plan: Hashable, error: RuntimeError) -> None:
         """A capture failed (an operation a capture forbids, or a kernel first loaded inside it because compiled code
         changed since the plan's warm-up): the tick runs plain, which warms the plan again; after CAPTURE_TRIES
-        failures the plan always runs plain. Later captures use a fresh pool (a failed one can stay marked busy)."""
+        failures the plan always runs plain. Later captures use a fresh pool and keeper (a failed capture can leave
+        its pool marked busy); the graphs of the old pool replay on, holding it."""
         self.counters.capture_failures += 1
+        self.counters.last_failure = str(error).strip().splitlines()[0][:300] if str(error).strip() else repr(error)
         self._failures[plan] = self._failures.get(plan, 0) + 1
-        self._pool = torch.cuda.graph_pool_handle()
+        self._keeper = None
         self._stream = None
         log.warning(
             "a CUDA-graph capture failed (%d so far), the tick runs uncaptured: %s",
