@@ -354,8 +354,8 @@ def test_stop_is_idempotent_and_frees_the_port(registry, controller):
 
 
 def test_a_flood_of_malformed_bundles_is_counted_and_logged_once(caplog):
-    """python-osc warns through the root logger for every bundle element it cannot identify; 1,000 of them give
-    one log line from it (and one from us), and the rejects are counted."""
+    """1,000 bundles whose element is neither a message nor a bundle: all counted as malformed, one log line from the
+    bridge, none from python-osc (which warns through the root logger for each element it cannot identify)."""
     registry = KnobRegistry()
     bad_bundle = b"#bundle\x00" + b"\x00" * 8 + b"\x00\x00\x00\x04junk"
     with OscBridge(registry, OscConfig(port=0)) as bridge, caplog.at_level(logging.WARNING):
@@ -366,14 +366,15 @@ def test_a_flood_of_malformed_bundles_is_counted_and_logged_once(caplog):
         while bridge.stats()["received"] < 1000 and time.monotonic() < deadline:
             time.sleep(0.01)
         sender.close()
-    assert bridge.stats()["received"] == 1000
-    third_party = [r for r in caplog.records if "pythonosc" in r.pathname]
-    assert 1 <= len(third_party) <= 2, f"{len(third_party)} python-osc log lines for 1,000 bad bundles"
+    assert bridge.stats()["received"] == 1000 and bridge.stats()["rejected"] == {"malformed": 1000}
+    assert [r for r in caplog.records if "pythonosc" in r.pathname] == [], "python-osc logged a bad bundle"
+    assert sum("malformed" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_a_message_cut_short_is_rejected_not_read_as_zero(registry, make_bridge, controller):
-    """python-osc reads `knob/velocity_scale ,f` with no argument bytes as 0.0; the bridge refuses it, alone or in a
-    bundle, and keeps the knob where it was."""
+@pytest.mark.parametrize("depth", [0, 1, 2, 3])
+def test_a_message_cut_short_is_rejected_not_read_as_zero(registry, make_bridge, controller, depth):
+    """python-osc reads `knob/velocity_scale ,f` with no argument bytes as 0.0; the bridge refuses it, alone or in
+    bundles nested `depth` deep, and keeps the knob where it was."""
     bridge = make_bridge()
     client = controller(bridge)
     client.send_message(KNOB + "velocity_scale", 1.25)
@@ -381,11 +382,25 @@ def test_a_message_cut_short_is_rejected_not_read_as_zero(registry, make_bridge,
     whole = OscMessageBuilder(KNOB + "velocity_scale")
     whole.add_arg(0.5, OscMessageBuilder.ARG_TYPE_FLOAT)
     cut = whole.build().dgram[:-4]
-    bundled = b"#bundle\x00" + b"\x00" * 7 + b"\x01" + len(cut).to_bytes(4, "big") + cut
+    for _ in range(depth):
+        cut = b"#bundle\x00" + b"\x00" * 7 + b"\x01" + len(cut).to_bytes(4, "big") + cut
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
         sender.sendto(cut, bridge.address)
-        sender.sendto(bundled, bridge.address)
-    wait_for(lambda: bridge.stats()["rejected"].get("malformed", 0) == 2, 3, "both cut messages to be rejected")
+    wait_for(lambda: bridge.stats()["received"] == 2, 3, "the cut message to arrive")
+    assert bridge.stats()["rejected"] == {"malformed": 1}, bridge.stats()
     assert registry.get("velocity_scale") == 1.25, "a message cut short moved the knob"
     client.send_message(KNOB + "velocity_scale", 0.5)
     wait_for(lambda: registry.get("velocity_scale") == 0.5, 3, "a whole message after the cut ones")
+
+
+def test_the_last_message_shown_cuts_a_long_argument(registry, make_bridge, controller):
+    """A refused 60,000-character prompt is shown (stats' last_message, the live status line's `last`) as its first
+    40 characters and an ellipsis, not in full."""
+    bridge = make_bridge(on_prompt=lambda slot, text: None)
+    client = controller(bridge, listening=False)
+    client.send_message("/flowjam/default/prompt", "x" * 60_000)
+    wait_for(lambda: bridge.stats()["rejected"].get("prompt_too_long"), 3, "the long prompt to be refused")
+    last = bridge.stats()["last_message"]
+    assert last.startswith("/flowjam/default/prompt 'xxxx") and "…" in last, last
+    assert len(last) < 120, f"the last message shown is {len(last)} characters long"
+    assert len(bridge.stats()["last_error"]) < 200, bridge.stats()["last_error"]
