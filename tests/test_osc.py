@@ -404,3 +404,63 @@ def test_the_last_message_shown_cuts_a_long_argument(registry, make_bridge, cont
     assert last.startswith("/flowjam/default/prompt 'xxxx") and "…" in last, last
     assert len(last) < 120, f"the last message shown is {len(last)} characters long"
     assert len(bridge.stats()["last_error"]) < 200, bridge.stats()["last_error"]
+
+
+def test_live_survives_the_negative_size_bundle_and_ctrl_c_finishes_the_take(tmp_path):
+    """The issue's datagram (a bundle element of size -8) sent to a running `flowjam live`: OSC still answers, a refused
+    60,000-character prompt leaves a short status line, and Ctrl-C ends the run within 5 s with the take a whole WAV."""
+    import signal
+
+    import soundfile
+
+    osc_port, record = free_udp_port(), tmp_path / "take.wav"
+    command = [sys.executable, "-m", "flowjam", "live", "--preset", "tiny", "--prompt", "x", "--song-seconds", "8"]
+    command += ["--no-audio", "--osc-port", str(osc_port), "--record", str(record)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=read_lines, args=(process.stderr, lines), daemon=True).start()
+    controller = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    controller.bind(("127.0.0.1", 0))
+    controller.settimeout(0.2)
+
+    def answers(value: float, timeout_s: float) -> bool:
+        """Whether the knob's feedback comes back with `value` after it is sent (again each 0.5 s)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            controller.sendto(encode(KNOB + "velocity_scale", value), ("127.0.0.1", osc_port))
+            until = time.monotonic() + 0.5
+            while time.monotonic() < until:
+                try:
+                    reply = OscMessage(controller.recv(65536))
+                except TimeoutError:
+                    continue
+                if reply.address == KNOB + "velocity_scale" and reply.params == [float32(value)]:
+                    return True
+        return False
+
+    try:
+        assert answers(1.5, 120), "live never answered OSC (start-up on a loaded machine?)"
+        controller.sendto(b"#bundle\0" + bytes(8) + struct.pack(">i", -8) + b"/x\0\0", ("127.0.0.1", osc_port))
+        assert answers(0.75, 10), "OSC stopped answering after the negative-size bundle"
+        controller.sendto(encode("/flowjam/default/prompt", "y" * 60_000), ("127.0.0.1", osc_port))
+        status, shown = "", "last /flowjam/default/prompt 'yyy"
+        deadline = time.monotonic() + 20
+        while shown not in status and time.monotonic() < deadline:
+            try:
+                status = lines.get(timeout=1)
+            except queue.Empty:
+                pass
+        assert shown in status, f"no status line showed the long prompt: {status!r}"
+        assert len(status) < 600, f"a {len(status)}-character status line"
+        process.send_signal(signal.SIGINT)
+        stopped_at = time.monotonic()
+        process.wait(timeout=30)
+        stop_s = time.monotonic() - stopped_at
+    finally:
+        process.kill()
+        controller.close()
+    assert stop_s < 5, f"Ctrl-C took {stop_s:.1f} s to end the run"
+    assert process.returncode == 0, "".join(lines.queue)
+    assert not record.with_name("take.wav.partial").exists(), "the take was left unfinished"
+    info = soundfile.info(record)
+    assert info.samplerate == 48_000 and info.frames > 0, info
