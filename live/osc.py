@@ -57,7 +57,7 @@ from pythonosc.osc_message import OscMessage
 from ..engine.params import MAX_PROMPT_CHARS
 from .knobs import KnobChange, KnobError, KnobRegistry
 from .osc_schedule import MAX_SCHEDULED, BundleScheduler
-from .osc_wire import Bundle, encode, one_number, parse
+from .osc_wire import SHOWN_ADDRESS_CHARS, Bundle, clip, encode, one_number, parse, shown
 from .udp import Address, is_loopback, lookup, resolve, resolve_hosts, set_receive_buffer, show
 
 log = logging.getLogger("flowjam.osc")
@@ -70,9 +70,6 @@ RECEIVE_POLL_S = 0.05  # how often the receive loop looks at the stop flag
 MAX_BATCH = 1024  # datagrams read before what they hold is applied: bounds the delay a flood adds to a change
 TRANSPORT_COMMANDS = ("play", "stop", "reset")
 TARGET_COMMANDS = ("capture", "clear")
-SHOWN_CHARS = 40  # of one argument in stats and logs: a 60,000-character prompt must not fill the status line
-SHOWN_ARGS = 4
-SHOWN_ADDRESS_CHARS = 100
 PROMPT_PATHS = {"prompt": "a", "prompt/a": "a", "prompt/b": "b", "prompt/negative": "negative"}
 
 
@@ -586,15 +583,3 @@ class OscBridge:
             self._logged_reasons.add(reason)
         if first:
             log.warning("%s [%s: logged once, counted in stats()]", message, reason, exc_info=exc_info)
-
-
-def shown(args: list) -> str:
-    """Arguments as the status line and logs show them: each cut to SHOWN_CHARS, at most SHOWN_ARGS of them."""
-    parts = [clip(repr(arg), SHOWN_CHARS) for arg in args[:SHOWN_ARGS]]
-    if len(args) > SHOWN_ARGS:
-        parts.append(f"(and {len(args) - SHOWN_ARGS} more)")
-    return " ".join(parts) or "(no arguments)"
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"

@@ -3,7 +3,8 @@ element size: every size field read is bounded, at any nesting. python-osc reads
 missing argument bytes were zeros (a truncated `knob/velocity_scale ,f` would set the knob to 0.0), so every
 message, bundled at any depth or not, is first checked against the sizes its type tags declare, and only then handed
 to python-osc's message parser. A message carrying one number, what a fader sends, is read by `one_number` without
-python-osc's general parser (0.6 against 5 us), so a flood of them is read as fast as a sender sends."""
+python-osc's general parser (0.6 against 5 us), so a flood of them is read as fast as a sender sends. `shown` cuts
+arguments to what a status line and a log can hold."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ BUNDLE_PREFIX = b"#bundle\0"
 BUNDLE_HEADER_BYTES = len(BUNDLE_PREFIX) + 8  # and the timetag
 ELEMENT_SIZE = struct.Struct(">i")
 MAX_BUNDLE_DEPTH = 8  # a 64 KiB datagram could nest thousands deep
+SHOWN_CHARS = 40  # of one argument in stats and logs: a 60,000-character prompt must not fill the status line
+SHOWN_ARGS = 4
+SHOWN_ADDRESS_CHARS = 100
 ONE_NUMBER = {
     b",f\0\0": struct.Struct(">f"),
     b",i\0\0": struct.Struct(">i"),
@@ -129,3 +133,15 @@ def _string_end(data: bytes, start: int) -> int:
     if end < 0:
         raise ValueError("truncated: a string has no terminating NUL")
     return start + ((end - start) // 4 + 1) * 4
+
+
+def shown(args: list) -> str:
+    """Arguments as the status line and logs show them: each cut to SHOWN_CHARS, at most SHOWN_ARGS of them."""
+    parts = [clip(repr(arg), SHOWN_CHARS) for arg in args[:SHOWN_ARGS]]
+    if len(args) > SHOWN_ARGS:
+        parts.append(f"(and {len(args) - SHOWN_ARGS} more)")
+    return " ".join(parts) or "(no arguments)"
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
