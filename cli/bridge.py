@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..live.midi import MIDI_BACKENDS
+from ..live.midi_port import MIDI_BACKENDS
 from .flags import CommandError, add_seconds, add_server_arguments, check_port, server_client
 
 

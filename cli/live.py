@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..live.midi import MIDI_BACKENDS
+from ..live.midi_port import MIDI_BACKENDS
 from ..live.playback import DEFAULT_BLOCKSIZE
 from ..live.sync.follow import SYNC_SOURCES
 from .flags import (
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if config.osc_port is not None:
         check_osc(config)
     if config.uses_midi:
-        from ..live.midi import find_input_port
+        from ..live.midi_port import find_input_port
 
         find_input_port(config.midi_port, config.midi_backend)  # a wrong port or MIDI system fails before loading
     app = LiveApp(load_session(args), config, registry)

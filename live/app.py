@@ -332,7 +332,8 @@ class LiveApp:
         """Add (or replace) the MIDI input, loading `map_path` if it exists and learning `learn` knobs in order (the
         mapper arms each knob once the previous control is released). `backend` None: the config's; `clock`: the
         port's MIDI clock feeds it (--sync midi)."""
-        from .midi import MidiInput, MidiMapper
+        from .midi import MidiMapper
+        from .midi_port import MidiInput
 
         if self.midi is not None:
             self.midi.stop()

@@ -39,12 +39,9 @@ once (logger "flowjam.osc").
 from __future__ import annotations
 
 import errno
-import heapq
-import itertools
 import json
 import logging
 import math
-import os
 import select
 import socket
 import threading
@@ -52,14 +49,15 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
-from pythonosc.osc_bundle import OscBundle
 from pythonosc.osc_message import OscMessage
 
 from ..engine.params import MAX_PROMPT_CHARS
 from .knobs import KnobChange, KnobError, KnobRegistry
-from .osc_wire import encode, one_number, parse
+from .osc_schedule import MAX_SCHEDULED, BundleScheduler
+from .osc_wire import SHOWN_ADDRESS_CHARS, Bundle, clip, encode, one_number, parse, shown
 from .udp import Address, is_loopback, lookup, resolve, resolve_hosts, set_receive_buffer, show
 
 log = logging.getLogger("flowjam.osc")
@@ -67,42 +65,12 @@ log = logging.getLogger("flowjam.osc")
 ECHO_HOLD_S = 0.150  # no echo to an address that moved the knob this recently
 FEEDBACK_INTERVAL_S = 0.010  # at most 100 feedback batches a second
 MAX_AHEAD_S = 60.0  # bundles timetagged further ahead are rejected: the sender's clock is off
-MAX_SCHEDULED = 10_000
 MAX_REPLIES = 1024
 RECEIVE_POLL_S = 0.05  # how often the receive loop looks at the stop flag
 MAX_BATCH = 1024  # datagrams read before what they hold is applied: bounds the delay a flood adds to a change
 TRANSPORT_COMMANDS = ("play", "stop", "reset")
 TARGET_COMMANDS = ("capture", "clear")
 PROMPT_PATHS = {"prompt": "a", "prompt/a": "a", "prompt/b": "b", "prompt/negative": "negative"}
-
-
-class ThirdPartyRateLimit(logging.Filter):
-    """Lets each repeated warning of a third-party library through once per interval, like our own: python-osc logs
-    every malformed bundle through the root logger, so a flood of bad packets would flood the console."""
-
-    def __init__(self, packages: tuple[str, ...] = ("pythonosc",), interval_s: float = 10.0):
-        super().__init__()
-        self.markers = tuple(f"{os.sep}{package}{os.sep}" for package in packages)
-        self.interval_s = interval_s
-        self._seen: dict[tuple[str, int], tuple[float, int]] = {}  # (file, line) -> (last logged, suppressed since)
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not any(marker in record.pathname for marker in self.markers):
-            return True
-        key, now = (record.pathname, record.lineno), time.monotonic()
-        with self._lock:
-            last, suppressed = self._seen.get(key, (-math.inf, 0))
-            if now - last < self.interval_s:
-                self._seen[key] = (last, suppressed + 1)
-                return False
-            self._seen[key] = (now, 0)
-        if suppressed:
-            record.msg = f"{record.msg} [and {suppressed} more like it in {self.interval_s:.0f} s]"
-        return True
-
-
-THIRD_PARTY_RATE_LIMIT = ThirdPartyRateLimit()
 
 
 @dataclass(frozen=True)
@@ -180,9 +148,9 @@ class OscBridge:
         self._last_sender: Address | None = None
         self._moved_at: dict[tuple[str, Address], float] = {}  # (knob, address) -> perf_counter of its last move
         # scheduler: future bundle contents
-        self._schedule_ready = threading.Condition()
-        self._scheduled: list[tuple[float, int, OscMessage, Address]] = []
-        self._schedule_order = itertools.count()
+        self._scheduler = BundleScheduler(
+            lambda message, sender, due: self._on_message(message.address, message.params, sender, due)
+        )
         # sender: replies in order, feedback coalesced per knob, held-back echoes (sender thread only)
         self._send_ready = threading.Condition()
         self._replies: deque[tuple[bytes, Address]] = deque()
@@ -225,12 +193,13 @@ class OscBridge:
                     *self._address,
                     "" if self._allowed else "; set allow_hosts to choose who may play",
                 )
-            root = logging.getLogger()
-            if THIRD_PARTY_RATE_LIMIT not in root.filters:
-                root.addFilter(THIRD_PARTY_RATE_LIMIT)
             self._stopping = threading.Event()
             self._unsubscribe = self.registry.subscribe(self._on_change)
-            loops = {"receive": self._receive_loop, "schedule": self._schedule_loop, "send": self._send_loop}
+            loops = {
+                "receive": self._receive_loop,
+                "schedule": partial(self._scheduler.run, self._stopping),
+                "send": self._send_loop,
+            }
             self._threads = [
                 threading.Thread(target=loop, name=f"flowjam-osc-{name}", daemon=True) for name, loop in loops.items()
             ]
@@ -261,16 +230,16 @@ class OscBridge:
                 return
             self._unsubscribe()
             self._stopping.set()
-            for condition in (self._schedule_ready, self._send_ready):
-                with condition:
-                    condition.notify_all()
+            self._scheduler.wake()
+            with self._send_ready:
+                self._send_ready.notify_all()
             for thread in self._threads:
                 if thread is not threading.current_thread():  # stop() from a handler: that loop ends by itself
                     thread.join()
             self._socket.close()
             self._socket = None
             self._threads = []
-            self._scheduled.clear()
+            self._scheduler.clear()
             self._replies.clear()
             self._pending.clear()
             self._held.clear()
@@ -360,7 +329,7 @@ class OscBridge:
             return
         self._last_sender = sender
         self._apply_knob_sets(knob_sets)
-        if isinstance(packet, OscBundle):
+        if isinstance(packet, Bundle):
             self._on_bundle(packet, sender, received_at, time.time())
         else:
             self._on_message(packet.address, packet.params, sender, received_at)
@@ -378,11 +347,11 @@ class OscBridge:
             self._on_message(knob_set.address, [knob_set.value], knob_set.sender, knob_set.received_at)
         knob_sets.clear()
 
-    def _on_bundle(self, bundle: OscBundle, sender: Address, received_at: float, now_epoch: float) -> None:
+    def _on_bundle(self, bundle: Bundle, sender: Address, received_at: float, now_epoch: float) -> None:
         """Contents timetagged now or earlier (or "immediately") apply at once, later ones at their time."""
         ahead_s = bundle.timestamp - now_epoch if bundle.timestamp else 0.0
-        for content in bundle:
-            if isinstance(content, OscBundle):
+        for content in bundle.contents:
+            if isinstance(content, Bundle):
                 self._on_bundle(content, sender, received_at, now_epoch)
             elif ahead_s <= 0:
                 self._on_message(content.address, content.params, sender, received_at)
@@ -396,26 +365,28 @@ class OscBridge:
                 self._schedule(received_at + ahead_s, content, sender)
 
     def _schedule(self, due: float, message: OscMessage, sender: Address) -> None:
-        with self._schedule_ready:
-            full = len(self._scheduled) >= MAX_SCHEDULED
-            if not full:
-                heapq.heappush(self._scheduled, (due, next(self._schedule_order), message, sender))
-                self._schedule_ready.notify()
-        if full:
-            self._reject("schedule_full", f"{MAX_SCHEDULED} timetagged OSC messages already wait; dropped {message}")
-        else:
+        if self._scheduler.add(due, message, sender):
             self._count("scheduled")
+        else:
+            self._reject(
+                "schedule_full",
+                f"{MAX_SCHEDULED} timetagged OSC messages already wait; dropped {message.address} {shown(message.params)}",
+            )
 
     def _on_message(self, address: str, args: list, sender: Address, received_at: float) -> None:
         """Apply one message; never raises (the receive and scheduler threads must keep going)."""
         try:
             self._dispatch(address, args, sender, received_at)
         except Exception as error:
-            self._reject("internal_error", f"OSC message {address} {args!r} failed: {error!r}", exc_info=True)
+            self._reject(
+                "internal_error",
+                f"OSC message {clip(address, SHOWN_ADDRESS_CHARS)} {shown(args)} failed: {error!r}",
+                exc_info=True,
+            )
 
     def _dispatch(self, address: str, args: list, sender: Address, received_at: float) -> None:
         with self._stats_lock:
-            self._last_message = " ".join([address, *map(repr, args), "from", show(sender)])
+            self._last_message = f"{clip(address, SHOWN_ADDRESS_CHARS)} {shown(args)} from {show(sender)}"
         path = address[len(self._prefix) :] if address.startswith(self._prefix) else None
         kind, _, name = (path or "").partition("/")
         if kind in ("knob", "norm") and name:
@@ -436,7 +407,8 @@ class OscBridge:
                     self._call("transport", self._on_transport, args[0])
                 else:
                     self._reject(
-                        "unknown_transport", f"OSC {address} {args[0]!r}: commands are {', '.join(TRANSPORT_COMMANDS)}"
+                        "unknown_transport",
+                        f"OSC {address} {shown(args)}: commands are {', '.join(TRANSPORT_COMMANDS)}",
                     )
         elif path == "status":
             self._on_status(sender)
@@ -445,14 +417,14 @@ class OscBridge:
         else:
             self._reject(
                 "unknown_address",
-                f"unknown OSC address {address!r}: this bridge answers {self._prefix}"
+                f"unknown OSC address {clip(repr(address), SHOWN_ADDRESS_CHARS)}: this bridge answers {self._prefix}"
                 "knob/<name>, norm/<name>, prompt, prompt/b, prompt/negative, transport, "
                 "target/capture, target/clear, status, sync",
             )
 
     def _on_knob(self, kind: str, name: str, args: list, sender: Address, received_at: float) -> None:
         if len(args) > 1:
-            self._reject("wrong_arguments", f"OSC {self._prefix}{kind}/{name} takes one number, got {args!r}")
+            self._reject("wrong_arguments", f"OSC {self._prefix}{kind}/{name} takes one number, got {shown(args)}")
             return
         try:
             if not args:  # a query: reply to the sender only
@@ -510,7 +482,7 @@ class OscBridge:
     def _one_string(self, address: str, args: list) -> bool:
         if len(args) == 1 and isinstance(args[0], str):
             return True
-        self._reject("wrong_arguments", f"OSC {address} takes one string, got {args!r}")
+        self._reject("wrong_arguments", f"OSC {address} takes one string, got {shown(args)}")
         return False
 
     def _call(self, what: str, handler: Callable | None, *args) -> None:
@@ -520,24 +492,9 @@ class OscBridge:
         try:
             handler(*args)
         except Exception as error:
-            self._reject("handler_error", f"on_{what}{args!r} raised {error!r}", exc_info=True)
+            self._reject("handler_error", f"on_{what}({shown(list(args))}) raised {error!r}", exc_info=True)
             return
         self._count("applied")
-
-    # scheduler thread
-
-    def _schedule_loop(self) -> None:
-        while True:
-            with self._schedule_ready:
-                while not self._stopping.is_set():
-                    wait_s = self._scheduled[0][0] - time.perf_counter() if self._scheduled else None
-                    if wait_s is not None and wait_s <= 0:
-                        break
-                    self._schedule_ready.wait(wait_s)
-                if self._stopping.is_set():
-                    return
-                due, _, message, sender = heapq.heappop(self._scheduled)
-            self._on_message(message.address, message.params, sender, due)
 
     # sender thread
 

@@ -136,7 +136,8 @@ class Bridge:
     ) -> None:
         """Play the mirror from a MIDI input too: `map_path` loaded if it exists (and saved on stop), `learn` knobs
         mapped to the next controls moved, in order (see midi.py)."""
-        from ..live.midi import MidiInput, MidiMapper
+        from ..live.midi import MidiMapper
+        from ..live.midi_port import MidiInput
 
         existing = map_path is not None and Path(map_path).is_file()
         self.mapper = MidiMapper.load(map_path, self.registry) if existing else MidiMapper(self.registry)

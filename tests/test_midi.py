@@ -10,16 +10,8 @@ import time
 import mido
 import pytest
 from flowjam.live.knobs import KnobError, KnobRegistry
-from flowjam.live.midi import (
-    ALSA_SEQUENCER,
-    JACK_BACKEND,
-    CCMapping,
-    MidiError,
-    MidiInput,
-    MidiMapper,
-    MidiStats,
-    list_ports,
-)
+from flowjam.live.midi import CCMapping, MidiError, MidiMapper, MidiStats
+from flowjam.live.midi_port import ALSA_SEQUENCER, JACK_BACKEND, MidiInput, list_ports
 from helpers import wait_for
 
 
@@ -247,7 +239,8 @@ def test_module_imports_without_mido_and_start_names_the_install_command():
     code = (
         "import sys; sys.modules['mido'] = None\n"
         "from flowjam.live.knobs import KnobRegistry\n"
-        "from flowjam.live.midi import MidiInput, MidiMapper\n"
+        "from flowjam.live.midi import MidiMapper\n"
+        "from flowjam.live.midi_port import MidiInput\n"
         "try:\n    MidiInput(MidiMapper(KnobRegistry())).start()\n"
         "except ValueError as error:\n    print(error)\n"
     )
@@ -262,7 +255,7 @@ def test_an_unusable_midi_system_error_names_the_jack_backend():
 
 
 def test_a_missing_alsa_sequencer_is_caught_before_rtmidi_opens_it(monkeypatch, tmp_path):
-    monkeypatch.setattr("flowjam.live.midi.ALSA_SEQUENCER", tmp_path / "seq")
+    monkeypatch.setattr("flowjam.live.midi_port.ALSA_SEQUENCER", tmp_path / "seq")
     with pytest.raises(MidiError, match=r"'alsa' needs the ALSA sequencer .*use --midi-backend jack"):
         list_ports("alsa")
 
