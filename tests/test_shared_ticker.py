@@ -217,7 +217,7 @@ def test_the_host_refuses_a_session_it_could_not_keep_in_real_time(session):
     try:
         host.create("first", SessionSpec("lofi", seconds=4, knobs={"depth": 2}))
         wait_for(lambda: host.status("first")["ticks"] >= 3, 30, "three ticks of 'first' to be measured")
-        with pytest.raises(SessionRefused, match="refused.*another GPU"):
+        with pytest.raises(SessionRefused, match="behind.*another replica"):
             host.create("second", SessionSpec("jazz", seconds=4))
         assert host.names() == ["first"] and host.status("first")["errors"] == 0
     finally:
@@ -229,7 +229,7 @@ def test_the_host_refuses_a_depth_its_ring_could_not_keep_in_real_time(session):
     try:
         host.create("deep", SessionSpec("lofi", seconds=4, knobs={"depth": 1}))
         wait_for(lambda: host.status("deep")["ticks"] >= 3, 30, "three ticks of 'deep' to be measured")
-        with pytest.raises(ValueError, match="depth 4 for session 'deep' refused"):
+        with pytest.raises(ValueError, match=r"depth 4 refused: .* rows .* this session \(depth 4, 8 steps\)"):
             host.set_knobs("deep", {"depth": 4, "denoise": 0.5})
         knobs = host.status("deep")["knobs"]
         assert knobs["depth"] == 1 and knobs["denoise"] == 0.7, "a refused batch applied part of itself"
