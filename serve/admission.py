@@ -14,6 +14,7 @@ from . import refusals
 from .errors import SessionRefused
 
 MEASURED_LATENTS = 3  # fresh latents per playing session since the ring changed: two intervals to measure
+LONGEST_WAIT_S = 30.0  # however loose the target, a create waits no longer for a measurement
 POLL_S = 0.01
 
 
@@ -39,7 +40,7 @@ class Admission:
     def wait_s(self) -> float:
         """The longest wait for a measurement: a ring in real time gives one well within it (a new session's first
         latent takes up to MAX_DEPTH intervals, then MEASURED_LATENTS more)."""
-        return (MAX_DEPTH + MEASURED_LATENTS + 1) * self.target_ms / 1000.0
+        return min(LONGEST_WAIT_S, (MAX_DEPTH + MEASURED_LATENTS + 1) * self.target_ms / 1000.0)
 
     def changed(self) -> None:
         """The ring changed (a session let in or ended): the next create waits for a measurement after this."""
