@@ -85,10 +85,14 @@ class SharedTicker:
         with self._between_ticks():
             return self.pipeline.add_lane(name, depth, paced=True, need=need)
 
-    def check_depth(self, name: str, depth: int) -> None:
-        """Raise AdmissionRefused if session `name` at `depth` would make the ring miss a session's need."""
+    def set_depth(self, name: str, depth: int) -> None:
+        """Session `name`'s depth, checked and set in one step between ticks, so the next check (another session's)
+        counts it: AdmissionRefused, the depth unchanged, if the ring would then miss a session's need. The runner
+        applying the same depth from its knob afterwards changes nothing."""
         with self._between_ticks():
-            self.pipeline.lane(name).check_depth(depth)
+            if name not in self.pipeline.lane_names:
+                raise ValueError(f"no session {name!r} on this ring")
+            self.pipeline.lane(name).set_depth(depth)
 
     def register(self, runner) -> None:
         """Make `runner` (a LiveRunner on one of this ring's lanes) one of the ring's: `step` ticks it from now on,

@@ -34,6 +34,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import MultiplexMixin, PendingRequest, RequestRouter, RunningReplica
 
 from ..engine.stream import MAX_LANES
+from . import refusals
 from .access import AccessPolicy
 from .errors import SessionLost, SessionRefused, UnknownSession
 from .gateway import LocalRouter, make_app
@@ -138,7 +139,7 @@ class RingReplica:
         if replica is not None and replica != self.replica_id:
             raise NotHere(f"create for replica {replica} reached replica {self.replica_id}")
         if name in self._creating or name in self.local.host.names():
-            raise ValueError(f"a session named {name!r} is playing already: end it first or pick another name")
+            raise ValueError(refusals.name_taken())
         self._creating[name] = spec
         try:
             started = await self._start(name)
@@ -224,7 +225,7 @@ class RayRouter:
         """Start the session on the replica with the fewest sessions; one that refuses it is not asked again."""
         name = spec["name"]
         if name in self._creating:
-            raise ValueError(f"a session named {name!r} is being created already: pick another name")
+            raise ValueError(refusals.name_taken())
         self._creating.add(name)
         try:
             return await self._create(name, {key: value for key, value in spec.items() if key != "name"})
@@ -237,7 +238,7 @@ class RayRouter:
         while True:
             placement = await self._placement()
             if any(name in entry["sessions"] for entry in placement):
-                raise ValueError(f"a session named {name!r} is playing already: end it first or pick another name")
+                raise ValueError(refusals.name_taken())
             counts = {entry["replica"]: len(entry["sessions"]) for entry in placement}
             free = [replica for replica in counts if replica not in refusals]
             if not free or time.monotonic() > deadline:

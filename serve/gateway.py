@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from ..engine.params import check_prompt_length
 from .access import AccessDenied, AccessPolicy, SessionTokens, bearer
 from .errors import SessionLost, SessionRefused, UnknownSession
-from .guard import Guard
+from .guard import Guard, load_json
 from .protocol import ACK_WINDOW_FRAMES, chunk_span, with_more_dropped
 
 if TYPE_CHECKING:
@@ -307,8 +307,8 @@ def _ack(text: str | None) -> int | None:
     if text is None or not text.startswith('{"ack"'):
         return None
     try:
-        sample = json.loads(text)["ack"]
-    except (json.JSONDecodeError, KeyError):
+        sample = load_json(text)["ack"]
+    except (ValueError, KeyError, TypeError):  # not an ack after all: answered as a control message
         return None
     return sample if isinstance(sample, int) and sample >= 0 else None
 
@@ -318,9 +318,9 @@ async def _apply_control(router: SessionRouter, session: str, text: str | None) 
     if text is None:
         raise ValueError(f"binary messages are audio, which only the server sends; {example}")
     try:
-        message = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"control message is not JSON ({error}); {example}") from None
+        message = load_json(text)
+    except ValueError as error:
+        raise ValueError(f"control message: {error}; {example}") from None
     if not isinstance(message, dict) or len(message) != 1 or not {"knobs", "prompt"} & set(message):
         raise ValueError(f"control message {text[:200]!r} is neither knobs nor prompt; {example}")
     if "knobs" in message:
@@ -336,9 +336,9 @@ async def _apply_control(router: SessionRouter, session: str, text: str | None) 
 
 async def _json_object(request: Request, what: str) -> dict[str, Any]:
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"the body must be a JSON object describing {what} ({error})") from None
+        body = load_json(await request.body())
+    except ValueError as error:
+        raise ValueError(f"the body must be a JSON object describing {what}: {error}") from None
     if not isinstance(body, dict):
         raise ValueError(f"the body must be a JSON object describing {what}, got {type(body).__name__}")
     return body

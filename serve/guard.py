@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
+from itertools import accumulate
 from typing import Any
 
 import uvicorn
@@ -22,6 +24,9 @@ MAX_FRAME_BYTES = 64 * 1024  # a larger WebSocket frame closes its connection (1
 HEADER_TIMEOUT_S = 10.0  # a request whose headers (or the next part of its body) take longer is closed
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON_TYPES = frozenset({"application/json"})
+MAX_JSON_DEPTH = 16  # a knob body is nested 1 deep, a create 2: anything far deeper is refused before parsing
+JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+JSON_NESTING = re.compile(r"[\[\]{}]")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -135,6 +140,24 @@ class GuardedH11(H11Protocol):
         upgraded = self.transport.get_protocol() is not self  # a WebSocket now: not ours to time out
         if not upgraded and self._waiting_for_headers() and not self.transport.is_closing():
             self.transport.close()
+
+
+def load_json(text: str | bytes) -> Any:
+    """Parse a body or control message whose nesting was first counted: ValueError naming the limit (not the
+    parser's RecursionError, a 500) past MAX_JSON_DEPTH, or for text that is not UTF-8 JSON."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"JSON must be UTF-8 ({error})") from None
+    brackets = JSON_NESTING.findall(JSON_STRING.sub("", text))
+    deepest = max(accumulate(1 if bracket in "[{" else -1 for bracket in brackets), default=0)
+    if deepest > MAX_JSON_DEPTH:
+        raise ValueError(f"JSON nested {deepest} deep; at most {MAX_JSON_DEPTH} (a knob body is 1 deep)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON ({error})") from None
 
 
 async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:

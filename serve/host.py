@@ -21,6 +21,7 @@ from ..engine.params import (
     DEFAULT_PRECISION,
     DEFAULT_WINDOW_SECONDS,
     LATENT_RATE_HZ,
+    MAX_SONG_SECONDS,
     REALTIME_LATENT_INTERVAL_MS,
     song_frames,
 )
@@ -36,6 +37,8 @@ from ..live.renderer import BlockRenderer
 from ..live.runner import PROMPT_SLOTS, LiveRunner, RunnerConfig
 from ..live.shared_ticker import SharedTicker
 from ..live.sync.grid import Grid
+from . import refusals
+from .admission import Admission
 from .errors import SessionRefused, UnknownSession
 from .protocol import encode_chunk
 
@@ -172,6 +175,8 @@ class RingHost:
         self._sessions: dict[str, HostedSession] = {}
         self._starting: set[str] = set()  # names being created (outside the lock)
         self._lock = threading.Lock()
+        self._depth_lock = threading.Lock()  # a depth set on the ring and in the session's knobs, one at a time
+        self.admission = Admission(latent_interval_ms)
         self._closing = threading.Event()
         self.late_blocks = 0  # clock wake-ups more than a block late (the lost time is not made up, as on a device)
         self._clock = threading.Thread(target=self._play, name="flowjam-host-clock", daemon=True)
@@ -196,61 +201,71 @@ class RingHost:
             registry.set(knob, value, origin="create")
         with self._lock:
             if self._closing.is_set():
-                raise SessionRefused("this host is shutting down: create the session on another replica")
+                raise SessionRefused(refusals.shutting_down())
             if name in self._sessions or name in self._starting:
-                raise ValueError(f"a session named {name!r} is playing already: end it first or pick another name")
+                raise ValueError(refusals.name_taken())
             if len(self._sessions) + len(self._starting) >= MAX_LANES:
-                raise SessionRefused(
-                    f"this host plays {MAX_LANES} sessions already: end one, or create it on another replica"
-                )
+                raise SessionRefused(refusals.host_full(MAX_LANES))
             playing = {hosted.runner.request_frames for hosted in self._sessions.values()}
             if playing and request_frames not in playing:
-                seconds = playing.pop() / LATENT_RATE_HZ
-                raise ValueError(
-                    f"this host generates {seconds:g} s per request (one ring, one request length): create the "
-                    f"session with window_seconds={seconds:g} (or a loop that long), or on another replica"
-                )
+                raise ValueError(refusals.one_request_length(playing.pop() / LATENT_RATE_HZ))
             self._starting.add(name)
-        try:  # built outside the lock: the clock keeps playing the other sessions meanwhile
-            buffer = LoopBuffer(samples, 2, self.session.sample_rate)
-            try:
-                metas = {} if grid is None else {"bpm": round(grid.bpm), "time_signature": grid.beats_per_bar}
-                runner = LiveRunner(
-                    self.session,
-                    registry,
-                    buffer,
-                    spec.prompt,
-                    spec.prompt_b,
-                    config=RunnerConfig(window_s=spec.window_seconds, endless=spec.endless, **metas),
-                    negative=spec.negative,
-                    ticker=self.ticker,
-                    name=name,
-                )
-            except AdmissionRefused as error:
-                buffer.unlink()
-                raise SessionRefused(str(error)) from None
-            except BaseException:
-                buffer.unlink()
-                raise
-            hosted = HostedSession(name, registry, buffer, runner, BlockRenderer(buffer, self.block_frames, None))
-            with self._lock:
-                self._sessions[name] = hosted
+        try:
+            with self.admission.turn:  # creates take turns: each is measured against the ring with the last one in
+                self.admission.check(self._latent_times)
+                hosted = self._start(name, spec, grid, samples, registry)
+                hosted.runner.start()
+                self.admission.changed()
         finally:
             with self._lock:
                 self._starting.discard(name)
-        runner.start()
         log.info("session %s started (%d playing)", name, len(self._sessions))
         return self.status(name)
+
+    def _start(self, name: str, spec: SessionSpec, grid: Grid | None, samples: int, registry: KnobRegistry):
+        """The session's buffer and runner on a lane of the ring (admission control's prediction may refuse it),
+        built outside the lock: the clock keeps playing the other sessions meanwhile."""
+        buffer = LoopBuffer(samples, 2, self.session.sample_rate)
+        try:
+            metas = {} if grid is None else {"bpm": round(grid.bpm), "time_signature": grid.beats_per_bar}
+            runner = LiveRunner(
+                self.session,
+                registry,
+                buffer,
+                spec.prompt,
+                spec.prompt_b,
+                config=RunnerConfig(window_s=spec.window_seconds, endless=spec.endless, **metas),
+                negative=spec.negative,
+                ticker=self.ticker,
+                name=name,
+            )
+        except AdmissionRefused as error:
+            buffer.unlink()
+            raise SessionRefused(refusals.admission(error, name)) from None
+        except BaseException:
+            buffer.unlink()
+            raise
+        hosted = HostedSession(name, registry, buffer, runner, BlockRenderer(buffer, self.block_frames, None))
+        with self._lock:
+            self._sessions[name] = hosted
+        return hosted
+
+    def _latent_times(self) -> list[list[float]]:
+        """Every playing session's latent times (perf_counter), for admission."""
+        with self._lock:
+            playing = list(self._sessions.values())
+        return [list(hosted.runner.stats.latent_times) for hosted in playing]
 
     def end(self, name: str) -> None:
         with self._lock:
             hosted = self._sessions.pop(name, None)
         if hosted is None:
-            raise UnknownSession(unknown_session(name))
+            raise UnknownSession(refusals.unknown_session(name))
         for subscription in hosted.subscriptions:
             subscription.finish(f"session {name!r} was ended")
         hosted.runner.stop()
         hosted.buffer.unlink()
+        self.admission.changed()
         log.info("session %s ended", name)
 
     def names(self) -> list[str]:
@@ -282,10 +297,17 @@ class RingHost:
         trial = KnobRegistry(hosted.registry.specs.values())
         for knob, value in knobs.items():
             trial.set(knob, value, origin="check")
-        if "depth" in knobs:  # deeper is more rows a tick: admission control has its say (ValueError, 400)
-            self.ticker.check_depth(name, int(trial.get("depth")))
-        for knob, value in knobs.items():
-            hosted.registry.set(knob, value, origin="remote")
+        with self._depth_lock:
+            if "depth" in knobs:  # set on the ring first: admission control has its say (ValueError, 400)
+                depth = int(trial.get("depth"))
+                try:
+                    self.ticker.set_depth(name, depth)
+                except AdmissionRefused as error:
+                    raise ValueError(refusals.admission(error, name, depth)) from None
+                except ValueError:  # its lane ended meanwhile
+                    raise UnknownSession(refusals.unknown_session(name)) from None
+            for knob, value in knobs.items():
+                hosted.registry.set(knob, value, origin="remote")
         return {knob: _knob_value(hosted.registry, knob) for knob in knobs}
 
     def set_prompt(self, name: str, slot: str, text: str) -> None:
@@ -358,19 +380,22 @@ class RingHost:
         with self._lock:
             hosted = self._sessions.get(name)
         if hosted is None:
-            raise UnknownSession(unknown_session(name))
+            raise UnknownSession(refusals.unknown_session(name))
         return hosted
-
-
-def unknown_session(name: str) -> str:
-    """The refusal for a session this host does not hold; it names no other session (those belong to others)."""
-    return f"no session {name!r} on this host; create one with POST /sessions"
 
 
 def _knob_value(registry: KnobRegistry, name: str) -> float | str:
     spec = registry.specs[name]
     value = registry.get(name)
     return spec.choice(value) if spec.choices else value
+
+
+def _most_bars(grid: Grid, rate: int) -> int:
+    """The most whole bars of `grid` a loop may hold (MAX_SONG_SECONDS)."""
+    bars = int(MAX_SONG_SECONDS * rate // grid.bar_samples(rate))
+    while bars > 1 and grid.loop_samples(bars, rate) > MAX_SONG_SECONDS * rate:
+        bars -= 1
+    return max(1, bars)
 
 
 def _session_frames(spec: SessionSpec, grid: Grid | None, hop: int, rate: int) -> tuple[int, int]:
@@ -385,9 +410,15 @@ def _session_frames(spec: SessionSpec, grid: Grid | None, hop: int, rate: int) -
         return ring_frames(window, None) * hop, window
     samples = song_frames(spec.seconds, "seconds") * hop
     if grid is not None:
-        bars = spec.bars or max(1, round(samples / grid.bar_samples(rate)))
+        most = _most_bars(grid, rate)
+        bars = spec.bars or min(most, max(1, round(samples / grid.bar_samples(rate))))
+        if bars > most:
+            raise ValueError(
+                f"bars={bars} at {grid.bpm:g} bpm, {grid.beats_per_bar} beats a bar, make a "
+                f"{grid.loop_samples(bars, rate) / rate:.2f} s loop, longer than ACE-Step 1.5 generates "
+                f"({MAX_SONG_SECONDS:g} s); use bars={most} or fewer"
+            )
         samples = grid.loop_samples(bars, rate)
-        song_frames(samples / rate, "bars")
     frames = LoopMap(samples, hop).frames
     window = window_frames(spec.window_seconds, frames)
     return samples, frames if window is None else window

@@ -145,9 +145,14 @@ def test_ending_a_session_leaves_the_others_playing(session, players):
 # ---- the host ------------------------------------------------------------------------------------------------
 
 
+# Admission goes by the latents a ring measures, and the 2-core CI machine runs the suite beside it: hosts whose tests
+# are about isolation, knobs and the bench, not real time, promise a latent every minute (as tests/test_serve_ray.py)
+LOOSE_NEED_MS = 60_000.0
+
+
 @pytest.fixture
 def host(session):
-    made = RingHost(session)
+    made = RingHost(session, latent_interval_ms=LOOSE_NEED_MS)
     yield made
     made.close()
 
@@ -217,7 +222,7 @@ def test_the_host_refuses_a_session_it_could_not_keep_in_real_time(session):
     try:
         host.create("first", SessionSpec("lofi", seconds=4, knobs={"depth": 2}))
         wait_for(lambda: host.status("first")["ticks"] >= 3, 30, "three ticks of 'first' to be measured")
-        with pytest.raises(SessionRefused, match="refused.*another GPU"):
+        with pytest.raises(SessionRefused, match="behind.*another replica"):
             host.create("second", SessionSpec("jazz", seconds=4))
         assert host.names() == ["first"] and host.status("first")["errors"] == 0
     finally:
@@ -229,7 +234,7 @@ def test_the_host_refuses_a_depth_its_ring_could_not_keep_in_real_time(session):
     try:
         host.create("deep", SessionSpec("lofi", seconds=4, knobs={"depth": 1}))
         wait_for(lambda: host.status("deep")["ticks"] >= 3, 30, "three ticks of 'deep' to be measured")
-        with pytest.raises(ValueError, match="depth 4 for session 'deep' refused"):
+        with pytest.raises(ValueError, match=r"depth 4 refused: .* rows .* this session \(depth 4, 8 steps\)"):
             host.set_knobs("deep", {"depth": 4, "denoise": 0.5})
         knobs = host.status("deep")["knobs"]
         assert knobs["depth"] == 1 and knobs["denoise"] == 0.7, "a refused batch applied part of itself"
@@ -240,7 +245,7 @@ def test_the_host_refuses_a_depth_its_ring_could_not_keep_in_real_time(session):
 def test_a_host_started_with_a_lora_gives_every_session_its_own_strength_knob(glow_lora_file, tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.safetensors"):
         HostOptions(loras=((str(tmp_path / "missing.safetensors"), 1.0),)).build()
-    host = HostOptions(loras=((str(glow_lora_file), 0.7),)).build()
+    host = HostOptions(loras=((str(glow_lora_file), 0.7),), latent_interval_ms=LOOSE_NEED_MS).build()
     try:
         host.create("a", SessionSpec("lofi piano", seconds=4, knobs={"depth": 1}))
         host.create("b", SessionSpec("drums", seconds=4, knobs={"depth": 1, "lora/glow": 0.2}))
@@ -258,7 +263,7 @@ def test_a_host_started_with_a_lora_gives_every_session_its_own_strength_knob(gl
 def test_the_sessions_bench_plays_every_session_follows_its_knobs_to_the_ear_and_splits_the_cycle(session, tint_lora):
     backend, session.backend = session.backend, "graph"  # the tick-plan path CI can run: the bench waits it settles
     try:
-        host = RingHost(session)
+        host = RingHost(session, latent_interval_ms=LOOSE_NEED_MS)
     finally:
         session.backend = backend
     try:

@@ -128,7 +128,14 @@ class Lane:
 
 
 class AdmissionRefused(ValueError):
-    """A ring could not keep every session in real time with one more (the message has the numbers)."""
+    """A ring could not keep every session in real time with one more (the message has the numbers; the fields
+    let a server word its own answer, naming no session but the caller's)."""
+
+    def __init__(self, message: str, rows: int, predicted_ms: float, missed: Lane):
+        super().__init__(message)
+        self.rows = rows  # rows a tick would run
+        self.predicted_ms = predicted_ms  # the tick those rows were measured to take
+        self.missed = missed  # the lane whose need that tick would miss (at the depth it would play at)
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,10 @@ def check_admission(lanes: list[Lane], samples: Iterable[tuple[int, float]], ref
                 f"~{predicted:.0f} ms, but session {lane.name!r} (depth {lane.depth}, {lane.need.steps} steps) "
                 f"needs a tick within {lane.need.max_tick_ms(lane.depth):.0f} ms to get a latent every "
                 f"{lane.need.latent_interval_ms:.0f} ms; end a session, lower a depth or the steps, or start it "
-                "on another GPU"
+                "on another GPU",
+                rows,
+                predicted,
+                lane,
             )
 
 

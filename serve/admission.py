@@ -1,0 +1,64 @@
+"""Who may join a host's ring, by what it measures: a new session is let in only while every session playing gets
+its fresh latents within the target interval, measured since the ring last changed (a session let in or ended).
+Creates take turns (`turn`), so two are never let in on one measurement: the second waits until the ring has been
+measured with the first playing. Admission control's prediction (`engine/stream/lanes.py`) then has its say too."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from ..engine.stream import MAX_DEPTH
+from . import refusals
+from .errors import SessionRefused
+
+MEASURED_LATENTS = 3  # fresh latents per playing session since the ring changed: two intervals to measure
+LONGEST_WAIT_S = 30.0  # however loose the target, a create waits no longer for a measurement
+POLL_S = 0.01
+
+
+def latent_interval_ms(times: Sequence[float], since: float, now: float) -> float | None:
+    """A session's time between fresh latents from its latent times (perf_counter) after `since`: the mean of the
+    last intervals, or the time since its last latent if that is longer (a stalled ring); None until it has had
+    MEASURED_LATENTS latents since then."""
+    recent = [t for t in times if t > since][-MEASURED_LATENTS:]
+    if len(recent) < MEASURED_LATENTS:
+        return None
+    mean_s = (recent[-1] - recent[0]) / (len(recent) - 1)
+    return max(mean_s, now - recent[-1]) * 1000.0
+
+
+class Admission:
+    def __init__(self, target_ms: float):
+        """`target_ms`: the interval between fresh latents every session is promised (the ring's need)."""
+        self.target_ms = target_ms
+        self.turn = threading.Lock()  # held by one create from its measurement until its session plays
+        self._changed_at = time.perf_counter()
+
+    @property
+    def wait_s(self) -> float:
+        """The longest wait for a measurement: a ring in real time gives one well within it (a new session's first
+        latent takes up to MAX_DEPTH intervals, then MEASURED_LATENTS more)."""
+        return min(LONGEST_WAIT_S, (MAX_DEPTH + MEASURED_LATENTS + 1) * self.target_ms / 1000.0)
+
+    def changed(self) -> None:
+        """The ring changed (a session let in or ended): the next create waits for a measurement after this."""
+        self._changed_at = time.perf_counter()
+
+    def check(self, playing: Callable[[], Iterable[Sequence[float]]]) -> None:
+        """Return once every playing session (`playing`: each one's latent times) is measured within the target
+        since the ring changed; SessionRefused when one is over it, or gave no measurement within `wait_s`. Hold
+        `turn` around this and the session's start."""
+        deadline = self._changed_at + self.wait_s
+        while True:
+            now = time.perf_counter()
+            intervals = [latent_interval_ms(times, self._changed_at, now) for times in playing()]
+            measured = [interval for interval in intervals if interval is not None]
+            if measured and max(measured) > self.target_ms:
+                raise SessionRefused(refusals.behind(max(measured), self.target_ms))
+            if len(measured) == len(intervals):
+                return
+            if now > deadline:
+                raise SessionRefused(refusals.not_measured(now - self._changed_at, self.target_ms))
+            time.sleep(POLL_S)

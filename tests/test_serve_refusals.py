@@ -1,0 +1,165 @@
+"""What the server refuses and how it says so, over a real uvicorn and RingHost (tiny preset, CPU): no answer names
+another player's session, admission goes by the ring's measured latents one create at a time, JSON nested past the
+limit is a clear 400 (the stream goes on), a depth change answers what the ring applied, a loop's bar limit in bars."""
+
+import contextlib
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import uvicorn
+from flowjam.engine.stream import RealtimeNeed
+from flowjam.engine.stream.lanes import AdmissionRefused, Lane, check_admission, deepened
+from flowjam.serve import host as host_module
+from flowjam.serve import refusals
+from flowjam.serve.client import Client
+from flowjam.serve.errors import SessionRefused
+from flowjam.serve.gateway import LocalRouter, listening_socket, make_app
+from flowjam.serve.guard import MAX_JSON_DEPTH
+from flowjam.serve.host import RingHost, SessionSpec
+from flowjam.serve.protocol import AudioChunk
+from helpers import wait_for
+
+SECRET = "alice-secret-jam"  # another player's session: no answer to anyone else may hold this name
+LOOSE_MS = 60_000.0  # a realtime need any ring keeps
+TIGHT_MS = 0.01  # a realtime need no ring keeps
+
+
+@contextlib.contextmanager
+def served(host: RingHost):
+    """The gateway over `host` on a free loopback port -> its URL; the host is closed afterwards."""
+    router = LocalRouter(host)
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(make_app(router), log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, args=([sock],), name="test-uvicorn", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 10.0, "uvicorn to start")
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10.0)
+        router.close()
+        host.close()
+
+
+def http(method: str, url: str, body: object = None, token: str | None = None) -> tuple[int, dict]:
+    data = body.encode() if isinstance(body, str) else None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_no_refusal_names_another_players_session(session, monkeypatch):
+    """Every refusal a stranger can draw while SECRET plays: a taken name, admission's prediction, a ring measured
+    behind, a full host, a bad knob, bad JSON; and the owner's own depth refused with the ring's numbers."""
+    host = RingHost(session, latent_interval_ms=TIGHT_MS)  # every lane needs what no tick gives
+    host.admission.target_ms = LOOSE_MS  # so a create passes the measured check and meets the ring's prediction
+    with served(host) as url:
+        owner = Client(url, timeout_s=30.0)
+        owner.create("lofi piano", name=SECRET, seconds=2.0, knobs={"depth": 1})  # nothing measured yet: let in
+        stranger = {"prompt": "jazz trio", "seconds": 2.0, "knobs": {"depth": 1}}
+        answers = {
+            "taken name": http("POST", f"{url}/sessions", {**stranger, "name": SECRET}),
+            "predicted": http("POST", f"{url}/sessions", stranger),
+            "bad knob": http("POST", f"{url}/sessions", {**stranger, "knobs": {"depht": 2}}),
+            "bad json": http("POST", f"{url}/sessions", "[" * 100),
+            "unknown": http("GET", f"{url}/sessions/{SECRET}x", token=owner.tokens[SECRET]),
+        }
+        host.admission.target_ms = TIGHT_MS
+        answers["behind"] = http("POST", f"{url}/sessions", stranger)
+        monkeypatch.setattr(host_module, "MAX_LANES", 1)
+        answers["full"] = http("POST", f"{url}/sessions", stranger)
+        own_depth = http("POST", f"{url}/sessions/{SECRET}/knobs", {"depth": 4}, owner.tokens[SECRET])
+    expected = {"taken name": 400, "predicted": 503, "bad knob": 400, "bad json": 400, "unknown": 403}
+    assert {what: status for what, (status, _) in answers.items()} == {**expected, "behind": 503, "full": 503}
+    for what, (_, body) in answers.items():
+        assert SECRET not in json.dumps(body), f"the {what} refusal names another player's session: {body}"
+    assert "playing already" in answers["taken name"][1]["error"]
+    assert "rows a tick" in answers["predicted"][1]["error"] and "another session" in answers["predicted"][1]["error"]
+    assert "behind" in answers["behind"][1]["error"] and "another replica" in answers["behind"][1]["error"]
+    assert own_depth[0] == 400 and "depth 4 refused" in own_depth[1]["error"] and "rows" in own_depth[1]["error"]
+
+
+def test_admissions_refusal_of_a_deeper_depth_names_only_the_callers_session():
+    """A depth that would make another session miss its need is refused with the ring's numbers, not its name."""
+    need = RealtimeNeed(steps=8, rows_per_slot=1, latent_interval_ms=250.0)
+    tight, raising = Lane(SECRET, 0, 1, True, need), Lane("bob", 8, 1, True, need)
+    with pytest.raises(AdmissionRefused) as refused:
+        check_admission(deepened([tight, raising], raising, 8), [(2, 20.0)], "depth 8 refused")
+    assert SECRET in str(refused.value), "the engine's own message (for a local ring) names the lane"
+    answer = refusals.admission(refused.value, "bob", 8)
+    assert SECRET not in answer, answer
+    assert answer.startswith(
+        "depth 8 refused: at depth 8 this host's ring would run 9 rows a tick, measured to take ~90"
+    )
+    assert "another session playing here would no longer get a latent every 250 ms" in answer
+
+
+def test_creates_take_turns_so_two_are_never_let_in_on_one_measurement(session):
+    host = RingHost(session, latent_interval_ms=TIGHT_MS)  # the first is let in (nothing to measure), none after
+    outcomes: list[str] = []
+
+    def create(name: str) -> None:
+        try:
+            host.create(name, SessionSpec("lofi", seconds=2.0, knobs={"depth": 1}))
+            outcomes.append("in")
+        except SessionRefused as error:
+            outcomes.append(str(error))
+
+    try:
+        threads = [threading.Thread(target=create, args=(f"s{i}",)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60.0)
+        assert sorted(outcomes, key=lambda outcome: outcome != "in")[0] == "in" and outcomes.count("in") == 1, outcomes
+        assert all("behind" in outcome for outcome in outcomes if outcome != "in"), outcomes
+    finally:
+        host.close()
+
+
+def test_a_depth_change_answers_what_the_ring_applied(session):
+    host = RingHost(session, latent_interval_ms=LOOSE_MS)
+    try:
+        host.create("jam", SessionSpec("lofi", seconds=2.0, knobs={"depth": 2}))
+        assert host.set_knobs("jam", {"depth": 3}) == {"depth": 3}
+        assert host.runner("jam").stream.depth == 3, "the answer said depth 3 before the ring played it"
+        wait_for(lambda: host.status("jam")["ticks"] >= 5, 30.0, "five ticks at the new depth")
+        status = host.status("jam")
+        assert (status["depth"], status["knobs"]["depth"], status["errors"]) == (3, 3, 0), status
+    finally:
+        host.close()
+
+
+def test_json_nested_past_the_limit_is_a_400_and_the_stream_goes_on(session):
+    deep = "[" * 8000 + "]" * 8000
+    with served(RingHost(session, latent_interval_ms=LOOSE_MS)) as url:
+        status, answer = http("POST", f"{url}/sessions", deep)  # no credentials needed to reach the parser
+        assert status == 400 and f"at most {MAX_JSON_DEPTH}" in answer["error"], (status, answer)
+        client = Client(url, timeout_s=30.0)
+        name = client.create("lofi", seconds=2.0, knobs={"depth": 1})["session"]
+        status, answer = http("POST", f"{url}/sessions/{name}/knobs", deep, client.tokens[name])
+        assert status == 400 and "nested 8000 deep" in answer["error"], (status, answer)
+        with client.stream(name) as stream:
+            for message in (deep, '{"ack": ' + deep + "}"):
+                stream.connection.send(message)
+                while not isinstance(event := stream.receive(10.0), dict):
+                    assert event is not None, "the stream closed on a deeply nested control message"
+                assert event["event"] == "error" and f"deep; at most {MAX_JSON_DEPTH}" in event["error"], event
+            assert all(isinstance(stream.receive(10.0), AudioChunk) for _ in range(5)), "the audio stopped"
+
+
+def test_a_loop_of_too_many_bars_is_refused_in_bars_with_the_real_limit(session):
+    host = RingHost(session, latent_interval_ms=LOOSE_MS)
+    try:
+        with pytest.raises(ValueError, match=r"bars=600 at 123 bpm.* 1170\.73 s loop.* use bars=307 or fewer"):
+            host.create("long", SessionSpec("lofi", bpm=123, bars=600))
+    finally:
+        host.close()
