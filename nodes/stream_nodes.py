@@ -113,6 +113,7 @@ def stream_start(
     output device, another Stream node's settings) is refused. `unique_id`: this node's id in ComfyUI's graph."""
     from ..live import performances
     from ..live.playback import LIST_HINT, PlaybackError
+    from ..live.sync.unavailable import COMFYUI, ClockUnavailable
 
     name = session_id.strip()
     if not name:
@@ -136,6 +137,8 @@ def stream_start(
         app, created = performances.start_or_get(
             name, partial(new_stream, model, name, song_seconds, audio_device, knobs, sockets, window, grid)
         )
+    except ClockUnavailable as error:  # a clock this machine cannot follow: the fix worded for ComfyUI
+        raise NodeInputError(f"Stream: input {error.worded(COMFYUI)}") from None
     except PlaybackError as error:  # a named output that is not there: the message lists those that are
         reason = " ".join(str(error).replace(LIST_HINT, "").split()).rstrip(". ")
         raise NodeInputError(
