@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 from flowjam.engine.audio.example_song import CHORDS
-from flowjam.nodes.spec import RESULT_UI_KEY, NodeInputError
 from flowjam.live import performances
 from flowjam.live.sync.link import LinkFollower
+from flowjam.nodes.spec import RESULT_UI_KEY, NodeInputError
 from helpers import STREAM_DEFAULTS, TEXT_DEFAULTS, free_udp_port, node, stream, text
 
 FLOWJAM_JS = Path(__file__).resolve().parent.parent / "web" / "flowjam.js"
