@@ -158,6 +158,35 @@ def test_a_nan_number_input_names_the_input_and_its_range():
     )
 
 
+# ---- values of the wrong kind, as a /prompt body can send them ------------------------------------------------------
+
+
+def test_a_string_for_a_boolean_widget_is_refused_not_read_as_true(model):
+    """ "endless": "false" posted to /prompt used to start an endless stream (a non-empty string is true)."""
+    inputs = dict(STREAM_DEFAULTS, model=model, conditioning=text(model, "pads"), session_id="typed_ui")
+    message = refusal("FlowjamStream", **{**inputs, "endless": "false"})
+    assert message == "Stream: input 'endless' takes true or false (a JSON boolean, not a string), got 'false'"
+    assert refusal("FlowjamStream", **{**inputs, "steps": "8"}) == (
+        "Stream: input 'steps' takes a whole number, got '8'"
+    )
+    assert performances.get("typed_ui") is None, "a refused input starts no stream"
+
+
+def test_a_string_where_a_socket_wants_a_nodes_output_names_the_socket(model):
+    """A string wired as conditioning used to fail deep in the engine: AttributeError 'str' object has no attribute
+    'cross_kv'."""
+    inputs = dict(STREAM_DEFAULTS, model=model, conditioning="warm analog pads", session_id="typed_ui")
+    message = refusal("FlowjamStream", **inputs)
+    assert message.startswith(
+        "Stream: input 'conditioning' takes the FLOWJAM_CONDITIONING output of another node, got the value "
+        "'warm analog pads'; connect it to a node's output"
+    ), message
+    generate_refused = refusal(
+        "FlowjamGenerate", model=model, conditioning="pads", seconds=2.0, seed=1, steps=2, shift=3.0, denoise=1.0
+    )
+    assert "input 'conditioning' takes the FLOWJAM_CONDITIONING output" in generate_refused
+
+
 # ---- Stream stop: its result reaches the browser ---------------------------------------------------------------------
 
 
