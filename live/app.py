@@ -22,17 +22,22 @@ from .knobs import KnobRegistry
 from .loop_buffer import LoopRegion
 from .loop_plan import LoopPlan, source_plan, text_plan
 from .osc import TRANSPORT_COMMANDS, OscBridge, OscConfig
-from .playback import DEFAULT_BLOCKSIZE, Playback
+from .playback import DEFAULT_BLOCKSIZE, PORTAUDIO_FIX, PORTAUDIO_MISSING, Playback
 from .runner import LiveRunner, RunnerConfig
 from .sync.follow import FollowedClock, clock_grid, open_clock
 from .sync.grid import Grid
 from .sync.midi_clock import MidiClockFollower
 
 log = logging.getLogger("flowjam.live")
-NO_AUDIO_DEVICE = (
-    "no audio device: playing silently (capture, recording and the knobs still work); connect an output and "
-    "restart the stream"
-)
+SILENT = "playing silently (capture, recording and the knobs still work)"
+NO_AUDIO_DEVICE = f"no audio device: {SILENT}; connect an output and restart the stream"
+
+
+def silent_output_warning(error: BaseException) -> str:
+    """Why a stream plays silently, for its status: PortAudio missing (with the install line) or no output device."""
+    if PORTAUDIO_MISSING in str(error):
+        return f"no audio: {PORTAUDIO_MISSING}; {SILENT}; {PORTAUDIO_FIX}, then restart the stream"
+    return NO_AUDIO_DEVICE
 
 
 @dataclass(frozen=True)
@@ -405,7 +410,7 @@ class LiveApp:
                 record_path=None if self.config.record is None else str(self.config.record),
             )
             self.playback.start()
-            self.output_warning = NO_AUDIO_DEVICE
+            self.output_warning = silent_output_warning(error)
 
     def stop(self) -> None:
         """Stop everything in reverse order; the recording is written by the playback's stop."""

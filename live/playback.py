@@ -68,13 +68,33 @@ log = logging.getLogger("flowjam.playback")
 _START_TIMEOUT_S = 30.0
 
 
+PORTAUDIO_MISSING = "the PortAudio library is not installed"
+PORTAUDIO_FIX = (
+    "install it (Debian/Ubuntu: sudo apt install libportaudio2; Fedora: sudo dnf install portaudio; "
+    "macOS: brew install portaudio)"
+)
+
+
 class PlaybackError(RuntimeError):
     """The audio output could not be opened or started."""
 
 
+class PortAudioMissing(PlaybackError):
+    """sounddevice cannot load PortAudio, the system library it plays through: no output can open on this machine."""
+
+
+def sounddevice():
+    """The sounddevice module (importing it loads PortAudio); PortAudioMissing, naming the fix, without PortAudio."""
+    try:
+        import sounddevice as sd
+    except OSError as error:  # sounddevice raises OSError("PortAudio library not found")
+        raise PortAudioMissing(f"{PORTAUDIO_MISSING} ({error}): {PORTAUDIO_FIX}") from None
+    return sd
+
+
 def list_devices() -> str:
     """A table of PortAudio's devices that can play (index, name, host API, output channels, default rate)."""
-    import sounddevice as sd
+    sd = sounddevice()
 
     apis = sd.query_hostapis()
     default_output = sd.default.device[1]
@@ -99,7 +119,7 @@ def find_device(spec: str | int | None) -> int | None:
     """An output device index from an index or a case-insensitive substring of its name (or of its host API's
     name, e.g. "jack"); JACK devices win when several match. None -> None (PortAudio's default output), or the
     first output when PortAudio has no default. Raises ValueError naming the available outputs."""
-    import sounddevice as sd
+    sd = sounddevice()
 
     devices, apis = sd.query_devices(), sd.query_hostapis()
     outputs = [index for index, device in enumerate(devices) if device["max_output_channels"] > 0]
@@ -145,7 +165,7 @@ def _open_stream(
 ):
     """Open and start an OutputStream at the buffer's rate (JACK does not resample) -> (stream, device name).
     `before_start` runs once the stream (and PortAudio's threads) exist, before its first callback."""
-    import sounddevice as sd
+    sd = sounddevice()
 
     buffer = renderer.buffer
     try:

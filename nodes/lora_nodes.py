@@ -62,7 +62,8 @@ def with_loras(node: str, model: Any, registry=None) -> Any:
         for name, (strength, mode) in loaded.items()
         if name not in wanted or modes[name] != mode or (mode == "merged" and wanted[name].strength != strength)
     ]
-    kept = f"; nothing changed (LoRAs loaded: {', '.join(loaded) or 'none'})"
+    # a stream keeps the LoRAs it plays; a Generate graph would only read another graph's leftovers in that list
+    kept = f"; nothing changed (LoRAs loaded: {', '.join(loaded) or 'none'})" if registry else "; nothing was generated"
     load = []
     for choice in wanted.values():
         if choice.name not in loaded or choice.name in stale:

@@ -21,6 +21,12 @@ AUDIO = "AUDIO"
 LATENT = "LATENT"
 WIDGET_TYPES = ("FLOAT", "INT", "STRING", "BOOLEAN", "COMBO")
 SOCKET_TYPES = (MODEL, CONDITIONING, SOURCE, STRUCTURE, CURVE, STREAM, AUDIO, LATENT)
+WIDGET_VALUES = {  # a widget type -> the Python values it takes, and how an error names them
+    "BOOLEAN": ((bool,), "true or false (a JSON boolean, not a string)"),
+    "INT": ((int,), "a whole number"),
+    "FLOAT": ((int, float), "a number"),
+    "STRING": ((str,), "text"),
+}
 CATEGORY = "audio/flowjam"
 RESULT_UI_KEY = "flowjam_result"  # web/flowjam.js shows the text a node sends under this key as a toast
 
@@ -83,6 +89,9 @@ class NodeSpec:
         import torch
 
         arguments = {p.name: values.get(p.name, p.default) for p in self.inputs}
+        problem = self.type_problem(arguments)
+        if problem:
+            raise NodeInputError(problem)
         if self.hidden_unique_id:
             arguments["unique_id"] = values.get("unique_id")
         with torch.inference_mode(False), torch.no_grad():
@@ -96,6 +105,26 @@ class NodeSpec:
     def ui(self, result: tuple) -> dict[str, list] | None:
         """What ComfyUI sends the browser in its `executed` event for this node's `result` (None: nothing)."""
         return {RESULT_UI_KEY: [result[0]]} if self.shows_result else None
+
+    def type_problem(self, values: dict[str, Any]) -> str | None:
+        """Why an input's value is of the wrong kind (None: none is). A prompt posted to /prompt reaches the node
+        as written: "false" in a BOOLEAN widget is a true string, a text where a socket wants a node's output is
+        not that output."""
+        node = self.display_name.removeprefix("flowjam ")
+        for param in self.inputs:
+            value = values.get(param.name)
+            if value is None:
+                continue
+            if param.type in WIDGET_VALUES:
+                kinds, wanted = WIDGET_VALUES[param.type]
+                if not isinstance(value, kinds) or (param.type != "BOOLEAN" and isinstance(value, bool)):
+                    return f"{node}: input '{param.name}' takes {wanted}, got {value!r}"
+            elif param.type in SOCKET_TYPES and isinstance(value, (str, int, float, bool)):
+                return (
+                    f"{node}: input '{param.name}' takes the {param.type} output of another node, got the value "
+                    f'{value!r}; connect it to a node\'s output (in a /prompt body: ["<node id>", <output index>])'
+                )
+        return None
 
     def combo_problem(self, values: dict[str, Any]) -> str | None:
         """Why a COMBO value is refused (None: every one is an option or a legacy value): ComfyUI checks a classic

@@ -54,11 +54,29 @@ def not_running(name: str) -> str:
     return f"no running stream named {name!r}; queue a graph with a flowjam Stream node whose session_id is {name!r}"
 
 
+def loop_field(status: dict[str, Any], endless: bool, asked_window_s: float) -> str:
+    """What the stream plays, for the panel: "loop 19.2 s · 8 bars @ 100 · window 4 s", or "endless · window 4 s";
+    a window of 0, or one at least the loop, generates the whole loop each time, and says so."""
+    window_s = status.get("window_s") or 0.0
+    if endless:
+        return f"endless · window {window_s:g} s"
+    parts = [f"loop {status['loop_s']:.1f} s"]
+    if status.get("bars"):
+        parts.append(f"{status['bars']} bars @ {status['bpm']:g}")
+    if window_s:
+        parts.append(f"window {window_s:g} s")
+    else:
+        parts.append("window = whole loop" + (f" ({asked_window_s:g} s asked)" if asked_window_s else ""))
+    return " · ".join(parts)
+
+
 def live_status(name: str, app) -> dict[str, Any]:
     """A registered stream's meters, knob values and curve-driven knobs as plain JSON (no specs)."""
     status = app.status()
     status.update(name=name, running=app.runner.alive, curves=curve_driven(app))
     status["loop_s"] = app.buffer.frames / app.buffer.sample_rate
+    status["endless"] = app.config.runner.endless
+    status["loop"] = loop_field(status, app.config.runner.endless, app.config.runner.window_s)
     return json.loads(json.dumps(status, default=str))
 
 

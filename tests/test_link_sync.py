@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("aalink", reason="aalink is not installed (pip install 'flowjam[sync]')")
+pytest.importorskip("aalink", reason="aalink is not installed (pip install aalink)")
 
 PEERS = r"""
 import asyncio, json, threading, time

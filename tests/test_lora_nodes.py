@@ -108,6 +108,19 @@ def test_a_bad_lora_file_is_refused_and_the_stream_keeps_its_loras(model, prompt
         with_lora(model, str(tmp_path / "missing.safetensors"))
 
 
+def test_a_bad_lora_in_a_generate_graph_names_no_lora_of_an_earlier_graph(model, prompt, tmp_path):
+    """The session is shared: a Generate graph that asks for a broken LoRA used to be told "LoRAs loaded: style",
+    a LoRA only an earlier graph had asked for."""
+    generate(with_lora(model, lora_file(model, tmp_path / "style.safetensors")), prompt)
+    broken = tmp_path / "broken.safetensors"
+    save_file({"diffusion_model.layers.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 64)}, str(broken))
+    with pytest.raises(NodeInputError) as refused:
+        generate(with_lora(model, str(broken)), prompt)
+    message = str(refused.value)
+    assert message.startswith("Generate: LoRA 'broken.safetensors': ") and "lora_B / lora_up is missing" in message
+    assert message.endswith("; nothing was generated") and "style" not in message, message
+
+
 def test_a_failed_swap_leaves_the_stream_the_loras_and_the_sound_it_had(model, prompt, tmp_path):
     """A re-queue that replaced a stream's LoRA with a bad file used to unload the old one first: the stream lost
     it, while its knob stayed listed and moving it only counted errors. Now every file is read and checked before

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 import torch
 from flowjam.engine.audio.example_song import CHORDS
+from flowjam.live import performances
+from flowjam.live.sync.link import LinkFollower
 from flowjam.nodes.spec import RESULT_UI_KEY, NodeInputError
-from helpers import TEXT_DEFAULTS, free_udp_port, node, stream, text
+from helpers import STREAM_DEFAULTS, TEXT_DEFAULTS, free_udp_port, node, stream, text
 
 FLOWJAM_JS = Path(__file__).resolve().parent.parent / "web" / "flowjam.js"
-CLI_HINTS = ("--osc", "--midi", "flowjam[midi]")
+CLI_HINTS = ("--osc", "--midi", "--sync", "flowjam[midi]", "flowjam[sync]")
 
 pytestmark = pytest.mark.usefixtures("stop_streams")
 
@@ -51,6 +53,43 @@ def test_the_midi_map_without_mido_names_the_requirements_file_to_install():
     assert printed.startswith("NodeInputError MIDI map: MIDI needs mido and python-rtmidi"), printed
     assert "pip install -r custom_nodes/flowjam/requirements.txt" in printed, printed
     assert "pip install mido python-rtmidi" in printed and "flowjam[midi]" not in printed, printed
+
+
+# ---- Stream sync: a clock this machine cannot follow ------------------------------------------------------------
+
+IN_COMFYUI_PYTHON = "install it into ComfyUI's Python (python -m pip install {}, run with the Python that runs ComfyUI)"
+
+
+@pytest.mark.parametrize(
+    "sync, missing, fix",
+    [
+        ("link", "aalink", "sync 'link' needs aalink: " + IN_COMFYUI_PYTHON.format("aalink")),
+        ("jack", "jack", "sync 'jack' needs JACK-Client: " + IN_COMFYUI_PYTHON.format("JACK-Client")),
+        ("midi (JACK)", "jack", "sync 'midi (JACK)' needs JACK-Client: " + IN_COMFYUI_PYTHON.format("JACK-Client")),
+        ("jack", None, "sync 'jack' needs a running JACK server: start jackd (or PipeWire's JACK), then queue the"),
+    ],
+    ids=["link_without_aalink", "jack_without_jack_client", "midi_without_jack_client", "jack_without_a_server"],
+)
+def test_a_clock_that_cannot_be_followed_names_the_sync_widget_and_a_comfyui_fix(
+    model, monkeypatch, sync, missing, fix
+):
+    """In ComfyUI flowjam is a folder, not the package 'flowjam[sync]', and there are no --sync flags: the error
+    names the Stream node's sync widget and the package to install into ComfyUI's own Python."""
+    if missing is not None:
+        monkeypatch.setitem(sys.modules, missing, None)  # as in a ComfyUI whose Python never installed it
+    monkeypatch.setenv("JACK_DEFAULT_SERVER", "flowjam-no-such-server")
+    monkeypatch.setenv("JACK_NO_START_SERVER", "1")
+    inputs = dict(STREAM_DEFAULTS, model=model, conditioning=text(model, "pads"), session_id="sync_ui", sync=sync)
+    message = refusal("FlowjamStream", **{**inputs, "bpm": 120.0})
+    assert message.startswith(f"Stream: input {fix}"), message
+    assert performances.get("sync_ui") is None, "a refused clock leaves no stream behind"
+
+
+def test_the_cli_is_told_its_own_fix_for_a_missing_clock_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "aalink", None)
+    with pytest.raises(RuntimeError) as refused:
+        LinkFollower()
+    assert str(refused.value) == "--sync link needs aalink: pip install aalink"
 
 
 # ---- OSC bridge: a busy port and a bad host name the widget --------------------------------------------------------
@@ -117,6 +156,35 @@ def test_a_nan_number_input_names_the_input_and_its_range():
     assert refusal("FlowjamCurveRamp", start=0.0, end=1.0, seconds=math.nan) == (
         "Curve ramp: input 'seconds' is not a finite number (nan); give one in 0.04 .. 600"
     )
+
+
+# ---- values of the wrong kind, as a /prompt body can send them ------------------------------------------------------
+
+
+def test_a_string_for_a_boolean_widget_is_refused_not_read_as_true(model):
+    """ "endless": "false" posted to /prompt used to start an endless stream (a non-empty string is true)."""
+    inputs = dict(STREAM_DEFAULTS, model=model, conditioning=text(model, "pads"), session_id="typed_ui")
+    message = refusal("FlowjamStream", **{**inputs, "endless": "false"})
+    assert message == "Stream: input 'endless' takes true or false (a JSON boolean, not a string), got 'false'"
+    assert refusal("FlowjamStream", **{**inputs, "steps": "8"}) == (
+        "Stream: input 'steps' takes a whole number, got '8'"
+    )
+    assert performances.get("typed_ui") is None, "a refused input starts no stream"
+
+
+def test_a_string_where_a_socket_wants_a_nodes_output_names_the_socket(model):
+    """A string wired as conditioning used to fail deep in the engine: AttributeError 'str' object has no attribute
+    'cross_kv'."""
+    inputs = dict(STREAM_DEFAULTS, model=model, conditioning="warm analog pads", session_id="typed_ui")
+    message = refusal("FlowjamStream", **inputs)
+    assert message.startswith(
+        "Stream: input 'conditioning' takes the FLOWJAM_CONDITIONING output of another node, got the value "
+        "'warm analog pads'; connect it to a node's output"
+    ), message
+    generate_refused = refusal(
+        "FlowjamGenerate", model=model, conditioning="pads", seconds=2.0, seed=1, steps=2, shift=3.0, denoise=1.0
+    )
+    assert "input 'conditioning' takes the FLOWJAM_CONDITIONING output" in generate_refused
 
 
 # ---- Stream stop: its result reaches the browser ---------------------------------------------------------------------

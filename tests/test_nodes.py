@@ -549,6 +549,26 @@ def test_a_stream_with_no_audio_device_says_so_on_its_panel_and_keeps_generating
     assert web_routes.status_for("silent-on-purpose")[1]["output_warning"] is None, "audio_device none is no warning"
 
 
+NO_PORTAUDIO = 'raise OSError("PortAudio library not found")  # what sounddevice raises where libportaudio is absent\n'
+
+
+def test_a_machine_without_portaudio_says_to_install_it_not_to_connect_an_output(
+    model, prompt_a, monkeypatch, tmp_path
+):
+    """sounddevice cannot load PortAudio (a fresh Debian box without libportaudio2): the panel said "no audio device:
+    connect an output" while the server log named the real cause. The status now names it, with each platform's fix."""
+    (tmp_path / "sounddevice.py").write_text(NO_PORTAUDIO)  # found first, by this process and the output process
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "sounddevice", raising=False)
+    stream(model, prompt_a, "no-portaudio", audio_device="")
+    wait_ticks(performances.get("no-portaudio"))
+    warning = web_routes.status_for("no-portaudio")[1]["output_warning"]
+    assert warning.startswith("no audio: the PortAudio library is not installed; playing silently"), warning
+    for fix in ("sudo apt install libportaudio2", "brew install portaudio", "then restart the stream"):
+        assert fix in warning, f"the warning lacks {fix!r}: {warning}"
+    assert "connect an output" not in warning and "--" not in warning, warning
+
+
 def test_a_wrong_audio_device_is_one_line_listing_the_outputs_there_are(model, prompt_a, jack_server):
     """A misspelt audio_device used to show PlaybackError's type with the full file path of the pack's module."""
     with pytest.raises(NodeInputError) as refused:

@@ -91,3 +91,11 @@ def test_bfloat16_session_generates_finite_audio():
     assert latent.dtype == torch.bfloat16 and latent.shape == (1, 25, 64)
     audio = session.decode(latent)
     assert audio.shape == (2, 48_000) and torch.isfinite(audio).all()
+
+
+def test_no_comfyui_node_or_panel_file_is_over_600_lines():
+    """The node pack's files stay small enough to read: split one by job before it grows past 600 lines."""
+    repo = Path(__file__).resolve().parents[1]
+    files = sorted([*repo.glob("nodes/*.py"), *repo.glob("web/*.js"), repo / "__init__.py"])
+    long = {str(f.relative_to(repo)): n for f in files if (n := len(f.read_text().splitlines())) > 600}
+    assert long == {}, f"split these by job: {long}"

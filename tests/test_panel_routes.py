@@ -4,6 +4,7 @@ that GET /flowjam/session/{name} and POST /flowjam/session/{name}/knob wrap, and
 real-time clock); the V1 path's registration inside a stand-in ComfyUI server; and web/panel_rows.js under node."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -434,3 +435,143 @@ def test_knob_moves_made_away_from_the_graph_are_written_into_its_widgets(model,
     assert (found["glow"], found["dust"], found["shared"]) == (0.3, 1.5, 1.4)
     assert (found["curved"], found["elsewhere"]) == (0.1, 1.0), "a curve-driven or another stream's Shared curve moved"
     assert found["dirty"] >= 1, "the canvas must redraw the written widgets"
+
+
+# ---- what the panel shows of a status, and how (web/panel_status.js under node) -------------------------------------
+
+STATUS_SCRIPT = """
+import { readFileSync } from "node:fs";
+import { CSS, statusView } from "./panel_status.js";
+const statuses = JSON.parse(readFileSync(0, "utf8"));
+console.log(JSON.stringify({ css: CSS, views: statuses.map(statusView) }));
+"""
+
+
+def panel_status_js(tmp_path, statuses: list[dict]) -> dict:
+    """web/panel_status.js's CSS and its view of each status, run under node."""
+    if shutil.which("node") is None:
+        print("\nSKIPPED panel_status.js test: node is not installed", file=sys.stderr)
+        pytest.skip("node is not installed")
+    shutil.copyfile(WEB / "panel_status.js", tmp_path / "panel_status.js")
+    (tmp_path / "package.json").write_text('{"type": "module"}')
+    (tmp_path / "status.js").write_text(STATUS_SCRIPT)
+    stdin = json.dumps(statuses)
+    result = subprocess.run(
+        ["node", "status.js"], cwd=tmp_path, input=stdin, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def declarations(css: str) -> dict[str, str]:
+    return {k.strip(): v.strip() for k, _, v in (d.partition(":") for d in css.split(";") if d.strip())}
+
+
+def test_a_long_status_text_cannot_widen_the_panel_and_the_silent_notice_wraps(panel_stream, tmp_path):
+    """A headless box's "no audio" line (white-space: nowrap) set the panel's one grid column to its own ~800 px
+    width in a 320 px node: every knob row widened with it, values hidden, sliders clipped. The column is now the
+    node's width (minmax(0, 1fr), min-width 0 down the tree) and the notice wraps inside it."""
+    status = ok_status("panel") | {"output_warning": "no audio: the PortAudio library is not installed; " * 8}
+    found = panel_status_js(tmp_path, [status])
+    css = {name: declarations(text) for name, text in found["css"].items()}
+    assert css["panel"]["grid-template-columns"] == "minmax(0, 1fr)", "the column must not grow with its content"
+    for part in ("panel", "meters", "line", "notice", "rows", "row"):
+        assert css[part].get("min-width") == "0", f"{part}: a grid/flex item's least width is its content's"
+    assert css["line"]["white-space"] == "nowrap" and css["line"]["overflow"] == "hidden"
+    assert css["notice"]["white-space"] == "normal" and css["notice"]["overflow-wrap"] == "anywhere"
+    view = found["views"][0]
+    assert view["notice"] == status["output_warning"] and status["output_warning"] not in view["lines"]
+
+
+# The frontends' dark and light palettes (comfy_base: the CSS variables; litegraph_base: NODE_DEFAULT_BGCOLOR, the node
+# body the panel sits on). The notice brings its own background, so a node body of another shade changes nothing.
+PALETTES = {
+    "dark": {"node": "#353535", "--input-text": "#dddddd", "--comfy-input-bg": "#222222", "--error-text": "#ff4444"},
+    "light": {"node": "#ffffff", "--input-text": "#222222", "--comfy-input-bg": "#c9c9c9", "--error-text": "#f44336"},
+}
+
+
+def resolve(value: str, palette: dict[str, str]) -> str:
+    """A CSS colour: var(--name, fallback) read from the palette (the fallback where the palette lacks it)."""
+    found = re.fullmatch(r"var\((--[\w-]+),\s*(#[0-9a-fA-F]+)\)", value)
+    return palette.get(found.group(1), found.group(2)) if found else value
+
+
+def luminance(colour: str) -> float:
+    digits = colour.lstrip("#")
+    digits = "".join(c * 2 for c in digits) if len(digits) == 3 else digits
+    channels = [int(digits[i : i + 2], 16) / 255 for i in (0, 2, 4)]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast(a: str, b: str) -> float:
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+@pytest.mark.parametrize("theme", sorted(PALETTES))
+def test_the_warning_texts_are_readable_at_4_5_to_1_in_dark_and_light_themes(panel_stream, tmp_path, theme):
+    """The warning was red text on the node: 2.1:1 (dark, 1.58) and 3:1 (light). WCAG asks 4.5:1 for text."""
+    palette = PALETTES[theme]
+    css = {name: declarations(text) for name, text in panel_status_js(tmp_path, [])["css"].items()}
+    for part in ("notice", "error"):
+        text = resolve(css[part]["color"], palette)
+        background = resolve(css[part].get("background", palette["node"]), palette)
+        ratio = contrast(text, background)
+        assert ratio >= 4.5, f"{theme}: the {part} text {text} on {background} has {ratio:.1f}:1"
+
+
+def test_the_panel_shows_the_loop_its_bars_and_the_window_it_really_generates(model, tmp_path):
+    """bpm 100 made a 5 s loop 4.8 s (two bars) without a word, a window longer than the loop silently meant the
+    whole loop, and in endless play the playhead bar cycled the 30 s ring as if it were a loop."""
+    stream(model, text(model, "warm analog pads"), "looped", song_seconds=5.0, bpm=100.0, window_seconds=30.0)
+    stream(model, text(model, "warm analog pads"), "walking", song_seconds=6.0, window_seconds=4.0)
+    stream(model, text(model, "warm analog pads"), "endless", endless=True, window_seconds=4.0)
+    try:
+        statuses = [ok_status(name) for name in ("looped", "walking", "endless")]
+        assert [s["loop"] for s in statuses] == [
+            "loop 4.8 s · 2 bars @ 100 · window = whole loop (30 s asked)",
+            "loop 6.0 s · window 4 s",
+            "endless · window 4 s",
+        ]
+        views = panel_status_js(tmp_path, statuses)["views"]
+        assert [view["lines"][2] for view in views] == [s["loop"] for s in statuses], "the panel shows the field"
+        assert views[2]["progress"] is None, "endless play has no loop for the playhead bar to cycle"
+        assert 0 <= views[0]["progress"] <= 1
+    finally:
+        performances.stop_all()
+
+
+# ---- the status event is listened for before the frontend's websocket delivers it (web/flowjam.js under node) ------
+
+EXTENSION_SCRIPT = """
+globalThis.listened = [];
+globalThis.extensions = [];
+const { api } = await import("./scripts/api.js");
+await import("./extensions/flowjam/flowjam.js");
+const beforeSetup = [...listened];
+for (const extension of extensions) await extension.setup?.();
+console.log(JSON.stringify({ beforeSetup, afterSetup: listened }));
+"""
+STUB_API = "export const api = { addEventListener(type) { globalThis.listened.push(type); }, fetchApi() {} };\n"
+STUB_APP = "export const app = { registerExtension(extension) { globalThis.extensions.push(extension); } };\n"
+
+
+def test_the_status_event_has_a_listener_as_soon_as_the_panel_module_loads(tmp_path):
+    """The frontend opens its websocket before the extensions' setup(): a stream already running when the page loads
+    sent flowjam.status to no listener, and the console said "Unknown message type flowjam.status"."""
+    if shutil.which("node") is None:
+        print("\nSKIPPED flowjam.js test: node is not installed", file=sys.stderr)
+        pytest.skip("node is not installed")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "api.js").write_text(STUB_API)
+    (tmp_path / "scripts" / "app.js").write_text(STUB_APP)
+    shutil.copytree(WEB, tmp_path / "extensions" / "flowjam", ignore=shutil.ignore_patterns("*.png"))
+    (tmp_path / "package.json").write_text('{"type": "module"}')
+    (tmp_path / "run.js").write_text(EXTENSION_SCRIPT)
+    result = subprocess.run(["node", "run.js"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout)
+    assert STATUS_EVENT in found["beforeSetup"], f"listened before setup(): {found['beforeSetup']}"
+    assert found["afterSetup"].count(STATUS_EVENT) == 1, "one listener, not two"

@@ -194,3 +194,23 @@ def test_readme_command_runs_as_written(command, tmp_path):
 def test_readme_python_runs_as_written(code, tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"README's Python block failed:\n{code}\n{result.stderr[-3000:]}"
+
+
+COMFYUI_PAGES = (README, ROOT / "docs" / "comfyui.md", ROOT / "workflows" / "README.md")
+
+
+def test_the_comfyui_pages_name_the_template_browser_where_both_frontends_have_it():
+    """Frontends 1.27 and 1.58 have no "Workflow > Browse Templates": it is under the logo menu, or the sidebar's
+    Templates button."""
+    for page in COMFYUI_PAGES:
+        text = " ".join(page.read_text().split())
+        assert "Workflow > Browse Templates" not in text, f"{page.name} names a menu no frontend has"
+        assert "the ComfyUI logo menu > Browse Templates, or the Templates button in the sidebar" in text, page.name
+
+
+def test_the_readme_and_comfyui_guide_say_how_to_install_portaudio():
+    """A stream plays through sounddevice, which needs the PortAudio system library: the install line per platform."""
+    for page in COMFYUI_PAGES[:2]:
+        text = " ".join(page.read_text().split())
+        for fix in ("sudo apt install libportaudio2", "brew install portaudio"):
+            assert fix in text, f"{page.name} does not say {fix!r}"

@@ -68,7 +68,7 @@ def test_a_midi_clock_over_jack_gives_the_bar_lines():
 
 
 def test_an_ableton_link_session_gives_the_bar_lines_heard():
-    pytest.importorskip("aalink", reason="aalink is not installed (pip install 'flowjam[sync]')")
+    pytest.importorskip("aalink", reason="aalink is not installed (pip install aalink)")
     report = bench("link", 16.0, private_network=True)
     assert_on_the_bar_lines(report, 5)
     assert report["clock_bpm"] == pytest.approx(120.0, abs=0.01)

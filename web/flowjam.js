@@ -11,31 +11,17 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { choiceName, movedValue, panelRows, shownValue } from "./panel_rows.js";
+import { CSS, statusView } from "./panel_status.js";
 import { followStream, widgetNamed, writeWidgets } from "./widget_sync.js";
 
 const STATUS_EVENT = "flowjam.status"; // nodes/web_routes.py's STATUS_EVENT
 const FALLBACK_POLL_MS = 2000; // GET the status when no event came for this long (older ComfyUI, no stream)
 const HAND_MS = 500; // a knob moved this recently keeps the hand's value (the status never fights the hand)
 const PANEL_HEIGHT = 210; // the panel's least height: meters (two lines), playhead and about seven rows; more scroll
-const FIELD_SEPARATOR = " · ";
 const WAKE_EVENTS = ["execution_start", "execution_success"]; // a queued graph may have just started the stream
 const RESULT_KEY = "flowjam_result"; // nodes/spec.py's RESULT_UI_KEY: a node's result text to show
 const TOAST_MS = 6000;
 const CURVE_TITLE = "driven by a curve (Shared curve node): disconnect the curve to play it here";
-const ONE_LINE = "white-space: nowrap; overflow: hidden; text-overflow: ellipsis;";
-const CSS = {
-  panel: "font: 11px monospace; color: var(--input-text, #ddd); padding: 4px; display: grid; gap: 3px; "
-    + "grid-template-rows: auto auto minmax(0, 1fr); height: 100%; overflow: hidden; box-sizing: border-box;",
-  rows: "display: grid; gap: 3px; align-content: start; overflow-y: auto; min-height: 0;",
-  // label column: 19ch holds the longest registry knob name (x0_target_strength) in the panel's monospace font
-  row: "display: grid; grid-template-columns: 19ch minmax(4em, 1fr) 8ch; gap: 4px; align-items: center;",
-  control: "min-width: 0; font: inherit; color: var(--input-text, #ddd); background: var(--comfy-input-bg, #222); "
-    + "border: 1px solid var(--border-color, #4e4e4e); border-radius: 2px;",
-  slider: "min-width: 0; accent-color: var(--fg-color, #fff);",
-  value: "text-align: right; white-space: nowrap; color: var(--descrip-text, #999);",
-  error: "color: var(--error-text, #ff4444);",
-};
-
 const panels = new Set(); // every live panel on the canvas; the server's events reach each of them
 
 function streamName(node) {
@@ -56,7 +42,7 @@ function element(tag, css = "", text = "") {
 // slider; `onMove(value)` gets what the hand set.
 function buildRow(spec, onMove) {
   const row = element("label", CSS.row);
-  const label = element("span", ONE_LINE, spec.name);
+  const label = element("span", CSS.line, spec.name);
   label.title = spec.title ? `${spec.name}: ${spec.title}` : spec.name;
   const input = document.createElement(spec.control === "select" ? "select" : "input");
   if (spec.control === "select") {
@@ -79,18 +65,20 @@ function buildRow(spec, onMove) {
 function buildPanel(node) {
   const root = element("div", CSS.panel);
   root.className = "flowjam-panel";
-  const meters = element("div");
-  const lines = [element("div", ONE_LINE), element("div", ONE_LINE)]; // each line breaks between fields, never inside
+  const meters = element("div", CSS.meters);
+  const lines = [0, 1, 2].map(() => element("div", CSS.line)); // each line breaks between fields, never inside
   meters.append(...lines);
+  const notice = element("div", CSS.notice); // why the stream is silent, and the fix: wrapped, never widening
+  notice.hidden = true;
   const playhead = document.createElement("progress");
   playhead.max = 1;
   playhead.value = 0;
-  playhead.style.cssText = "width: 100%; accent-color: var(--fg-color, #fff);";
+  playhead.style.cssText = "width: 100%; min-width: 0; accent-color: var(--fg-color, #fff);";
   const rowsBox = element("div", CSS.rows);
-  root.append(meters, playhead, rowsBox);
+  root.append(meters, notice, playhead, rowsBox);
   const times = { eventAt: 0, askedAt: 0, timer: null }; // the last event, the last specs asked for, the poll
   const heard = {}; // the knob values the stream last reported (widget_sync.js's followStream)
-  return { node, root, lines, playhead, rowsBox, rows: {}, heard, running: false, fetching: false, ...times };
+  return { node, root, lines, notice, playhead, rowsBox, rows: {}, heard, running: false, fetching: false, ...times };
 }
 
 // Whether `byKnob` (specs or values, keyed by knob name) names exactly the knobs the panel has rows for.
@@ -107,11 +95,17 @@ function setRows(panel, specs) {
   panel.rowsBox.replaceChildren(...rows.map(([, row]) => row.row));
 }
 
-function showLines(panel, first, second = "", title = "", css = "") {
+function showLines(panel, first, second = "", title = "", css = "", third = "") {
   panel.lines[0].textContent = first;
   panel.lines[1].textContent = second;
-  panel.lines[1].style.cssText = ONE_LINE + css;
+  panel.lines[1].style.cssText = CSS.line + css;
+  panel.lines[2].textContent = third;
   panel.lines[0].parentElement.title = title;
+}
+
+function showNotice(panel, text) {
+  panel.notice.textContent = text ?? "";
+  panel.notice.hidden = !text;
 }
 
 // ---- talking to the stream ---------------------------------------------------------------------------------------
@@ -168,6 +162,7 @@ function showAbsent(panel, sessions = []) {
   const others = sessions.filter((s) => s !== name);
   const elsewhere = others.length ? `running here: ${others.join(", ")}` : "";
   showLines(panel, `no stream "${name}" — queue the graph`, elsewhere);
+  showNotice(panel, null);
   panel.playhead.value = 0;
   for (const row of Object.values(panel.rows)) {
     setRowEnabled(row, false, "no stream — queue the graph to start it");
@@ -176,23 +171,14 @@ function showAbsent(panel, sessions = []) {
   }
 }
 
-function meterLines(s) {
-  const fixed = (value, digits) => Number(value).toFixed(digits);
-  const first = [`tick ${fixed(s.tick_ms, 1)} ms`, `decode ${fixed(s.decode_ms, 1)} ms`];
-  first.push(`lead ${fixed(s.lead_s, 2)} s`);
-  const second = [`playhead ${fixed(s.playhead_s, 1)} s`, `underruns ${s.underruns ?? 0}`];
-  if (s.errors) second.push(`errors ${s.errors}`);
-  return [first.join(FIELD_SEPARATOR), second.join(FIELD_SEPARATOR)];
-}
-
 function showRunning(panel, s) {
   panel.running = true;
-  const [first, second] = meterLines(s);
-  // no audio device: the stream plays silently, and the second line says so in place of its meters
-  const title = [s.output_warning, s.last_error && `last error: ${s.last_error}`].filter(Boolean).join("\n");
-  const css = s.errors || s.output_warning ? CSS.error : "";
-  showLines(panel, first, s.output_warning ?? second, title, css);
-  panel.playhead.value = s.loop_s ? s.playhead_s / s.loop_s : 0;
+  const view = statusView(s);
+  const title = [view.notice, s.last_error && `last error: ${s.last_error}`].filter(Boolean).join("\n");
+  showLines(panel, view.lines[0], view.lines[1], title, s.errors ? CSS.error : "", view.lines[2]);
+  showNotice(panel, view.notice); // no audio: why, and the fix, in its own wrapped line
+  panel.playhead.hidden = view.progress === null; // endless: no loop to place the playhead in
+  panel.playhead.value = view.progress ?? 0;
   const knobs = s.knobs ?? {};
   if (!sameKnobs(panel, knobs) && Date.now() - panel.askedAt > FALLBACK_POLL_MS) {
     panel.askedAt = Date.now(); // a LoRA came or went: its row comes with the specs (asked at most every 2 s)
@@ -293,10 +279,13 @@ function attachPanel(node) {
   panel.timer = setTimeout(() => poll(panel), 0); // after a loaded graph has set the node's session_id
 }
 
+// Listened for as the module loads: the frontend opens its websocket before it calls the extensions' setup(), and
+// it logs "Unknown message type" for an event no listener was registered for (a stream already running on load).
+api.addEventListener(STATUS_EVENT, onStatusEvent);
+
 app.registerExtension({
   name: "flowjam.livePanel",
   setup() {
-    api.addEventListener(STATUS_EVENT, onStatusEvent);
     for (const type of WAKE_EVENTS) api.addEventListener(type, onWake);
     api.addEventListener("executed", onExecuted);
   },

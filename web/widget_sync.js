@@ -14,9 +14,13 @@ export function widgetNamed(node, name) {
   return node.widgets?.find((w) => w.name === name);
 }
 
+// Whether input `name` (a socket, or a widget turned into one) is fed by a link: the node's isInputConnected (frontend
+// 1.58 deprecates reading `input.link`), else, on a frontend without it (1.27's LiteGraph), the slot's `link`.
 function inputLinked(node, name) {
-  const named = (input) => input.name === name || input.widget?.name === name;
-  return node.inputs?.some((input) => named(input) && input.link != null) ?? false;
+  const index = node.inputs?.findIndex((input) => input.name === name || input.widget?.name === name) ?? -1;
+  if (index < 0) return false;
+  if (typeof node.isInputConnected === "function") return Boolean(node.isInputConnected(index));
+  return node.inputs[index].link != null;
 }
 
 // The node feeding input `name`; a node without that input (a Reroute) passes on what its first input brings.

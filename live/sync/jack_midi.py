@@ -5,13 +5,14 @@ over a cycle's messages at once, up to a period late). `--sync midi --midi-backe
 from __future__ import annotations
 
 from .midi_clock import CLOCK, CONTINUE, SONG_POSITION, START, STOP, MidiClockFollower
+from .unavailable import JACK_SERVER, START_JACK, ClockUnavailable
 
 _REALTIME = {0xF8: CLOCK, 0xFA: START, 0xFB: CONTINUE, 0xFC: STOP}
 _SONG_POSITION = 0xF2
 FRAME_WRAP = 1 << 32
 
 
-class JackMidiClockError(RuntimeError):
+class JackMidiClockError(ClockUnavailable):
     """No JACK here (no JACK-Client, no server, no such port); the message names the fix."""
 
 
@@ -22,11 +23,11 @@ class JackMidiClock:
         try:
             import jack
         except ImportError as error:
-            raise JackMidiClockError("--sync midi over JACK needs JACK-Client: pip install JACK-Client") from error
+            raise JackMidiClockError("midi", "JACK-Client", package="JACK-Client") from error
         try:
             self._client = jack.Client(client_name, no_start_server=True)
         except jack.JackOpenError as error:
-            raise JackMidiClockError("--midi-backend jack needs a running JACK server: start jackd") from error
+            raise JackMidiClockError("midi", JACK_SERVER, action=START_JACK) from error
         self.follower = follower
         self.errors = 0
         self.missed_cycles = 0  # process cycles this client missed (its MIDI then is lost; the follower is told)
@@ -47,7 +48,9 @@ class JackMidiClock:
         if not matches:
             names = ", ".join(port.name for port in outputs) or "none"
             self.close()
-            raise JackMidiClockError(f"no JACK MIDI output matches {source!r}; JACK MIDI outputs: {names}")
+            raise JackMidiClockError(
+                "midi", f"a JACK MIDI output matching {source!r}", action=f"JACK MIDI outputs: {names}"
+            )
         self._client.connect(matches[0], self._port)
 
     def _process(self, frames: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .clock import ClockState
+from .unavailable import JACK_SERVER, START_JACK, ClockUnavailable
 
 
 def clock_state(playing: bool, position: dict[str, Any], at_s: float | None = None) -> ClockState:
@@ -41,13 +42,11 @@ class JackTransportFollower:
         try:
             import jack
         except ImportError as error:
-            raise JackTransportError("following JACK transport needs JACK-Client: pip install JACK-Client") from error
+            raise JackTransportError("jack", "JACK-Client", package="JACK-Client") from error
         try:
             self._client = jack.Client(client_name, no_start_server=True, servername=server)
         except jack.JackOpenError as error:
-            raise JackTransportError(
-                "--sync jack needs a running JACK server: start jackd (or PipeWire's JACK)"
-            ) from error
+            raise JackTransportError("jack", JACK_SERVER, action=START_JACK) from error
         self._client.activate()
         self._rolling = (jack.ROLLING, jack.STARTING)  # a transport that is (about to be) playing
 
@@ -64,5 +63,5 @@ class JackTransportFollower:
         self._client.close()
 
 
-class JackTransportError(RuntimeError):
+class JackTransportError(ClockUnavailable):
     """JACK transport cannot be followed here (no JACK-Client, no server); the message names the fix."""

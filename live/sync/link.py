@@ -11,11 +11,10 @@ import threading
 from typing import Any
 
 from .clock import ClockState
+from .unavailable import ClockUnavailable
 
-INSTALL_HINT = "pip install 'flowjam[sync]' (aalink)"
 
-
-class LinkError(RuntimeError):
+class LinkError(ClockUnavailable):
     """Link cannot be followed here (aalink missing); the message names the fix."""
 
 
@@ -27,7 +26,7 @@ class LinkFollower:
         try:
             from aalink import Link
         except ImportError as error:
-            raise LinkError(f"following Ableton Link needs aalink: {INSTALL_HINT}") from error
+            raise LinkError("link", "aalink", package="aalink") from error
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="flowjam-link", daemon=True)
         self._thread.start()
