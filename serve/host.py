@@ -386,8 +386,7 @@ def _session_frames(spec: SessionSpec, grid: Grid | None, hop: int, rate: int) -
     samples = song_frames(spec.seconds, "seconds") * hop
     if grid is not None:
         bars = spec.bars or max(1, round(samples / grid.bar_samples(rate)))
-        samples = grid.loop_samples(bars, rate)
-        song_frames(samples / rate, "bars")
+        samples = grid.loop_of_bars(bars, rate, "bars")
     frames = LoopMap(samples, hop).frames
     window = window_frames(spec.window_seconds, frames)
     return samples, frames if window is None else window
