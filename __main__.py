@@ -10,6 +10,7 @@ import sys
 from .cli import bench, bridge, demo, info, listen, live, render, serve
 from .cli.flags import CommandError, one_line
 
+INTERRUPTED = 128 + 2  # the shell's exit status for a command ended by SIGINT
 COMMANDS = (render, bench, demo, live, info, serve, bridge, listen)  # in --help's order
 
 
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CommandError, ValueError, OSError) as error:  # anything else is a bug: its traceback shows
         print(f"flowjam {args.command}: error: {one_line(error)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a command that plays until Ctrl-C (live, serve) catches it and ends cleanly itself
+        print(f"flowjam {args.command}: stopped by Ctrl-C; nothing was written", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from . import bench_live, bench_models, bench_sessions, bench_ticks
 from .flags import (
     CommandError,
     add_backend,
+    add_bpm,
     add_cfg_mode,
     add_depth,
     add_device,
@@ -21,6 +22,7 @@ from .flags import (
     add_preset,
     add_song_seconds,
     add_steps,
+    add_time_signature,
     add_window_seconds,
     check_device,
     check_knob_flag,
@@ -42,7 +44,18 @@ TARGETS = {
     "kernels": bench_models.bench_kernels,
     "sync": bench_live.bench_sync,
 }
-COUNTS = ("batch", "repeats", "ticks", "trials", "sessions", "loras", "rank", "tokens", "lora_rank")  # 1 or more
+COUNTS = (
+    "batch",
+    "repeats",
+    "ticks",
+    "trials",
+    "sessions",
+    "loras",
+    "rank",
+    "tokens",
+    "lora_rank",
+    "bars",
+)  # 1 or more
 AMOUNTS = ("minutes", "window", "interval_ms", "ear_ms")  # finite, above 0
 
 
@@ -149,8 +162,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "sync", help="follow a band's clock on a JACK dummy server: bar-start phase error of the played clicks"
     )
     sync.add_argument("--clock", choices=("jack", "midi", "link"), default="jack", help="the band's clock")
-    sync.add_argument("--bpm", type=float, default=120.0, help="the band's tempo")
-    sync.add_argument("--time-signature", type=int, default=4, help="beats per bar")
+    add_bpm(sync, "the band's (default 120)", default=120.0)
+    add_time_signature(sync, "4")
     sync.add_argument("--bars", type=int, default=2, help="flowjam's loop in bars")
     sync.add_argument("--minutes", type=float, default=5.0, help="how long the band plays")
     sync.add_argument("--period", type=int, default=512, help="JACK's period (frames), flowjam's output block too")

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from ..engine.params import DEFAULT_STEPS
-from .flags import CommandError, load_session
+from .flags import CommandError, check_bpm_flag, load_session, time_signature_flag
 
 RUNNER_TIMINGS = ("tick_ms", "loop_ms", "decode_ms", "interval_ms", "write_ms", "lead_s", "patch_s")
 
@@ -115,8 +115,16 @@ LOOPBACK_MULTICAST = "ip link set lo up && ip link set lo multicast on && ip rou
 
 
 def bench_sync(args: argparse.Namespace) -> int:
+    from ..engine.audio.files import SAMPLE_RATE
+    from ..live.sync.grid import Grid
     from ..live.sync_bench import bench_sync as run_sync
+    from ..live.sync_bench import check_jack_tools
 
+    check_bpm_flag("--bpm", args.bpm)
+    check_bpm_flag("--tempo-change", args.tempo_change)
+    args.time_signature = time_signature_flag(args.time_signature)
+    Grid(args.bpm, args.time_signature).loop_of_bars(args.bars, SAMPLE_RATE, "--bars")
+    check_jack_tools()
     if args.clock == "link" and os.environ.get(PRIVATE_NETWORK) != "1":
         return _in_a_private_network()
     session = load_session(args)

@@ -22,10 +22,12 @@ from ..engine.params import (
     KNOBS_BY_NAME,
     LM_PRESET_NAMES,
     LORA_MODES,
+    MAX_STEPS,
     PRECISIONS,
     PRESET_NAMES,
     parse_lora_option,
 )
+from ..engine.prompts import BPM_RANGE
 
 DEFAULT_DEPTH = int(KNOBS_BY_NAME["depth"].default)
 TOKEN_ENV = "FLOWJAM_TOKEN"  # a served session's token, when not in a --token-file
@@ -220,8 +222,55 @@ def add_depth(parser: argparse.ArgumentParser, default: int | None = DEFAULT_DEP
     )
 
 
-def add_steps(parser: argparse.ArgumentParser, default: int | None = DEFAULT_STEPS) -> None:
-    parser.add_argument("--steps", type=int, default=default, help=f"denoising steps (default {DEFAULT_STEPS})")
+def add_steps(parser: argparse.ArgumentParser, default: int | None = DEFAULT_STEPS, live: bool = False) -> None:
+    """--steps: denoising steps per generation, 1..MAX_STEPS; live, 1..50: the steps knob's range (a controller
+    sweeps it, and a live generation of N steps reaches the ear N ticks after it is asked for)."""
+    if live:
+        spec = KNOBS_BY_NAME["steps"]
+        more = f"{spec.minimum:g}..{spec.maximum:g}, the steps knob's range: a generation takes one tick per step"
+    else:
+        more = f"1..{MAX_STEPS}"
+    parser.add_argument(
+        "--steps", type=int, default=default, help=f"denoising steps per generation ({more}; default {DEFAULT_STEPS})"
+    )
+
+
+def add_bpm(parser: argparse.ArgumentParser, help: str, default: float | None = None) -> None:
+    """--bpm: a tempo in beats per minute, a number in the model's range (30..300) in every command."""
+    low, high = BPM_RANGE
+    parser.add_argument("--bpm", type=float, default=default, help=f"tempo in BPM, {low}..{high}: {help}")
+
+
+def add_time_signature(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """--time-signature: the beats per bar (the model hears only those), as 4 or '4/4'."""
+    parser.add_argument(
+        "--time-signature",
+        default=default,
+        help=f"beats per bar: 2, 3, 4 or 6, or written 4/4, 3/4, 6/8 (default {default or 'none given'})",
+    )
+
+
+def check_bpm_flag(option: str, bpm: float | None) -> None:
+    """A tempo flag (--bpm, --source-bpm) in the model's range, before anything loads."""
+    from ..engine.prompts import check_bpm
+
+    if bpm is not None:
+        try:
+            check_bpm(bpm, option)
+        except ValueError as error:
+            raise CommandError(str(error)) from None
+
+
+def time_signature_flag(text: str | None, default: int | None = None) -> int | None:
+    """--time-signature as beats per bar (`default` when not given), or a CommandError naming the fix."""
+    from ..engine.prompts import time_signature_numerator
+
+    if text is None:
+        return default
+    try:
+        return time_signature_numerator(text)
+    except ValueError as error:
+        raise CommandError(f"--time-signature: {error}") from None
 
 
 def add_cfg_mode(

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 from ..live.midi_port import MIDI_BACKENDS
 from ..live.playback import DEFAULT_BLOCKSIZE
 from ..live.sync.follow import SYNC_SOURCES
+from ..live.sync.lock import MAX_OFFSET_MS, check_offset_ms
 from .flags import (
     CommandError,
     add_audio_device,
     add_backend,
+    add_bpm,
     add_cfg_mode,
     add_depth,
     add_lm_model,
@@ -25,12 +27,15 @@ from .flags import (
     add_seconds,
     add_song_seconds,
     add_steps,
+    add_time_signature,
     add_window_seconds,
+    check_bpm_flag,
     check_knob_flag,
     check_port,
     check_positive,
     check_window,
     load_session,
+    time_signature_flag,
 )
 
 if TYPE_CHECKING:
@@ -56,7 +61,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_seconds(parser, "stop cleanly after this many seconds (default: run until Ctrl-C)")
     add_depth(parser, default=None)
-    add_steps(parser, default=None)
+    add_steps(parser, default=None, live=True)
     add_backend(parser)
     add_audio_device(parser)
     parser.add_argument("--no-audio", action="store_true", help="no sound card: advance in real time and only record")
@@ -95,8 +100,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--lm", action="store_true", help="text-only: the 5 Hz LM writes the loop's structure from --prompt at start"
     )
     grid = parser.add_argument_group("tempo and bars (the loop on a musical grid; docs/live.md)")
-    grid.add_argument("--bpm", type=float, help="tempo, 30..300: in the caption, and the loop is whole bars of it")
-    grid.add_argument("--time-signature", help="beats per bar: 2, 3, 4 or 6 (or 4/4 style); default 4")
+    add_bpm(grid, "in the caption (as a whole BPM), and the loop is whole bars of it")
+    add_time_signature(grid, "4")
     grid.add_argument("--bars", type=int, help="the loop is exactly this many bars (default: --song-seconds in bars)")
     grid.add_argument(
         "--sync",
@@ -105,7 +110,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "frame-exact) or jack (JACK transport); tempo from it unless --bpm, bar 1 of the loop on its bar lines",
     )
     grid.add_argument(
-        "--sync-offset-ms", type=float, default=0.0, help="play this much later against the clock (default 0)"
+        "--sync-offset-ms",
+        type=float,
+        default=0.0,
+        help=f"with --sync: play this much later against the clock, -{MAX_OFFSET_MS:g}..{MAX_OFFSET_MS:g} ms "
+        "(default 0)",
     )
     grid.add_argument("--click", action="store_true", help="a metronome click on every bar start")
     grid.add_argument(
@@ -129,7 +138,6 @@ def run(args: argparse.Namespace) -> int:
         print(list_devices())
         return 0
     check_live_args(args)
-    from ..engine.prompts import time_signature_numerator
     from ..live.app import LiveApp, LiveConfig, parse_host_port
     from ..live.knobs import KnobRegistry
     from ..live.playback import PlaybackError
@@ -162,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         lm_checkpoint=args.lm_checkpoint,
         lm_preset=args.lm_preset,
         bpm=args.bpm,
-        time_signature=None if args.time_signature is None else time_signature_numerator(args.time_signature),
+        time_signature=time_signature_flag(args.time_signature),
         bars=args.bars,
         source_bpm=args.source_bpm,
         source_downbeat_s=args.source_downbeat,
@@ -249,19 +257,9 @@ def check_live_args(args: argparse.Namespace) -> None:
 
 def check_grid_args(args: argparse.Namespace) -> None:
     """--bpm, --time-signature, --bars, --sync, --click: in range and consistent, before the model loads."""
-    from ..engine.prompts import check_bpm, time_signature_numerator
-
-    for flag in ("bpm", "source_bpm"):
-        if getattr(args, flag) is not None:
-            try:
-                check_bpm(getattr(args, flag), "--" + flag.replace("_", "-"))
-            except ValueError as error:
-                raise CommandError(str(error)) from None
-    if args.time_signature is not None:
-        try:
-            time_signature_numerator(args.time_signature)
-        except ValueError as error:
-            raise CommandError(f"--time-signature: {error}") from None
+    check_bpm_flag("--bpm", args.bpm)
+    check_bpm_flag("--source-bpm", args.source_bpm)
+    beats_per_bar = time_signature_flag(args.time_signature, 4)
     if args.bars is not None:
         if args.bars < 1:
             raise CommandError(f"--bars must be at least 1, got {args.bars}")
@@ -269,6 +267,17 @@ def check_grid_args(args: argparse.Namespace) -> None:
             raise CommandError("--bars needs a tempo: give --bpm, or follow a clock with --sync")
         if args.endless:
             raise CommandError("--bars sets a loop's length: --endless has none")
+        if args.bpm is not None:  # a followed clock's tempo is known only once it is joined
+            from ..engine.audio.files import SAMPLE_RATE
+            from ..live.sync.grid import Grid
+
+            Grid(args.bpm, beats_per_bar).loop_of_bars(args.bars, SAMPLE_RATE, "--bars")
+    try:
+        check_offset_ms(args.sync_offset_ms, "--sync-offset-ms")
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    if args.sync_offset_ms and args.sync is None:
+        raise CommandError("--sync-offset-ms moves the loop against a followed clock: give --sync too, or leave it out")
     if args.click and args.bpm is None and args.sync is None:
         raise CommandError("--click needs a tempo: give --bpm, or follow a clock with --sync")
     if args.sync is not None and args.source is not None:

@@ -25,7 +25,8 @@ DEFAULT_DURATION_S = 30
 
 BPM_RANGE = (30, 300)
 DURATION_RANGE_S = (10, 600)
-TIME_SIGNATURES = (2, 3, 4, 6)
+TIME_SIGNATURES = (2, 3, 4, 6)  # beats per bar, as the model was trained with
+TIME_SIGNATURE_NOTES = (2, 4, 8, 16)  # the lower number of "6/8": ignored by the model, refused when not a note
 KEY_NOTES = ("A", "B", "C", "D", "E", "F", "G")
 KEY_ACCIDENTALS = ("", "#", "b", "♯", "♭")
 KEY_MODES = ("major", "minor")
@@ -53,20 +54,44 @@ def check_bpm(bpm: object, what: str = "bpm") -> float:
 
 
 def time_signature_numerator(time_signature: int | str) -> int:
-    """4, "4" and "4/4" all give 4; anything outside {2, 3, 4, 6} raises ValueError."""
+    """4, "4" and "4/4" all give 4 (the beats per bar; the model hears only those); a numerator outside {2, 3, 4, 6}
+    or a lower number that is not a note value raises ValueError naming the fix."""
     text = str(time_signature).strip()
-    numerator_text = text.split("/", 1)[0].strip()
+    numerator_text, slash, denominator_text = text.partition("/")
     try:
-        numerator = int(numerator_text)
+        numerator = int(numerator_text.strip())
+        denominator = int(denominator_text.strip()) if slash else None
     except ValueError:
         raise ValueError(f"time signature {time_signature!r} is not a number like 4 or '4/4'") from None
     if numerator not in TIME_SIGNATURES:
         raise ValueError(f"time signature {time_signature!r}: numerator must be one of {TIME_SIGNATURES}")
+    if denominator is not None and denominator not in TIME_SIGNATURE_NOTES:
+        notes = ", ".join(map(str, TIME_SIGNATURE_NOTES))
+        raise ValueError(
+            f"time signature {time_signature!r}: the lower number is a note value ({notes}); write e.g. '4/4' or '6/8'"
+        )
     return numerator
 
 
+def check_key_scale(key_scale: str, what: str = "key scale") -> str:
+    """`key_scale` if the model knows it (e.g. 'G major', 'F# minor'); else a ValueError naming `what` and the form."""
+    if key_scale not in KEY_SCALES:
+        raise ValueError(
+            f"{what} {key_scale!r} is not a note A-G, an optional accidental (# b ♯ ♭) and 'major' or 'minor', "
+            "e.g. 'G major', 'F# minor'"
+        )
+    return key_scale
+
+
+def check_language(language: str, what: str = "language") -> str:
+    """`language` if it is one of ACE-Step's codes; else a ValueError naming `what` and the codes."""
+    if language not in LANGUAGES:
+        raise ValueError(f"{what} {language!r} is not one of ACE-Step's codes: {' '.join(sorted(LANGUAGES))}")
+    return language
+
+
 def metas_block(
-    bpm: int | None = None,
+    bpm: float | None = None,
     time_signature: int | str | None = None,
     key_scale: str | None = None,
     duration_s: float | None = None,
@@ -76,14 +101,11 @@ def metas_block(
     time_signature = None if time_signature is None or str(time_signature).strip() == "" else time_signature
     if bpm is not None:
         check_bpm(bpm)
-    if key_scale is not None and key_scale not in KEY_SCALES:
-        raise ValueError(
-            f"key scale {key_scale!r} is not a note A-G, an optional accidental (# b ♯ ♭) and 'major' or 'minor', "
-            "e.g. 'G major', 'F# minor'"
-        )
+    if key_scale is not None:
+        check_key_scale(key_scale)
     if duration_s is not None and not DURATION_RANGE_S[0] <= duration_s <= DURATION_RANGE_S[1]:
         raise ValueError(f"duration {duration_s} s is outside {DURATION_RANGE_S[0]}..{DURATION_RANGE_S[1]} s")
-    bpm_text = NOT_AVAILABLE if bpm is None else str(int(bpm))
+    bpm_text = NOT_AVAILABLE if bpm is None else str(round(bpm))  # the model was trained on whole BPMs
     time_signature_text = NOT_AVAILABLE if time_signature is None else str(time_signature_numerator(time_signature))
     key_scale_text = NOT_AVAILABLE if key_scale is None else key_scale
     duration_text = f"{int(DEFAULT_DURATION_S if duration_s is None else duration_s)} seconds"
@@ -98,7 +120,7 @@ def metas_block(
 def caption_prompt(
     caption: str,
     instruction: str = DEFAULT_INSTRUCTION,
-    bpm: int | None = None,
+    bpm: float | None = None,
     time_signature: int | str | None = None,
     key_scale: str | None = None,
     duration_s: float | None = None,
@@ -114,6 +136,5 @@ def caption_prompt(
 
 def lyric_prompt(lyrics: str, language: str = UNKNOWN_LANGUAGE) -> str:
     """The lyric string (embedded by token lookup only). Instrumental music uses INSTRUMENTAL_LYRICS."""
-    if language not in LANGUAGES:
-        raise ValueError(f"language {language!r} is not one of ACE-Step's codes: {sorted(LANGUAGES)}")
+    check_language(language)
     return _LYRIC_TEMPLATE.format(language=language, lyrics=lyrics)

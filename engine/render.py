@@ -22,6 +22,7 @@ from .params import (
     seconds_to_frames,
     song_frames,
 )
+from .prompts import check_bpm, check_key_scale, check_language, time_signature_numerator
 from .sampling.schedule import validate_schedule_args
 from .session import Session, peak_normalize
 
@@ -37,7 +38,7 @@ class RenderRequest:
     steps: int = DEFAULT_STEPS
     shift: float = DEFAULT_SHIFT
     denoise: float = 1.0
-    bpm: int | None = None
+    bpm: float | None = None  # the caption carries it as a whole BPM
     key: str | None = None
     time_signature: str | None = None
     language: str = "unknown"
@@ -47,12 +48,14 @@ class RenderRequest:
     lm_sampling: SamplingParams = SamplingParams()
 
     def validate(self) -> None:
-        """Refuse a request that could only fail later, before any model work: lengths, schedule, prompt, a --cover
-        that is not a usable audio file, an --out that cannot be written."""
+        """Refuse a request that could only fail later, before any model work: lengths, schedule, prompt, the metas
+        (--bpm, --key, --time-signature, --language), a --cover that is not a usable audio file, an --out that cannot
+        be written."""
         song_frames(self.seconds, "--seconds")
         check_seed(self.seed)
         validate_schedule_args(self.steps, self.shift, self.denoise)
         check_prompt(self.prompt)
+        check_metas(self.bpm, self.key, self.time_signature, self.language)
         if self.cover is None and self.denoise < 1.0:
             raise ValueError("--denoise below 1 needs --cover AUDIO.wav to start from")
         if self.lm:
@@ -69,6 +72,20 @@ def check_prompt(prompt: str, option: str = "--prompt") -> None:
     if not prompt.strip():
         raise ValueError(f"the prompt is empty: describe the music, e.g. {option} 'ambient pads, slow'")
     check_prompt_length(prompt, option)
+
+
+def check_metas(bpm: float | None, key: str | None, time_signature: str | None, language: str) -> None:
+    """The caption's metas in the ranges the model knows, each refused by its flag with the fix."""
+    if bpm is not None:
+        check_bpm(bpm, "--bpm")
+    if key is not None:
+        check_key_scale(key, "--key")
+    if time_signature is not None:
+        try:
+            time_signature_numerator(time_signature)
+        except ValueError as error:
+            raise ValueError(f"--time-signature: {error}") from None
+    check_language(language, "--language")
 
 
 def cover_seconds(seconds: float) -> float:

@@ -221,7 +221,7 @@ class Session:
         self,
         tags: str,
         lyrics: str = "",
-        bpm: int | None = None,
+        bpm: float | None = None,
         key: str | None = None,
         time_signature: int | str | None = None,
         duration_s: float | None = None,

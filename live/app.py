@@ -26,6 +26,7 @@ from .playback import DEFAULT_BLOCKSIZE, PORTAUDIO_FIX, PORTAUDIO_MISSING, Playb
 from .runner import LiveRunner, RunnerConfig
 from .sync.follow import FollowedClock, clock_grid, open_clock
 from .sync.grid import Grid
+from .sync.lock import check_offset_ms
 from .sync.midi_clock import MidiClockFollower
 
 log = logging.getLogger("flowjam.live")
@@ -72,6 +73,9 @@ class LiveConfig:
     sync_offset_ms: float = 0.0  # play this much later against the clock (a DAW's own output latency, say)
     click: bool = False  # a metronome click on every bar start of the loop
     runner: RunnerConfig = RunnerConfig()
+
+    def __post_init__(self) -> None:
+        check_offset_ms(self.sync_offset_ms, "sync_offset_ms")  # else a NaN fails in the phase lock, mid-performance
 
     @property
     def uses_midi(self) -> bool:

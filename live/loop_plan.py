@@ -48,9 +48,7 @@ def text_plan(
     if grid is None:
         return LoopPlan(song_frames(seconds, "song_seconds") * hop)
     bars = bars or max(1, round(seconds * rate / grid.bar_samples(rate)))
-    samples = grid.loop_samples(bars, rate)
-    song_frames(samples / rate, "--bars")
-    return LoopPlan(samples, grid, bars)
+    return LoopPlan(grid.loop_of_bars(bars, rate, "--bars"), grid, bars)
 
 
 def source_plan(
@@ -77,8 +75,8 @@ def source_plan(
     grid = Grid(float(bpm or round(found.bpm, 2)), beats_per_bar)
     available = (audio.shape[1] / out_rate - found.downbeat_s) / (beats_per_bar * 60.0 / found.bpm)
     bars = bars or max(1, math.floor(available + 1e-6))
+    grid.loop_of_bars(bars, out_rate, "--bars")  # before the loop is cut: a loop too long is refused, not built
     loop = torch.from_numpy(bars_of_source(audio, out_rate, found, grid.bpm, beats_per_bar, bars))
-    song_frames(loop.shape[1] / out_rate, "--bars")
     log.info(
         "source on the grid: %.2f BPM, first downbeat %.3f s; %d bars at %.2f BPM",
         found.bpm,

@@ -4,6 +4,7 @@ distance from the band's bar line is the phase error; the follower's tempo again
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 import shutil
@@ -52,12 +53,27 @@ class SyncReport:
         return max((abs(e) for e in self.errors_ms), default=float("nan"))
 
 
+JACK_TOOLS = ("jackd", "jack_wait")  # the server the bench starts, and what tells when it runs
+
+
+def check_jack_tools() -> None:
+    """bench sync starts a JACK server of its own: a FileNotFoundError naming what is missing and how to install it
+    (a command checks this before its model loads)."""
+    missing = [tool for tool in JACK_TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise FileNotFoundError(
+            f"bench sync runs a JACK server of its own: {' and '.join(missing)} not found on PATH; install JACK "
+            "(Debian: apt install jackd2)"
+        )
+    if importlib.util.find_spec("jack") is None:
+        raise FileNotFoundError("bench sync talks to JACK through JACK-Client: pip install JACK-Client")
+
+
 class PrivateJackServer:
     """`jackd -d dummy` under a name of its own (JACK_DEFAULT_SERVER is set for this process and its children)."""
 
     def __init__(self, period: int, rate: int = RATE):
-        if shutil.which("jackd") is None:
-            raise RuntimeError("bench sync needs jackd (Debian: apt install jackd2)")
+        check_jack_tools()
         self.name = f"flowjam-bench-{os.getpid()}"
         os.environ["JACK_DEFAULT_SERVER"] = self.name
         os.environ["JACK_NO_AUDIO_RESERVATION"] = "1"

@@ -21,7 +21,6 @@ from ..engine.params import (
     DEFAULT_PRECISION,
     DEFAULT_WINDOW_SECONDS,
     LATENT_RATE_HZ,
-    MAX_SONG_SECONDS,
     REALTIME_LATENT_INTERVAL_MS,
     song_frames,
 )
@@ -390,14 +389,6 @@ def _knob_value(registry: KnobRegistry, name: str) -> float | str:
     return spec.choice(value) if spec.choices else value
 
 
-def _most_bars(grid: Grid, rate: int) -> int:
-    """The most whole bars of `grid` a loop may hold (MAX_SONG_SECONDS)."""
-    bars = int(MAX_SONG_SECONDS * rate // grid.bar_samples(rate))
-    while bars > 1 and grid.loop_samples(bars, rate) > MAX_SONG_SECONDS * rate:
-        bars -= 1
-    return max(1, bars)
-
-
 def _session_frames(spec: SessionSpec, grid: Grid | None, hop: int, rate: int) -> tuple[int, int]:
     """(samples of the session's playback buffer, T of its requests): a loop (of whole bars, with a grid) and its
     window (the loop itself when the window covers it), or an endless song's ring and its window. ValueError, naming
@@ -410,15 +401,8 @@ def _session_frames(spec: SessionSpec, grid: Grid | None, hop: int, rate: int) -
         return ring_frames(window, None) * hop, window
     samples = song_frames(spec.seconds, "seconds") * hop
     if grid is not None:
-        most = _most_bars(grid, rate)
-        bars = spec.bars or min(most, max(1, round(samples / grid.bar_samples(rate))))
-        if bars > most:
-            raise ValueError(
-                f"bars={bars} at {grid.bpm:g} bpm, {grid.beats_per_bar} beats a bar, make a "
-                f"{grid.loop_samples(bars, rate) / rate:.2f} s loop, longer than ACE-Step 1.5 generates "
-                f"({MAX_SONG_SECONDS:g} s); use bars={most} or fewer"
-            )
-        samples = grid.loop_samples(bars, rate)
+        bars = spec.bars or min(grid.most_bars(rate), max(1, round(samples / grid.bar_samples(rate))))
+        samples = grid.loop_of_bars(bars, rate, "bars")
     frames = LoopMap(samples, hop).frames
     window = window_frames(spec.window_seconds, frames)
     return samples, frames if window is None else window

@@ -8,7 +8,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from flowjam.engine.checkpoints.loading import CheckpointError, build_random, load_checkpoint, save_flowjam_file
+from flowjam.engine.checkpoints.loading import (
+    CheckpointError,
+    build_random,
+    load_checkpoint,
+    read_safetensors,
+    save_flowjam_file,
+)
 from flowjam.engine.models.presets import get_preset
 from safetensors.torch import save_file
 
@@ -245,3 +251,43 @@ def test_broken_safetensors_files_say_what_is_wrong_for_both_loaders(name, tmp_p
         with pytest.raises(CheckpointError) as error:
             load(path)
         assert str(path) in str(error.value) and expected in str(error.value), f"{load.__name__}: {error.value}"
+
+
+def test_integer_weights_are_refused_at_load_naming_the_tensor_and_the_fix(tiny, tmp_path):
+    """Cast to float as they were, int8 weights loaded silently and a render ended in NaN audio; now the load (before
+    any rendering) says which tensor and what checkpoint to give, for the DiT and the 5 Hz LM alike."""
+    from flowjam.engine.lm.checkpoint import build_random_lm, load_lm
+
+    path = save_flowjam_file(tiny, tmp_path / "float.safetensors")
+    state, meta = read_safetensors(path)
+    quantized = tmp_path / "int8.safetensors"
+    save_file(
+        {
+            k: (v * 127).round().clamp(-128, 127).to(torch.int8) if k.startswith("acestep.") else v
+            for k, v in state.items()
+        },
+        str(quantized),
+        metadata=meta,
+    )
+    fix = "flowjam needs float weights: give a float16, bfloat16 or float32 checkpoint of the model"
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(quantized)
+    assert f"{quantized}: tensor " in str(error.value) and "holds int8 weights" in str(error.value), error.value
+    assert fix in str(error.value), error.value
+
+    lm_file = tmp_path / "lm_int8.safetensors"
+    save_file({k: v.to(torch.int8) for k, v in plain(build_random_lm("tiny")).items()}, str(lm_file))
+    with pytest.raises(CheckpointError, match="holds int8 weights"):
+        load_lm(lm_file)
+
+    out = tmp_path / "x.wav"
+    result = subprocess.run(
+        [sys.executable, "-m", "flowjam", "render", "--prompt", "ambient", "--seconds", "2", "--checkpoint"]
+        + [str(quantized), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and fix in lines[0], result.stderr
+    assert "denoise" not in result.stderr and not out.exists(), "refused only after rendering"

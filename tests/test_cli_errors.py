@@ -2,6 +2,7 @@
 code 2, no traceback and nothing written; outputs are replaced whole or not at all. Run as a user runs it:
 `python -m flowjam ...` in a subprocess (tiny preset, CPU), the cases side by side to keep the file quick."""
 
+import argparse
 import errno
 import os
 import signal
@@ -46,8 +47,32 @@ CASES = {
     "render --seconds 1e-9": Case("render", lambda f: ["--seconds", "1e-9"], "shorter than one latent frame"),
     "render --seed 2**64": Case("render", lambda f: ["--seed", str(2**64)], "--seed must be a whole number from 0"),
     "render --seed -1": Case("render", lambda f: ["--seed", "-1"], "--seed must be a whole number from 0"),
-    "render --lyrics @folder": Case("render", lambda f: ["--lyrics", f"@{f.tmp}"], "is a folder; give a text file"),
+    "render --lyrics @folder": Case("render", lambda f: ["--lyrics", f"@{f.tmp}"], "is a folder, not a text file"),
     "render --lyrics @missing": Case("render", lambda f: ["--lyrics", f"@{f.tmp / 'no.txt'}"], "no such file"),
+    "render --lyrics @/dev/zero": Case(
+        "render", lambda f: ["--lyrics", "@/dev/zero"], "/dev/zero is a character device, not a text file"
+    ),
+    "render --lyrics @FIFO": Case(  # refused without opening it: opening a FIFO waits for a writer
+        "render", lambda f: ["--lyrics", f"@{f.fifo}"], "take.fifo is a FIFO (named pipe), not a text file"
+    ),
+    "render --lyrics @2 MiB": Case(
+        "render", lambda f: ["--lyrics", f"@{f.huge_text}"], "is too large for lyrics (2,097,152 bytes; at most"
+    ),
+    # render: the caption's metas, refused before the model loads (a broken --checkpoint would be refused after)
+    **{
+        f"render {' '.join(args)}": Case(
+            "render", lambda f, args=args: [*args, "--checkpoint", str(f.weights["truncated"][0])], expected
+        )
+        for args, expected in [
+            (("--bpm", "400"), "--bpm must be a number in 30..300, got 400"),
+            (("--bpm", "nan"), "--bpm must be a number in 30..300, got nan"),
+            (("--key", "H major"), "--key 'H major' is not a note A-G"),
+            (("--time-signature", "4/0"), "--time-signature: time signature '4/0': the lower number is a note value"),
+            (("--time-signature", "4/banana"), "time signature '4/banana' is not a number like 4 or '4/4'"),
+            (("--time-signature", "5/4"), "numerator must be one of (2, 3, 4, 6)"),
+            (("--language", "english"), "--language 'english' is not one of ACE-Step's codes"),
+        ]
+    },
     "render --lora missing": Case(
         "render", lambda f: ["--lora", f"{f.tmp / 'no_lora.safetensors'}:0.5"], "LoRA not found"
     ),
@@ -134,6 +159,9 @@ CASES = {
             (("ring", "--depth", "9"), "--depth 9 is outside 1..8"),
             (("lora", "--ticks", "-1"), "--ticks -1 must be 1 or more"),
             (("soak", "--minutes", "inf"), "--minutes must be a finite number > 0, got inf"),
+            (("sync", "--bpm", "500"), "--bpm must be a number in 30..300, got 500"),
+            (("sync", "--time-signature", "4/banana"), "is not a number like 4 or '4/4'"),
+            (("sync", "--bars", "0"), "--bars 0 must be 1 or more"),
         ]
     },
     # serve, bridge, demo
@@ -159,6 +187,26 @@ CASES = {
     "live --bpm 120 --bars 0": Case("live", lambda f: ["--bpm", "120", "--bars", "0"], "--bars must be at least 1"),
     "live --time-signature 5": Case(
         "live", lambda f: ["--bpm", "120", "--time-signature", "5"], "numerator must be one of"
+    ),
+    "live --time-signature 4/0": Case(
+        "live", lambda f: ["--bpm", "120", "--time-signature", "4/0"], "the lower number is a note value (2, 4, 8, 16)"
+    ),
+    "live --bpm 123 --bars 600": Case(
+        "live",
+        lambda f: ["--bpm", "123", "--bars", "600"],
+        "--bars 600 at 123 BPM, 4 beats a bar, is a loop of 1170.73 s, longer than ACE-Step 1.5 generates (at most "
+        "600 s); use --bars 307 or less",
+    ),
+    "live --sync-offset-ms nan": Case(
+        "live",
+        lambda f: ["--sync", "jack", "--sync-offset-ms", "nan"],
+        "--sync-offset-ms nan ms is outside -1000..1000",
+    ),
+    "live --sync-offset-ms 1e12": Case(
+        "live", lambda f: ["--sync", "jack", "--sync-offset-ms", "1e12"], "--sync-offset-ms 1e+12 ms is outside"
+    ),
+    "live --sync-offset-ms without --sync": Case(
+        "live", lambda f: ["--sync-offset-ms", "20"], "--sync-offset-ms moves the loop against a followed clock"
     ),
     "live --click": Case("live", lambda f: ["--click"], "--click needs a tempo"),
     "live --sync midi": Case("live", lambda f: ["--sync", "midi"], "--sync midi reads the clock from --midi-port"),
@@ -238,6 +286,9 @@ def files(tmp_path_factory):
     read_only_folder.mkdir(mode=0o555)
     fifo = tmp / "take.fifo"
     os.mkfifo(fifo)
+    huge_text = tmp / "huge.txt"
+    with huge_text.open("wb") as handle:
+        handle.truncate(2 << 20)
     busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     busy.bind(("127.0.0.1", 0))
     yield SimpleNamespace(
@@ -249,6 +300,7 @@ def files(tmp_path_factory):
         read_only_file=read_only_file,
         read_only_folder=read_only_folder,
         fifo=fifo,
+        huge_text=huge_text,
         busy_port=busy.getsockname()[1],
         free_port=free_udp_port(),
     )
@@ -407,3 +459,92 @@ def test_render_killed_while_it_runs_keeps_the_previous_out_file(tmp_path):
         process.wait(30)
     assert out.read_bytes() == b"previous song", "a killed render must not touch the previous file"
     assert [p.name for p in tmp_path.iterdir()] == ["song.wav"]
+
+
+# ---- Ctrl-C, missing tools, the flags' one meaning ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command, marker",
+    [
+        (["render", "--prompt", "ambient", "--seconds", "120"], b"denoise"),  # the progress bar (stderr)
+        (["demo", "--seconds", "120"], b"tick "),  # a tick line (stdout)
+    ],
+)
+def test_ctrl_c_mid_work_ends_with_one_line_exit_130_and_no_file(command, marker, tmp_path):
+    out = tmp_path / "take.wav"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flowjam", *command, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    seen = {"stdout": bytearray(), "stderr": bytearray()}
+    started = threading.Event()
+
+    def watch(name: str) -> None:  # the progress bar has no newlines: read byte by byte
+        stream = getattr(process, name)
+        while chunk := stream.read(1):
+            seen[name].extend(chunk)
+            if marker in seen[name]:
+                started.set()
+
+    watchers = [threading.Thread(target=watch, args=(name,), daemon=True) for name in seen]
+    for watcher in watchers:
+        watcher.start()
+    try:
+        assert started.wait(90), f"{command[0]} did not start working: {bytes(seen['stderr'])!r}"
+        process.send_signal(signal.SIGINT)
+        code = process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    for watcher in watchers:
+        watcher.join(10)
+    stderr = bytes(seen["stderr"]).decode()
+    assert "Traceback" not in stderr, stderr
+    assert code == 130, f"exit {code}\n{stderr}"
+    assert stderr.splitlines()[-1] == f"flowjam {command[0]}: stopped by Ctrl-C; nothing was written", stderr
+    assert not stderr.splitlines()[-1].startswith("denoise"), "the message should start a line of its own"
+    assert not out.exists() and list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_bench_sync_without_jack_installed_says_what_to_install_before_loading(tmp_path):
+    """PATH holds no jackd (nor jack_wait): one line naming both and the package, exit 2, before the model loads
+    (a broken --checkpoint would be refused after)."""
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"model weights go here\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "flowjam", "bench", "sync", "--minutes", "0.1", "--checkpoint", str(broken)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": str(tmp_path)},
+    )
+    shown = f"exit {result.returncode}\nstderr:\n{result.stderr}"
+    assert "Traceback" not in result.stderr, shown
+    assert result.stderr.splitlines() == [
+        "flowjam bench: error: bench sync runs a JACK server of its own: jackd and jack_wait not found on PATH; "
+        "install JACK (Debian: apt install jackd2)"
+    ], shown
+    assert result.returncode == 2, shown
+
+
+def command_helps(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> dict[str, str]:
+    """flag dest -> help of the (sub)command `names`, e.g. ("bench", "sync")."""
+    for name in names:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = commands.choices[name]
+    return {action.dest: action.help for action in parser._actions}
+
+
+def test_a_flag_is_one_type_in_every_command_and_its_help_states_the_range():
+    from flowjam.__main__ import build_parser
+
+    parser = build_parser()
+    for command in (["render", "--prompt", "x"], ["live"], ["bench", "sync"]):
+        args = parser.parse_args([*command, "--bpm", "120.5", "--time-signature", "6/8"])
+        assert args.bpm == 120.5 and args.time_signature == "6/8", (command, args)
+        assert "30..300" in command_helps(parser, tuple(command[:2]) if command[0] == "bench" else (command[0],))["bpm"]
+    steps = {names: command_helps(parser, names)["steps"] for names in [("render",), ("bench", "tick"), ("live",)]}
+    assert "1..200" in steps[("render",)] and "1..200" in steps[("bench", "tick")], steps
+    assert "1..50, the steps knob's range" in steps[("live",)], steps

@@ -14,6 +14,21 @@ def test_a_loop_of_whole_bars_in_samples():
         Grid(120.0).loop_samples(0, RATE)
 
 
+def test_a_loop_longer_than_the_model_generates_names_the_most_bars_that_fit():
+    """The CLI's --bars and a served session's bars share this check: the length in seconds, the limit in bars."""
+    grid = Grid(123.0, 4)
+    assert grid.loop_of_bars(307, RATE, "--bars") == grid.loop_samples(307, RATE) <= 600 * RATE
+    with pytest.raises(ValueError) as error:
+        grid.loop_of_bars(600, RATE, "--bars")
+    assert str(error.value) == (
+        "--bars 600 at 123 BPM, 4 beats a bar, is a loop of 1170.73 s, longer than ACE-Step 1.5 generates (at most "
+        "600 s); use --bars 307 or less"
+    )
+    with pytest.raises(ValueError, match="use bars 1230 or less"):  # 1230 bars of 2 beats at 246 BPM: 600 s
+        Grid(246.0, 2).loop_of_bars(1231, RATE, "bars")
+    assert Grid(120.0, 4).loop_of_bars(300, RATE) == 600 * RATE  # exactly 10 minutes fits
+
+
 def test_bar_and_beat_count_from_one_at_the_loops_start():
     grid = Grid(120.0, 3)
     assert grid.bar_beat(0, RATE) == (1, 1, 0.0)

@@ -159,7 +159,7 @@ def test_json_nested_past_the_limit_is_a_400_and_the_stream_goes_on(session):
 def test_a_loop_of_too_many_bars_is_refused_in_bars_with_the_real_limit(session):
     host = RingHost(session, latent_interval_ms=LOOSE_MS)
     try:
-        with pytest.raises(ValueError, match=r"bars=600 at 123 bpm.* 1170\.73 s loop.* use bars=307 or fewer"):
+        with pytest.raises(ValueError, match=r"bars 600 at 123 BPM.* loop of 1170\.73 s.* use bars 307 or less"):
             host.create("long", SessionSpec("lofi", bpm=123, bars=600))
     finally:
         host.close()

@@ -200,7 +200,20 @@ def load_strict(net: nn.Module, state: Mapping[str, torch.Tensor], what: str, or
             if p
         )
         raise CheckpointError(f"{origin} does not fit the {what}: {parts}. Pass the matching file for the {what}.")
+    check_float_weights(state, origin)
     net.load_state_dict({k: v.to(dtype=torch.float32) for k, v in state.items()}, strict=True, assign=True)
+
+
+def check_float_weights(state: Mapping[str, torch.Tensor], origin: str) -> None:
+    """Refuse integer (quantized) weights, naming the first such tensor and the fix: cast to float as they are, they
+    load without a word and the network computes NaN or noise from them."""
+    for key, tensor in state.items():
+        if not tensor.is_floating_point():
+            kind = str(tensor.dtype).removeprefix("torch.")
+            raise CheckpointError(
+                f"{origin}: tensor {key} holds {kind} weights (quantized); flowjam needs float weights: give a "
+                "float16, bfloat16 or float32 checkpoint of the model"
+            )
 
 
 def assemble(

@@ -62,7 +62,7 @@ class SongWriter:
         caption: str,
         duration_s: float,
         lyrics: str = "",
-        bpm: int | None = None,
+        bpm: float | None = None,
         key: str | None = None,
         time_signature: int | str | None = None,
         language: str | None = None,
@@ -82,7 +82,7 @@ class SongWriter:
         if not seeds:
             raise ValueError("give at least one seed (one code sequence is generated per seed)")
         known = SongMetadata(
-            bpm=bpm,
+            bpm=None if bpm is None else round(bpm),  # the LM writes and reads whole BPMs
             caption=caption.strip(),
             duration_s=round(duration_s),
             keyscale=key,

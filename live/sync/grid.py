@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...engine.params import MAX_SONG_SECONDS
 from ...engine.prompts import check_bpm, time_signature_numerator
 
 
@@ -27,6 +28,25 @@ class Grid:
         if not isinstance(bars, int) or bars < 1:
             raise ValueError(f"bars must be a whole number of at least 1, got {bars!r}")
         return round(bars * self.beats_per_bar * self.samples_per_beat(rate))
+
+    def loop_of_bars(self, bars: int, rate: int, what: str = "bars") -> int:
+        """`loop_samples`, refused (a ValueError naming `what` and the most bars that fit) when the loop is longer
+        than the model generates."""
+        samples = self.loop_samples(bars, rate)
+        if samples > MAX_SONG_SECONDS * rate:
+            raise ValueError(
+                f"{what} {bars} at {self.bpm:g} BPM, {self.beats_per_bar} beats a bar, is a loop of "
+                f"{samples / rate:.2f} s, longer than ACE-Step 1.5 generates (at most {MAX_SONG_SECONDS:g} s); use "
+                f"{what} {self.most_bars(rate)} or less"
+            )
+        return samples
+
+    def most_bars(self, rate: int) -> int:
+        """The most whole bars a loop may hold (MAX_SONG_SECONDS)."""
+        most = math.floor(MAX_SONG_SECONDS * rate / self.bar_samples(rate))
+        while most > 1 and self.loop_samples(most, rate) > MAX_SONG_SECONDS * rate:
+            most -= 1
+        return max(1, most)
 
     def bar_samples(self, rate: int) -> float:
         return self.beats_per_bar * self.samples_per_beat(rate)

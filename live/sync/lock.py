@@ -27,6 +27,17 @@ START_MARGIN_BLOCKS = 2  # a start is set at least this many output blocks ahead
 BLOCK_CLOCK_S = 2.0  # a block's time is read off the earliest-woken block of the last this many seconds
 RECENT_S = 0.3  # ... unless every block of this last while woke later: the output lost time (an xrun), start afresh
 SHIFTED_S = 0.001
+MAX_OFFSET_MS = 1000.0  # a sync offset makes up for an output's latency (a DAW's, Bluetooth's): under a second
+
+
+def check_offset_ms(offset_ms: float, what: str = "sync offset") -> float:
+    """`offset_ms` if it is a finite number within +-MAX_OFFSET_MS; else a ValueError naming `what` and the range."""
+    if not (math.isfinite(offset_ms) and abs(offset_ms) <= MAX_OFFSET_MS):
+        raise ValueError(
+            f"{what} {offset_ms:g} ms is outside -{MAX_OFFSET_MS:g}..{MAX_OFFSET_MS:g} ms; give the output's latency "
+            "against the clock, e.g. 20"
+        )
+    return offset_ms
 
 
 class Clock(Protocol):
