@@ -368,21 +368,9 @@ class StreamPipeline:
         lora_rows = batch.host_lora_rows
         if lora_rows is not None:
             lora_rows = lora_rows.to(self._device_dtype()[0])
-        results = self._device_step(batch, groups, temb, modulation, times, lora_rows)
-        for slot, result in zip(batch.slots, results):
+        velocities = self._forward(batch, groups, temb, modulation, times, lora_rows)
+        for slot, result in zip(batch.slots, self._advance(batch, velocities, times)):
             slot.x, slot.running, slot.cached_negative = result.x, result.running, result.cached_negative
-
-    def _device_step(
-        self,
-        batch: TickBatch,
-        groups: list[CrossGroup],
-        temb: torch.Tensor,
-        modulation: torch.Tensor,
-        times: dict[int, tuple[Any, Any]],
-        lora_rows: torch.Tensor | None,
-    ) -> list[StepResult]:
-        """The device work of a tick: the batched forward, then each slot's guidance and step."""
-        return self._advance(batch, self._forward(batch, groups, temb, modulation, times, lora_rows), times)
 
     def _forward(
         self,
