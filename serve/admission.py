@@ -15,6 +15,8 @@ from .errors import SessionRefused
 
 MEASURED_LATENTS = 3  # fresh latents per playing session since the ring changed: two intervals to measure
 LONGEST_WAIT_S = 30.0  # however loose the target, a create waits no longer for a measurement
+STARTING_WAIT_S = 120.0  # a create waits this long for a session that has made no latent yet (its first compiles)
+SETTLE_S = 10.0  # a ring that just took a session in captures its new plans first: over target this long is behind
 POLL_S = 0.01
 
 
@@ -38,9 +40,10 @@ class Admission:
 
     @property
     def wait_s(self) -> float:
-        """The longest wait for a measurement: a ring in real time gives one well within it (a new session's first
-        latent takes up to MAX_DEPTH intervals, then MEASURED_LATENTS more)."""
-        return min(LONGEST_WAIT_S, (MAX_DEPTH + MEASURED_LATENTS + 1) * self.target_ms / 1000.0)
+        """The longest wait for a measurement within the target once every session plays: a ring in real time gives
+        one well within it (a new session's slots ramp up over MAX_DEPTH intervals, then MEASURED_LATENTS more),
+        after SETTLE_S for the tick plans the newest session brought (run plain once, then captured)."""
+        return min(LONGEST_WAIT_S, SETTLE_S + (MAX_DEPTH + MEASURED_LATENTS + 1) * self.target_ms / 1000.0)
 
     def changed(self) -> None:
         """The ring changed (a session let in or ended): the next create waits for a measurement after this."""
@@ -48,17 +51,22 @@ class Admission:
 
     def check(self, playing: Callable[[], Iterable[Sequence[float]]]) -> None:
         """Return once every playing session (`playing`: each one's latent times) is measured within the target
-        since the ring changed; SessionRefused when one is over it, or gave no measurement within `wait_s`. Hold
-        `turn` around this and the session's start."""
-        deadline = self._changed_at + self.wait_s
+        since the ring changed; SessionRefused when one is still over it, or gave no measurement, `wait_s` after
+        every session plays (a session that has made no latent yet is starting: its first compiles and captures are
+        waited for, up to STARTING_WAIT_S). Hold `turn` around this and the session's start."""
         while True:
             now = time.perf_counter()
-            intervals = [latent_interval_ms(times, self._changed_at, now) for times in playing()]
+            sessions = [list(times) for times in playing()]
+            intervals = [latent_interval_ms(times, self._changed_at, now) for times in sessions]
             measured = [interval for interval in intervals if interval is not None]
-            if measured and max(measured) > self.target_ms:
-                raise SessionRefused(refusals.behind(max(measured), self.target_ms))
-            if len(measured) == len(intervals):
+            behind = bool(measured) and max(measured) > self.target_ms
+            if not behind and len(measured) == len(intervals):
                 return
-            if now > deadline:
+            if any(not times for times in sessions):
+                if now > self._changed_at + STARTING_WAIT_S:
+                    raise SessionRefused(refusals.still_starting(now - self._changed_at))
+            elif now > max(self._changed_at, *(times[0] for times in sessions)) + self.wait_s:
+                if behind:
+                    raise SessionRefused(refusals.behind(max(measured), self.target_ms))
                 raise SessionRefused(refusals.not_measured(now - self._changed_at, self.target_ms))
             time.sleep(POLL_S)

@@ -51,6 +51,11 @@ def not_measured(waited_s: float, target_ms: float) -> str:
     )
 
 
+def still_starting(waited_s: float) -> str:
+    """A session playing here has made no latent in all the time a start may take."""
+    return f"this host is still starting a session after {waited_s:.0f} s: {ELSEWHERE}"
+
+
 def admission(error: AdmissionRefused, caller: str, depth: int | None = None) -> str:
     """Admission control's refusal of a new session (`depth` None) or of `caller`'s deeper `depth`, with the ring's
     numbers and the caller's own; a need that another session would miss is said without its name or settings."""

@@ -5,6 +5,7 @@ limit is a clear 400 (the stream goes on), a depth change answers what the ring 
 import contextlib
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -12,6 +13,7 @@ import pytest
 import uvicorn
 from flowjam.engine.stream import RealtimeNeed
 from flowjam.engine.stream.lanes import AdmissionRefused, Lane, check_admission, deepened
+from flowjam.serve import admission as admission_module
 from flowjam.serve import host as host_module
 from flowjam.serve import refusals
 from flowjam.serve.client import Client
@@ -59,6 +61,7 @@ def http(method: str, url: str, body: object = None, token: str | None = None) -
 def test_no_refusal_names_another_players_session(session, monkeypatch):
     """Every refusal a stranger can draw while SECRET plays: a taken name, admission's prediction, a ring measured
     behind, a full host, a bad knob, bad JSON; and the owner's own depth refused with the ring's numbers."""
+    monkeypatch.setattr(admission_module, "SETTLE_S", 0.2)  # a tiny ring settles at once: judge it without waiting
     host = RingHost(session, latent_interval_ms=TIGHT_MS)  # every lane needs what no tick gives
     host.admission.target_ms = LOOSE_MS  # so a create passes the measured check and meets the ring's prediction
     with served(host) as url:
@@ -102,7 +105,8 @@ def test_admissions_refusal_of_a_deeper_depth_names_only_the_callers_session():
     assert "another session playing here would no longer get a latent every 250 ms" in answer
 
 
-def test_creates_take_turns_so_two_are_never_let_in_on_one_measurement(session):
+def test_creates_take_turns_so_two_are_never_let_in_on_one_measurement(session, monkeypatch):
+    monkeypatch.setattr(admission_module, "SETTLE_S", 0.2)
     host = RingHost(session, latent_interval_ms=TIGHT_MS)  # the first is let in (nothing to measure), none after
     outcomes: list[str] = []
 
@@ -163,3 +167,59 @@ def test_a_loop_of_too_many_bars_is_refused_in_bars_with_the_real_limit(session)
             host.create("long", SessionSpec("lofi", bpm=123, bars=600))
     finally:
         host.close()
+
+
+def test_a_create_waits_for_a_session_still_making_its_first_latent_and_measures_it_from_then(monkeypatch):
+    """A host's first session compiles before its first latent (seconds on a GPU): a create meanwhile waits for it
+    and measures the ring from the first latent on, instead of refusing the host as behind; a session that makes
+    no latent at all is refused as still starting, once STARTING_WAIT_S has passed."""
+    from flowjam.serve.admission import Admission
+
+    target_ms = 50.0
+    monkeypatch.setattr(admission_module, "SETTLE_S", 0.0)
+    admission = Admission(target_ms)  # measured within wait_s = 0.6 s of the sessions playing
+    admission.changed()
+    times: list[float] = []
+
+    def first_latents_late() -> None:
+        time.sleep(admission.wait_s + 0.5)  # past the window counted from the change
+        for _ in range(3):
+            times.append(time.perf_counter())
+            time.sleep(target_ms / 4000.0)
+
+    threading.Thread(target=first_latents_late, daemon=True).start()
+    admission.check(lambda: [times])  # returns: measured once playing, within the target
+
+    monkeypatch.setattr(admission_module, "STARTING_WAIT_S", 0.3)
+    admission.changed()
+    with pytest.raises(SessionRefused, match="still starting a session"):
+        admission.check(lambda: [[]])
+
+
+def test_a_ring_over_its_target_while_a_new_session_settles_is_judged_once_it_has_settled(monkeypatch):
+    """A session just let in brings tick plans the ring runs plain and captures first: its first latents come
+    slowly. A create then waits for the ring to settle and is let in once the intervals are back within target; a
+    ring still over target when the wait ends is refused as behind."""
+    from flowjam.serve.admission import Admission
+
+    monkeypatch.setattr(admission_module, "SETTLE_S", 1.0)
+    target_ms = 50.0
+    admission = Admission(target_ms)
+    admission.changed()
+    start = time.perf_counter()
+    times = [start + 0.3 * k for k in range(3)]  # 300 ms apart: over target while the new plans are captured
+
+    def settles() -> None:
+        time.sleep(0.8)
+        for _ in range(4):
+            times.append(time.perf_counter())
+            time.sleep(target_ms / 4000.0)
+
+    threading.Thread(target=settles, daemon=True).start()
+    admission.check(lambda: [times])
+    assert time.perf_counter() - start >= 0.8, "let in on the slow intervals, before the ring settled"
+
+    admission.changed()
+    slow = [time.perf_counter() + 0.3 * k for k in range(3)]
+    with pytest.raises(SessionRefused, match="behind"):
+        admission.check(lambda: [slow])

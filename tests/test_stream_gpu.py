@@ -507,7 +507,7 @@ def test_a_graph_ring_whose_kv_buffers_grow_and_graphs_are_evicted_captures_with
     the ring keeps capturing and replaying with no failed capture."""
     session = Session.load(preset="tiny", device="cuda")
     pipeline = StreamPipeline(session.models.acestep.decoder, depth=4, backend="graph")
-    pipeline._graph.graphs.capacity = 2
+    pipeline._graph.graphs.capacity = 6  # two ticks of three graphs: the ring's rhythm evicts
     for round_ in range(6):
         conditioning = session.encode_text("grow " * (4 * 2**round_))  # a longer prompt each round
         for seed in range(12):

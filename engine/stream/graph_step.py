@@ -5,17 +5,19 @@ steady rhythm replays the same two or three graphs whichever places its slots ho
 changes (times, embeddings, LoRA strengths, a changed condition's K/V) and the plan (`GraphStep.plan`) says which
 captured graph, if any, the tick replays.
 
-A tick is two graphs: the forward (the DiT over every row, into a static velocity tensor) and the advance (each slot's
-guidance and solver step). The forward's plan holds only what shapes the forward, so what changes a slot's step alone
-(a shared knob's first move, a slot's place in its schedule) makes a new advance plan, whose capture records a few
-hundred small kernels in milliseconds, while the forward, a thousand kernels and ~100 ms of host time to record,
-replays as before."""
+A tick is three graphs: the gather (each slot's model input and context into static row tensors, in batch order), the
+forward (the DiT over those rows into a static velocity tensor) and the advance (each slot's guidance and solver step).
+The forward, a thousand kernels and ~100 ms of host time to capture, is keyed by its kernels' shapes alone (frames,
+rows, condition groups, K/V lengths, LoRA structure), so one graph serves every arrangement of slots in their homes;
+what changes the arrangement (a session joining, a ring's rhythm after a per-request knob) or a slot's step alone (a
+shared knob's first move, a slot's place in its schedule) makes new gather or advance plans, whose captures record a
+few dozen to a few hundred small kernels in milliseconds."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -30,14 +32,15 @@ from .tick_graph import StaticTensors, TickGraphs
 
 CLOCKS_KEPT = 64  # distinct sets of the slots' times kept on the device
 
-Forward = Callable[
-    [TickBatch, list[CrossGroup], torch.Tensor, torch.Tensor, dict[int, tuple[Any, Any]], torch.Tensor | None],
-    torch.Tensor,
-]
-"""A tick's batched forward (`StreamPipeline._forward`): (batch, K/V groups, temb, modulation, times by slot id, LoRA
-rows) -> the rows' velocities."""
-Advance = Callable[[TickBatch, torch.Tensor, dict[int, tuple[Any, Any]]], list[StepResult]]
-"""A tick's guidance and solver steps (`StreamPipeline._advance`): (batch, velocities, times by slot id)."""
+Times = dict[int, tuple[Any, Any]]  # each slot's (t, t_next), by id of the slot
+
+
+class TickWork(NamedTuple):
+    """A tick's device work in three parts (`StreamPipeline`'s), each a graph of its own."""
+
+    gather: Callable[[TickBatch, Times], tuple[torch.Tensor, torch.Tensor]]  # -> rows' model inputs, contexts
+    forward: Callable[..., torch.Tensor]  # (x, context, temb, modulation, groups, LoRA rows) -> velocities
+    advance: Callable[[TickBatch, torch.Tensor, Times], list[StepResult]]  # (batch, velocities, times)
 
 
 class GraphStep:
@@ -61,14 +64,13 @@ class GraphStep:
         embeddings: list[tuple[torch.Tensor, torch.Tensor]],
         dtype: torch.dtype,
         lanes: Iterable[Lane],
-        forward: Forward,
-        advance: Advance,
+        work: TickWork,
         draw_step_noise: Callable[[Slot], torch.Tensor],
     ) -> bool:
         """The same device work through static tensors: plain PyTorch the first time a plan comes, captured the
-        second, one graph replay after that (a forward's and an advance's). Host work here is copies: times,
-        embeddings, strengths, changed K/V. `embeddings`: each batch row's (temb, modulation). Returns whether the
-        tick was two replays (a steady tick, not a first run or a capture: a cost to learn from)."""
+        second, one graph replay after that (a gather's, a forward's and an advance's). Host work here is copies:
+        times, embeddings, strengths, changed K/V. `embeddings`: each batch row's (temb, modulation). Returns whether
+        the tick was three replays (a steady tick, not a first run or a capture: a cost to learn from)."""
         static, active = self.static, batch.slots
         copies = self._home(active)
         hidden = embeddings[0][0].shape[-1]
@@ -97,13 +99,21 @@ class GraphStep:
             if uses_step_noise(state):
                 slot.step_noise.copy_(draw_step_noise(slot))
         plan = self.plan(batch, states, lanes, lora_rows is not None)
-        velocities = static.get("velocities", (len(batch.rows), *active[0].x.shape[1:]), dtype)
+        first = active[0]
+        x_rows = static.get("x_rows", (len(batch.rows), *first.x.shape[1:]), first.x.dtype)
+        context_rows = static.get("context_rows", (len(batch.rows), *first.context.shape[1:]), first.context.dtype)
+        velocities = static.get("velocities", (len(batch.rows), *first.x.shape[1:]), dtype)
+
+        def gather_step() -> None:
+            x, context = work.gather(batch, times)
+            x_rows.copy_(x)
+            context_rows.copy_(context)
 
         def forward_step() -> None:
-            velocities.copy_(forward(batch, groups, temb, modulation, times, lora_rows))
+            velocities.copy_(work.forward(x_rows, context_rows, temb, modulation, groups, lora_rows))
 
         def advance_step() -> tuple[tuple[bool, bool], ...]:
-            results = advance(batch, velocities, times)
+            results = work.advance(batch, velocities, times)
             facts = []
             for slot, result in zip(active, results):
                 slot.x.copy_(result.x)
@@ -116,11 +126,14 @@ class GraphStep:
             return tuple(facts)
 
         replays = self.graphs.counters.replays
-        self.graphs.run(self.forward_plan(batch, plan[0]), forward_step, shapes=plan[0])
-        for slot, (has_running, has_cached) in zip(active, self.graphs.run(plan, advance_step, shapes=plan[0:1])):
+        kernels = self.forward_shapes(batch, plan[0], groups)
+        self.graphs.run(self.gather_plan(batch, plan[0]), gather_step, shapes=("gather", kernels))
+        self.graphs.run(kernels, forward_step, shapes=kernels)
+        advanced = self.graphs.run(("advance", *plan), advance_step, shapes=plan[0:1])
+        for slot, (has_running, has_cached) in zip(active, advanced):
             slot.running = self._static_state(slot, "running") if has_running else None
             slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
-        return self.graphs.counters.replays == replays + 2
+        return self.graphs.counters.replays == replays + 3
 
     def _stale(self, static: torch.Tensor, *sources: Any) -> bool:
         """Whether `static` does not hold `sources` (tensors, by identity and version: one edited in place is new;
@@ -288,9 +301,18 @@ class GraphStep:
         return shapes, slots, shared
 
     @staticmethod
-    def forward_plan(batch: TickBatch, shapes: tuple) -> tuple:
-        """The forward graph's key: the shapes, and which slots' model inputs blend kept frames in (a latent mask)."""
-        return "forward", shapes, tuple((slot.home, "latent_mask" in slot.curves) for slot in batch.slots)
+    def gather_plan(batch: TickBatch, shapes: tuple) -> tuple:
+        """The gather graph's key: the plan's shapes (the rows' homes and order among them), and which slots' model
+        inputs blend kept frames in (a latent mask)."""
+        return "gather", shapes, tuple((slot.home, "latent_mask" in slot.curves) for slot in batch.slots)
+
+    @staticmethod
+    def forward_shapes(batch: TickBatch, shapes: tuple, groups: list[CrossGroup]) -> tuple:
+        """The forward graph's key, the shapes its kernels run at and nothing else: frames, rows, the condition groups'
+        row counts and K/V shapes, the decoder's structure (LoRAs attached), per-row LoRA strengths or not."""
+        frames, _, _, counts, _, structure, per_row_loras = shapes
+        kv_shapes = tuple(tuple(group.kv.keys[0].shape) for group in groups)
+        return "forward", frames, len(batch.rows), counts, kv_shapes, structure, per_row_loras
 
     @staticmethod
     def _options(slot: Slot) -> tuple:

@@ -31,7 +31,7 @@ from ..sampling.schedule import timestep_schedule
 from ..sampling.step import RowVelocity, StepResult, advance, model_input
 from .backends import decoder_forward, uses_graphs
 from .batch import TickBatch, lane_strengths
-from .graph_step import GraphStep
+from .graph_step import GraphStep, TickWork
 from .lanes import (
     MAX_DEPTH,
     MAX_LANES,
@@ -333,7 +333,12 @@ class StreamPipeline:
             dtype = self._device_dtype()[1]
             lanes = self._lanes.values()
             steady = self._graph.run(
-                batch, embeddings, dtype, lanes, self._forward, self._advance, self._draw_step_noise
+                batch,
+                embeddings,
+                dtype,
+                lanes,
+                TickWork(self._gather, self._forward, self._advance),
+                self._draw_step_noise,
             )
         finished: list[Finished] = []
         for slot in active:
@@ -368,25 +373,28 @@ class StreamPipeline:
         lora_rows = batch.host_lora_rows
         if lora_rows is not None:
             lora_rows = lora_rows.to(self._device_dtype()[0])
-        velocities = self._forward(batch, groups, temb, modulation, times, lora_rows)
+        velocities = self._forward(*self._gather(batch, times), temb, modulation, groups, lora_rows)
         for slot, result in zip(batch.slots, self._advance(batch, velocities, times)):
             slot.x, slot.running, slot.cached_negative = result.x, result.running, result.cached_negative
 
-    def _forward(
-        self,
-        batch: TickBatch,
-        groups: list[CrossGroup],
-        temb: torch.Tensor,
-        modulation: torch.Tensor,
-        times: dict[int, tuple[Any, Any]],
-        lora_rows: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """One decoder call over every row (at each row's session's LoRA strengths when `lora_rows` [rows,
-        MAX_LORAS] is given) -> the rows' velocities, in `batch.layout.order`."""
+    def _gather(self, batch: TickBatch, times: dict[int, tuple[Any, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's model input and context latents, in `batch.layout.order`: what the batched forward reads."""
         rows, order = batch.rows, batch.layout.order
         inputs = {id(slot): model_input(slot.state(), times[id(slot)][0]) for slot in batch.slots}
         x = torch.cat([inputs[id(rows[i].slot)] for i in order])
-        context = torch.cat([rows[i].slot.context for i in order])
+        return x, torch.cat([rows[i].slot.context for i in order])
+
+    def _forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        temb: torch.Tensor,
+        modulation: torch.Tensor,
+        groups: list[CrossGroup],
+        lora_rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One decoder call over every row (at each row's session's LoRA strengths when `lora_rows` [rows,
+        MAX_LORAS] is given) -> the rows' velocities."""
         if lora_rows is None:
             return self.decoder_forward(x, temb, modulation, context, groups)
         with lora_set(self.decoder).rows_at(lora_rows):

@@ -27,7 +27,7 @@ import torch
 
 log = logging.getLogger("flowjam.graphs")
 
-GRAPH_CAPACITY = 128  # captured plans kept, forwards and advances (least recently used dropped first)
+GRAPH_CAPACITY = 192  # captured plans kept, a tick's three kinds together (least recently used dropped first)
 CAPTURE_TRIES = 2  # failed captures of one plan before it always runs uncaptured
 DEVICE_WORK = threading.RLock()
 """Held by every capture and by device work that may synchronise the whole device (a compiled kernel's first run
@@ -226,6 +226,10 @@ class TickGraphs:
     @property
     def captured(self) -> int:
         return len(self._graphs)
+
+    def recent_plans(self, kind: str) -> int:
+        """How many of the plans seen lately (a bounded memory) are of `kind`: those whose key starts with it."""
+        return sum(1 for plan in self._seen if isinstance(plan, tuple) and plan[:1] == (kind,))
 
 
 def _keep_newest(keys: OrderedDict[Hashable, None], key: Hashable, bound: int) -> None:
