@@ -40,6 +40,7 @@ SWITCH_AT = 17  # the output moves to region SWITCH_TO (and the NEXT_CLICK_ sett
 SWITCH_TO = 18
 LENGTHS = (20, 21)  # each region's loop length (<= FRAMES)
 SHIFTS = (24, 25)  # each region's position runs this many frames ahead of PLAYED: a clock's phase lock moves it
+BARS = (26, 27)  # each region's loop in whole bars (0: not on a grid): a plugin maps the host's bars onto it
 # Slots of LoopBuffer.reals (float64).
 GAIN = 0  # target volume, linear
 APPLIED_GAIN = 1  # volume the callback used at the end of its last block (it ramps from here to GAIN)
@@ -50,6 +51,7 @@ BLOCK_TIME = 5  # the sync clock (live/sync/clock.py) when the newest block was 
 CLICK_BAR = 6  # a metronome click on every bar start, bars this many frames long; 0: no click
 CLICK_CYCLE = 7  # bar starts count from each start of a cycle this long (0: the loop; endless play: one bar)
 NEXT_CLICK_BAR, NEXT_CLICK_CYCLE = 8, 9  # the click from the next switch on
+BAR_FRAMES = (10, 11)  # each region's bar in frames, with BARS
 TRANSPORT_FADE_FRAMES = 480  # a stop or play fades over 10 ms at 48 kHz
 MIN_CLICK_BAR = 480
 
