@@ -23,6 +23,7 @@ from .loop_buffer import LoopRegion
 from .loop_plan import LoopPlan, source_plan, text_plan
 from .osc import TRANSPORT_COMMANDS, OscBridge, OscConfig
 from .playback import DEFAULT_BLOCKSIZE, Playback
+from .plugin_output import PluginOutput
 from .runner import LiveRunner, RunnerConfig
 from .sync.follow import FollowedClock, clock_grid, open_clock
 from .sync.grid import Grid
@@ -45,7 +46,7 @@ class LiveConfig:
     session_name: str = "default"
     audio_device: str | int | None = None
     blocksize: int = DEFAULT_BLOCKSIZE  # frames per output callback; the writer's lead covers one
-    playback_mode: str = "process"  # process | thread | null | null-process (no audio device; see playback.py)
+    playback_mode: str = "process"  # process | thread | null | null-process (see playback.py) | plugin (a DAW's)
     record: Path | None = None
     osc_host: str = "127.0.0.1"
     osc_port: int | None = 9000  # None: no OSC
@@ -124,13 +125,7 @@ class LiveApp:
         try:
             if source is not None:
                 self.buffer.fill(session.decode(source.latents)[:, : plan.samples])
-            self.playback = Playback(
-                self.buffer,
-                device=config.audio_device,
-                blocksize=config.blocksize,
-                mode=config.playback_mode,
-                record_path=None if config.record is None else str(config.record),
-            )
+            self.playback = self._output(config)
             prompts = initial_conditionings or (config.prompt, config.prompt_b)
             self._runner_config = config.runner
             if self.grid is not None:
@@ -176,6 +171,21 @@ class LiveApp:
         except BaseException:  # nothing half-built stays behind: the shared memory and any threads go
             self._discard()
             raise
+
+    def _output(self, config: LiveConfig) -> Playback | PluginOutput:
+        """The sound card (or a null clock), or with playback_mode "plugin" the DAW plugin that attaches by name."""
+        if config.playback_mode == "plugin":
+            output = PluginOutput(self.buffer, self.registry, config.session_name)
+            if self.grid is not None:
+                output.set_bars(self.plan.bars, self.grid.bar_samples(self.session.sample_rate))
+            return output
+        return Playback(
+            self.buffer,
+            device=config.audio_device,
+            blocksize=config.blocksize,
+            mode=config.playback_mode,
+            record_path=None if config.record is None else str(config.record),
+        )
 
     def _plan(self, config: LiveConfig, source: Source | None) -> tuple[Source | None, LoopPlan]:
         """The source (read and prepared, cut to whole bars on a grid) and what the performance loops. Following a
@@ -392,7 +402,7 @@ class LiveApp:
         try:
             self.playback.start()
         except Exception as error:
-            if self.config.audio_device is not None or self.config.playback_mode.startswith("null"):
+            if self.config.audio_device is not None or self.config.playback_mode.startswith(("null", "plugin")):
                 raise
             log.warning(
                 "no audio output (%s); running without sound%s", error, ", recording only" if self.config.record else ""

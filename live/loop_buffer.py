@@ -291,6 +291,16 @@ class LoopBuffer:
 
     shift = property(get_shift, set_shift)
 
+    def set_bars(self, region: int, bars: int, bar_frames: float) -> None:
+        """Record that `region` loops `bars` bars of `bar_frames` frames (0 bars: not on a grid), for a DAW plugin
+        that maps its host's bars onto the loop."""
+        index = self._index(region)
+        if bars < 0 or (bars and not (np.isfinite(bar_frames) and bar_frames > 0)):
+            raise ValueError(f"bars must be >= 0 with a bar > 0 frames, got {bars} bars of {bar_frames}")
+        with self._lock:
+            self.reals[BAR_FRAMES[index]] = float(bar_frames)
+            self.counters[BARS[index]] = int(bars)
+
     def start_at(self, played: int) -> None:
         """Start the transport (a fade-in) when the frames played reach `played`; -1 cancels."""
         with self._lock:

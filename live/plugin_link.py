@@ -9,7 +9,7 @@ then the loop buffer's name as NUL-terminated UTF-8. plugin/src/flowjam_generate
 
 from __future__ import annotations
 
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
@@ -31,6 +31,7 @@ HOST_BLOCK_FRAMES = 9  # the host's largest block
 # Slots of ControlBlock.reals (float64).
 HOST_BPM, HOST_BEATS_PER_BAR = 0, 1
 HOST_BARS = 2  # the host's position in bars since its song's start (bar 1 = 0.0), at the newest block
+PLUGIN_ORIGIN = "plugin"  # a knob change from the plugin's parameter (the plugin applied volume to the gain itself)
 STALE_AFTER_S = 1.0  # a heartbeat older than this: the engine is gone, the plugin plays silence
 
 
@@ -72,6 +73,8 @@ class ControlBlock:
             except FileNotFoundError:
                 pass
         self._shm = shared_memory.SharedMemory(name=name, create=create, size=OFFSETS["size"] if create else 0)
+        if not create:  # Python's resource tracker would unlink the engine's segment when this process exits
+            resource_tracker.unregister(self._shm._name, "shared_memory")
         self._owner = create
         buf = self._shm.buf
         self.counters = np.ndarray((COUNTERS,), np.int64, buf, 0)

@@ -138,7 +138,7 @@ protected:
             for (int i = 0; i < KNOB_COUNT; ++i) dirty[i].store(true);  // the project's values win
         }
         const LoopView& view = attached->view;
-        publishTransport(*attached, frames);
+        publishTransport(*attached);
         publishKnobs(*attached);
         float* block = interleaved.data();
         render_block(state, view, block, static_cast<int>(frames), sync_clock_s());
@@ -161,7 +161,7 @@ private:
     // The host's transport into the control block, and the loop position from its bars: where the host's tempo and
     // metre are the loop's, the position is its bar position on the loop (bar 1 of the loop on the host's bar 1,
     // and on every bar that starts a cycle of the loop's bars); elsewhere the loop runs on from where it is.
-    void publishTransport(Attachment& a, uint32_t frames) {
+    void publishTransport(Attachment& a) {
         const TimePosition& time = getTimePosition();
         const double rate = getSampleRate();
         int64_t* control = a.controlCounters;
@@ -194,14 +194,11 @@ private:
             }
         }
         const int state = playing ? 1 : 0;
-        if (state != wasPlaying) {
-            if (playing)
-                c[counter::START_AT] = c[counter::PLAYED];  // a start on this block's first frame
-            else
-                a.view.reals[real::TRANSPORT] = 0.0;  // a stop fades out
+        if (state != wasPlaying) {  // the host's start is a hard edge, as for any track; its stop fades out (10 ms)
+            a.view.reals[real::TRANSPORT] = state;
+            if (playing) a.view.reals[real::APPLIED_TRANSPORT] = 1.0;
             wasPlaying = state;
         }
-        (void)frames;
     }
 
     // The knobs the host changed since the last block: to the engine (its next tick), volume to the gain at once.
