@@ -1,12 +1,15 @@
 """The VST3 in a real host (DawDreamer, headless, 48 kHz, 512-frame blocks) with `flowjam live --plugin` running on
 the tiny preset: 16 bars at 123 BPM with every click within one sample of the host's ideal bar line, the loop
-audible at volume 0.1, and the host's automation of `volume` to 0 over the last four bars leaving only the clicks."""
+audible at volume 0.1, and the host's automation of `volume` to 0 over the last four bars leaving only the clicks; the
+engine killed gives silence, not a crash, and the stream comes back with the engine."""
 
 import os
+import time
 
 import numpy as np
 import pytest
 from daw_host import BAR_FRAMES, BLOCK, BPM, RATE, Engine, parameter_index, plugin_for_session
+from flowjam.live.plugin_link import STALE_AFTER_S
 from flowjam.live.renderer import click_wave
 from plugin_build import build
 
@@ -70,3 +73,23 @@ def test_vst3_plays_the_loop_on_the_hosts_bar_lines_and_volume_automation_to_zer
     quiet = slice(quiet_from + 2 * BLOCK, frames)  # automation arrives at the next block start, ramps over one
     left = np.abs(audio[:, quiet] - clicks_only[quiet]).max()
     assert left == 0.0, f"volume 0 leaves only the clicks, but {left:.3g} of the loop is left"
+
+
+def test_vst3_plays_silence_when_the_engine_dies_and_the_stream_again_once_it_is_back(engine, vst3, tmp_path):
+    host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    seconds = 2 * 4 * 60 / BPM
+    host.render(seconds)
+    assert np.abs(host.get_audio()).max() > 0.1, "the stream plays while the engine runs"
+    engine.kill()
+    time.sleep(STALE_AFTER_S + 0.3)  # its heartbeat goes stale
+    host.render(seconds)
+    assert not host.get_audio().any(), "a dead engine's session plays silence"
+    assert plugin.get_parameter(parameter_index(plugin, "connected")) == 0.0
+    back = Engine(SESSION, "--bpm", "123", "--bars", "2", "--click", "--prompt", "ambient pads")
+    try:
+        back.wait_ready()
+        time.sleep(0.3)  # the plugin's watcher attaches again within 0.1 s
+        host.render(seconds)
+        assert np.abs(host.get_audio()).max() > 0.1, "the stream plays again once the engine is back"
+    finally:
+        back.stop()
