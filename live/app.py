@@ -175,7 +175,9 @@ class LiveApp:
     def _output(self, config: LiveConfig) -> Playback | PluginOutput:
         """The sound card (or a null clock), or with playback_mode "plugin" the DAW plugin that attaches by name."""
         if config.playback_mode == "plugin":
-            output = PluginOutput(self.buffer, self.registry, config.session_name)
+            output = PluginOutput(
+                self.buffer, self.registry, config.session_name, self.set_prompt, lambda: self.runner.captions()
+            )
             if self.grid is not None:
                 output.set_bars(self.plan.bars, self.grid.bar_samples(self.session.sample_rate))
             return output

@@ -24,7 +24,7 @@ _LOOP_REALS = (
 ).split()
 _CONTROL_COUNTERS = (
     "MAGIC VERSION HEARTBEAT_NS HOST_BLOCKS HOST_PLAYING HOST_FRAME BUFFER_SEQ KNOB_COUNT HOST_SAMPLE_RATE "
-    "HOST_BLOCK_FRAMES"
+    "HOST_BLOCK_FRAMES HOST_PROMPTS_SEQ ENGINE_PROMPTS_SEQ"
 ).split()
 _CONTROL_REALS = "HOST_BPM HOST_BEATS_PER_BAR HOST_BARS".split()
 
@@ -77,6 +77,7 @@ def header_text() -> str:
         f'constexpr const char* PREFIX = "{plugin_link.CONTROL_PREFIX}";',
         f"constexpr int COUNTERS = {plugin_link.COUNTERS}, REALS = {plugin_link.REALS};",
         f"constexpr int MAX_KNOBS = {plugin_link.MAX_KNOBS}, NAME_BYTES = {plugin_link.NAME_BYTES};",
+        f"constexpr int PROMPT_COUNT = {len(plugin_link.PROMPTS)}, PROMPT_BYTES = {plugin_link.PROMPT_BYTES};",
         *(f"constexpr int {name}_OFFSET = {value};" for name, value in _upper(plugin_link.OFFSETS).items()),
         *(f"constexpr int {name} = {getattr(plugin_link, name)};" for name in _CONTROL_COUNTERS + _CONTROL_REALS),
         f"constexpr double STALE_AFTER_S = {plugin_link.STALE_AFTER_S!r};",

@@ -5,7 +5,10 @@ writes a heartbeat, the name of the loop buffer to play and its own knob values 
 
 Layout (native byte order, every field 8-byte aligned, one writer each): int64 COUNTERS, float64 REALS, float64
 HOST_VALUES and int64 HOST_CHANGES (one per knob of KNOB_SPECS, the plugin's), float64 ENGINE_VALUES (the engine's),
-then the loop buffer's name as NUL-terminated UTF-8. plugin/src/flowjam_generated.h holds the same numbers."""
+then the loop buffer's name as NUL-terminated UTF-8, then the prompts (A, B, negative) as NUL-terminated UTF-8: the
+host's (a DAW project's, given back to the engine when it opens) and the engine's (saved in the project). A prompt
+area is written under a sequence lock: its counter is odd while it is written. plugin/src/flowjam_generated.h holds
+the same numbers."""
 
 from __future__ import annotations
 
@@ -13,12 +16,14 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from ..engine.params import KNOB_SPECS
+from ..engine.params import KNOB_SPECS, MAX_PROMPT_CHARS
 
 CONTROL_MAGIC = 0x464C4A4D4354524C  # "FLJMCTRL"
 CONTROL_VERSION = 1
 CONTROL_PREFIX = "flowjam-plugin-"
 COUNTERS, REALS, MAX_KNOBS, NAME_BYTES = 16, 16, 64, 128
+PROMPTS = ("a", "b", "negative")  # the order of the prompt areas
+PROMPT_BYTES = 4 * MAX_PROMPT_CHARS + 1  # one prompt of MAX_PROMPT_CHARS characters in UTF-8, and its NUL
 # Slots of ControlBlock.counters (int64).
 MAGIC, VERSION, HEARTBEAT_NS = 0, 1, 2  # HEARTBEAT_NS: the engine's CLOCK_MONOTONIC when it was last alive
 HOST_BLOCKS = 3  # blocks the plugin rendered (it writes the fields below before counting one)
@@ -28,6 +33,8 @@ BUFFER_SEQ = 6  # the engine counts each new loop buffer name; the plugin attach
 KNOB_COUNT = 7  # knobs in the value arrays (len(KNOB_SPECS))
 HOST_SAMPLE_RATE = 8
 HOST_BLOCK_FRAMES = 9  # the host's largest block
+HOST_PROMPTS_SEQ = 10  # the plugin's prompt area: odd while the plugin writes it
+ENGINE_PROMPTS_SEQ = 11  # the engine's prompt area: odd while the engine writes it
 # Slots of ControlBlock.reals (float64).
 HOST_BPM, HOST_BEATS_PER_BAR = 0, 1
 HOST_BARS = 2  # the host's position in bars since its song's start (bar 1 = 0.0), at the newest block
@@ -48,13 +55,17 @@ def _offsets() -> dict[str, int]:
     host_changes = host_values + 8 * MAX_KNOBS
     engine_values = host_changes + 8 * MAX_KNOBS
     name = engine_values + 8 * MAX_KNOBS
+    host_prompts = name + NAME_BYTES
+    engine_prompts = host_prompts + 8 * ((len(PROMPTS) * PROMPT_BYTES + 7) // 8)
     return {
         "reals": reals,
         "host_values": host_values,
         "host_changes": host_changes,
         "engine_values": engine_values,
         "name": name,
-        "size": name + NAME_BYTES,
+        "host_prompts": host_prompts,
+        "engine_prompts": engine_prompts,
+        "size": engine_prompts + len(PROMPTS) * PROMPT_BYTES,
     }
 
 
@@ -83,6 +94,10 @@ class ControlBlock:
         self.host_changes = np.ndarray((MAX_KNOBS,), np.int64, buf, OFFSETS["host_changes"])
         self.engine_values = np.ndarray((MAX_KNOBS,), np.float64, buf, OFFSETS["engine_values"])
         self._name = np.ndarray((NAME_BYTES,), np.uint8, buf, OFFSETS["name"])
+        self._prompts = {
+            area: np.ndarray((len(PROMPTS), PROMPT_BYTES), np.uint8, buf, OFFSETS[f"{area}_prompts"])
+            for area in ("host", "engine")
+        }
         if create:
             self.counters[:] = 0
             self.reals[:] = 0.0
@@ -109,12 +124,40 @@ class ControlBlock:
     def buffer_name(self) -> str:
         return bytes(self._name).split(b"\0", 1)[0].decode()
 
+    def host_prompts(self) -> dict[str, str] | None:
+        """The prompts the plugin gave (a DAW project's), or None while it writes them."""
+        return self._read_prompts("host", HOST_PROMPTS_SEQ)
+
+    def engine_prompts(self) -> dict[str, str] | None:
+        return self._read_prompts("engine", ENGINE_PROMPTS_SEQ)
+
+    def write_engine_prompts(self, prompts: dict[str, str]) -> None:
+        """The engine's prompts now, for the plugin to save in the DAW project."""
+        seq = int(self.counters[ENGINE_PROMPTS_SEQ])
+        self.counters[ENGINE_PROMPTS_SEQ] = seq + 1
+        for index, slot in enumerate(PROMPTS):
+            encoded = prompts.get(slot, "").encode()[: PROMPT_BYTES - 1]
+            row = self._prompts["engine"][index]
+            row[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+            row[len(encoded)] = 0
+        self.counters[ENGINE_PROMPTS_SEQ] = seq + 2
+
+    def _read_prompts(self, area: str, seq_slot: int) -> dict[str, str] | None:
+        before = int(self.counters[seq_slot])
+        rows = self._prompts[area].copy()
+        if before % 2 or int(self.counters[seq_slot]) != before:
+            return None
+        return {
+            slot: bytes(rows[index]).split(b"\0", 1)[0].decode(errors="replace") for index, slot in enumerate(PROMPTS)
+        }
+
     def beat(self, now_ns: int) -> None:
         """The engine's heartbeat (CLOCK_MONOTONIC nanoseconds, time.monotonic_ns on Linux)."""
         self.counters[HEARTBEAT_NS] = now_ns
 
     def close(self) -> None:
         self.counters = self.reals = self.host_values = self.host_changes = self.engine_values = self._name = None
+        self._prompts = {}
         self._shm.close()
 
     def unlink(self) -> None:

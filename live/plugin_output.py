@@ -9,21 +9,42 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from ..engine.params import KNOB_SPECS
 from .knobs import KnobRegistry
 from .loop_buffer import BLOCK, RUNNING, LoopBuffer
-from .plugin_link import HOST_BLOCK_FRAMES, HOST_BLOCKS, HOST_PLAYING, PLUGIN_ORIGIN, STALE_AFTER_S, ControlBlock
+from .plugin_link import (
+    HOST_BLOCK_FRAMES,
+    HOST_BLOCKS,
+    HOST_PLAYING,
+    HOST_PROMPTS_SEQ,
+    PLUGIN_ORIGIN,
+    STALE_AFTER_S,
+    ControlBlock,
+)
 
 log = logging.getLogger("flowjam.plugin")
 POLL_S = 0.02  # host knob changes reach the registry within this (and the runner on its next tick)
 
 
 class PluginOutput:
-    def __init__(self, buffer: LoopBuffer, registry: KnobRegistry, session: str = "default"):
+    def __init__(
+        self,
+        buffer: LoopBuffer,
+        registry: KnobRegistry,
+        session: str = "default",
+        on_prompt: Callable[[str, str], None] | None = None,
+        captions: Callable[[], dict[str, str]] | None = None,
+    ):
+        """`on_prompt(slot, text)`: a prompt the host gave (a DAW project's); `captions()`: the prompts playing now,
+        for the host to save in the project."""
         self.buffer, self.registry, self.session = buffer, registry, session
+        self._on_prompt, self._captions = on_prompt, captions
+        self._host_prompts_seen = 0
+        self._captions_written: dict[str, str] | None = None
         self.control = ControlBlock(session)
         self.recording = None  # the DAW records the track
         self.error: str | None = None
@@ -68,6 +89,27 @@ class PluginOutput:
                 log.warning("plugin knob %s: %s", spec.name, error)
         for index, spec in enumerate(KNOB_SPECS):
             control.engine_values[index] = self.registry.get(spec.name)
+        if self._captions is not None:
+            self._exchange_prompts()
+
+    def _exchange_prompts(self) -> None:
+        """The project's prompts in (once per change the plugin made), the engine's out (when they moved)."""
+        seq = int(self.control.counters[HOST_PROMPTS_SEQ])
+        given = self.control.host_prompts() if seq != self._host_prompts_seen else None
+        if given is not None and given["a"]:
+            self._host_prompts_seen = seq
+            playing = self._captions()
+            for slot, text in given.items():
+                text = text or (given["a"] if slot == "b" else "")
+                if text != playing.get(slot) and self._on_prompt is not None:
+                    try:
+                        self._on_prompt(slot, text)
+                    except ValueError as error:
+                        log.warning("plugin prompt %s refused: %s", slot, error)
+        captions = self._captions()
+        if captions != self._captions_written:
+            self.control.write_engine_prompts(captions)
+            self._captions_written = captions
 
     @property
     def running(self) -> bool:

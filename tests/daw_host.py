@@ -70,13 +70,15 @@ def juce_unbase64(text: str) -> bytes:
     return (bits & ((1 << (8 * int(size))) - 1)).to_bytes(int(size), "little")
 
 
-def dpf_state(path, session: str) -> None:
-    """Rewrite a state file DawDreamer saved so the plugin plays `session` (DPF keeps its states as key\\0value)."""
+def dpf_state(path, **states: str) -> None:
+    """Rewrite state values in a file DawDreamer saved (DPF keeps its states as key\\0value pairs)."""
     raw = path.read_bytes()
     xml = raw[8:].rstrip(b"\0").decode()
     found = re.search(r"<IComponent>(.*?)</IComponent>", xml)
     chunk = juce_unbase64(found.group(1))
-    chunk = re.sub(rb"session\0[^\0]*\0", b"session\0" + session.encode() + b"\0", chunk)
+    for key, value in states.items():
+        pair = key.encode() + b"\0" + value.encode() + b"\0"
+        chunk = re.sub(re.escape(key.encode()) + rb"\0[^\0]*\0", lambda _, pair=pair: pair, chunk, count=1)
     xml = xml[: found.start(1)] + juce_base64(chunk) + xml[found.end(1) :]
     body = xml.encode() + b"\0"
     path.write_bytes(b"VC2!" + len(body).to_bytes(4, "little") + body)
@@ -89,7 +91,7 @@ def plugin_for_session(daw, vst3, session: str, state_path, engine=None):
     plugin = engine.make_plugin_processor("flowjam", str(vst3))
     if not state_path.exists():
         plugin.save_state(str(state_path))
-        dpf_state(state_path, session)
+        dpf_state(state_path, session=session)
     try:
         plugin.load_state(str(state_path))
     except Exception as error:  # DawDreamer applies the state, then asks a plugin without a UI for its editor

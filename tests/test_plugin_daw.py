@@ -1,22 +1,29 @@
 """The VST3 in a real host (DawDreamer, headless, 48 kHz, 512-frame blocks) with `flowjam live --plugin` running on
 the tiny preset: 16 bars at 123 BPM with every click within one sample of the host's ideal bar line, the loop
-audible at volume 0.1, and the host's automation of `volume` to 0 over the last four bars leaving only the clicks; the
-engine killed gives silence, not a crash, and the stream comes back with the engine."""
+audible at volume 0.1, and the host's automation of `volume` to 0 over the last four bars leaving only the clicks; a
+state saved in one process gives the engine its prompt and knobs back in another; the engine killed gives silence, not
+a crash, and the stream comes back with the engine."""
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from daw_host import BAR_FRAMES, BLOCK, BPM, RATE, Engine, parameter_index, plugin_for_session
-from flowjam.live.plugin_link import STALE_AFTER_S
+from daw_host import BAR_FRAMES, BLOCK, BPM, RATE, Engine, dpf_state, parameter_index, plugin_for_session
+from flowjam.engine.params import KNOB_SPECS
+from flowjam.live.plugin_link import STALE_AFTER_S, ControlBlock
 from flowjam.live.renderer import click_wave
+from helpers import wait_for
 from plugin_build import build
 
 daw = pytest.importorskip("dawdreamer", reason="DawDreamer (pip install 'flowjam[test]') hosts the VST3")
 
 SESSION = f"ci-{os.getpid()}"
 BARS = 16
+SEED, STEPS = (next(i for i, spec in enumerate(KNOB_SPECS) if spec.name == name) for name in ("seed", "steps"))
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +80,51 @@ def test_vst3_plays_the_loop_on_the_hosts_bar_lines_and_volume_automation_to_zer
     quiet = slice(quiet_from + 2 * BLOCK, frames)  # automation arrives at the next block start, ramps over one
     left = np.abs(audio[:, quiet] - clicks_only[quiet]).max()
     assert left == 0.0, f"volume 0 leaves only the clicks, but {left:.3g} of the loop is left"
+
+
+SAVE_IN_ANOTHER_PROCESS = """
+import sys, pathlib
+import dawdreamer
+from daw_host import parameter_index, plugin_for_session
+host, plugin = plugin_for_session(dawdreamer, sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]))
+plugin.set_parameter(parameter_index(plugin, "steps"), (12 - 1) / 49)
+plugin.set_parameter(parameter_index(plugin, "seed"), 1234 / (2**31 - 1))
+host.render(0.5)
+import time; time.sleep(0.5)  # the engine's prompt comes back to the plugin within its next checks
+plugin.save_state(sys.argv[3])
+"""
+
+
+def engine_session(control: ControlBlock) -> tuple[str, float, float]:
+    """(prompt A, seed, steps) as the engine plays them."""
+    prompts = control.engine_prompts() or {"a": None}
+    return prompts["a"], control.engine_values[SEED], control.engine_values[STEPS]
+
+
+def test_vst3_state_saved_in_one_process_gives_the_engine_its_session_back_in_another(engine, vst3, tmp_path):
+    saved = tmp_path / "project-state"
+    tests = Path(__file__).parent
+    subprocess.run(
+        [sys.executable, "-c", SAVE_IN_ANOTHER_PROCESS, str(vst3), SESSION, str(saved)],
+        check=True,
+        cwd=tests,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])},
+        timeout=120,
+    )
+    control = ControlBlock(SESSION, create=False)
+    try:
+        wait_for(lambda: engine_session(control) == ("ambient pads", 1234, 12), 10, "the knobs the host set")
+        other = tmp_path / "other-state"
+        plugin_for_session(daw, vst3, SESSION, other)
+        dpf_state(other, prompt="solo piano", prompt_b="", negative="")
+        host, plugin = plugin_for_session(daw, vst3, SESSION, other)
+        host.render(0.5)
+        wait_for(lambda: engine_session(control)[0] == "solo piano", 30, "another project's prompt on the engine")
+        host, plugin = plugin_for_session(daw, vst3, SESSION, saved)
+        host.render(0.5)
+        wait_for(lambda: engine_session(control) == ("ambient pads", 1234, 12), 30, "the saved session on the engine")
+    finally:
+        control.close()
 
 
 def test_vst3_plays_silence_when_the_engine_dies_and_the_stream_again_once_it_is_back(engine, vst3, tmp_path):

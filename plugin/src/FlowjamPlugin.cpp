@@ -4,6 +4,7 @@
 // (no engine, or a stale heartbeat): silence, and the "connected" output parameter reads 0.
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "DistrhoPlugin.hpp"
@@ -18,7 +19,14 @@ using namespace flowjam;
 namespace {
 constexpr uint32_t kConnected = KNOB_COUNT;  // output parameter: 1 while the engine is attached and alive
 constexpr uint32_t kParameterCount = KNOB_COUNT + 1;
-enum { kStateSession, kStateEngineCommand, kStateCount };
+enum { kStateSession, kStateEngineCommand, kStatePrompt, kStatePromptB, kStateNegative, kStateCount };
+constexpr const char* kPromptKeys[3] = {"prompt", "prompt_b", "negative"};
+
+int prompt_slot(const char* key) {
+    for (int slot = 0; slot < 3; ++slot)
+        if (std::strcmp(key, kPromptKeys[slot]) == 0) return slot;
+    return -1;
+}
 constexpr int kVolume = KNOB_COUNT - 1;
 static_assert(kVolume >= 0, "the registry has a volume knob");
 constexpr double kTempoToleranceBpm = 0.05;  // live/tempo_switch.py: a host this close to the loop's tempo locks
@@ -91,12 +99,24 @@ protected:
             state.defaultValue = "default";
             state.label = "Session";
             state.description = "the engine session this instance plays (flowjam live --plugin --session NAME)";
-        } else {
+        } else if (index == kStateEngineCommand) {
             state.key = "engine_command";
             state.defaultValue = "";
             state.label = "Engine command";
             state.description = "a shell command that starts the engine when none answers (empty: none)";
+        } else {
+            state.key = kPromptKeys[index - kStatePrompt];
+            state.defaultValue = "";
+            state.label = state.key;
+            state.description = "the session's prompt as the engine plays it, saved with the project and given back";
         }
+    }
+
+    String getState(const char* key) const override {
+        if (std::strcmp(key, "session") == 0) return String(sessionName.c_str());
+        if (std::strcmp(key, "engine_command") == 0) return String(link.engineCommand().c_str());
+        const int slot = prompt_slot(key);
+        return slot >= 0 ? String(link.prompt(slot).c_str()) : String();
     }
 
     float getParameterValue(uint32_t index) const override {
@@ -111,8 +131,13 @@ protected:
     }
 
     void setState(const char* key, const char* value) override {
-        if (std::strcmp(key, "session") == 0) link.setSession(value[0] != '\0' ? value : "default");
+        if (std::strcmp(key, "session") == 0) {
+            sessionName = value[0] != '\0' ? value : "default";
+            link.setSession(sessionName);
+        }
         if (std::strcmp(key, "engine_command") == 0) link.setEngineCommand(value);
+        const int slot = prompt_slot(key);
+        if (slot >= 0) link.setPrompt(slot, value);
     }
 
     void bufferSizeChanged(uint32_t) override { prepare(); }
@@ -212,6 +237,7 @@ private:
     }
 
     EngineLink link;
+    std::string sessionName = "default";
     RenderState state;
     std::vector<float> interleaved;
     float values[KNOB_COUNT];

@@ -1,5 +1,6 @@
 #include "engine_link.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "flowjam_generated.h"
@@ -35,6 +36,49 @@ void EngineLink::setEngineCommand(const std::string& value) {
 std::string EngineLink::engineCommand() const {
     std::lock_guard<std::mutex> guard(settingsLock);
     return command;
+}
+
+void EngineLink::setPrompt(int slot, const std::string& text) {
+    std::lock_guard<std::mutex> guard(settingsLock);
+    prompts[slot] = text;
+    pushPrompts = !prompts[0].empty();
+}
+
+std::string EngineLink::prompt(int slot) const {
+    std::lock_guard<std::mutex> guard(settingsLock);
+    return prompts[slot];
+}
+
+// The project's prompts to the engine (when set, and again on each new attachment: a restarted engine gets them
+// back), and the engine's prompts back, once it has moved past our push. Both areas are sequence-locked.
+void EngineLink::exchangePrompts(Attachment& a, bool attachedNow) {
+    auto* base = static_cast<char*>(a.control.base);
+    int64_t* counters = a.controlCounters;
+    std::lock_guard<std::mutex> guard(settingsLock);
+    if ((pushPrompts || attachedNow) && !prompts[0].empty()) {
+        const int64_t seq = counters[control::HOST_PROMPTS_SEQ];
+        __atomic_store_n(&counters[control::HOST_PROMPTS_SEQ], seq + 1, __ATOMIC_SEQ_CST);
+        for (int slot = 0; slot < control::PROMPT_COUNT; ++slot) {
+            char* area = base + control::HOST_PROMPTS_OFFSET + slot * control::PROMPT_BYTES;
+            const size_t size = std::min<size_t>(prompts[slot].size(), control::PROMPT_BYTES - 1);
+            std::memcpy(area, prompts[slot].data(), size);
+            area[size] = '\0';
+        }
+        __atomic_store_n(&counters[control::HOST_PROMPTS_SEQ], seq + 2, __ATOMIC_SEQ_CST);
+        pushPrompts = false;
+        enginePromptsSeen = __atomic_load_n(&counters[control::ENGINE_PROMPTS_SEQ], __ATOMIC_SEQ_CST);
+        return;
+    }
+    const int64_t before = __atomic_load_n(&counters[control::ENGINE_PROMPTS_SEQ], __ATOMIC_SEQ_CST);
+    if (before == enginePromptsSeen || before % 2 != 0 || before == 0) return;
+    std::string read[3];
+    for (int slot = 0; slot < control::PROMPT_COUNT; ++slot) {
+        const char* area = base + control::ENGINE_PROMPTS_OFFSET + slot * control::PROMPT_BYTES;
+        read[slot].assign(area, strnlen(area, control::PROMPT_BYTES - 1));
+    }
+    if (__atomic_load_n(&counters[control::ENGINE_PROMPTS_SEQ], __ATOMIC_SEQ_CST) != before) return;  // torn: later
+    for (int slot = 0; slot < control::PROMPT_COUNT; ++slot) prompts[slot] = read[slot];
+    enginePromptsSeen = before;
 }
 
 Attachment* EngineLink::acquire() noexcept {
@@ -107,6 +151,7 @@ void EngineLink::watch() {
             Attachment& slot = slots[next];
             if (attach(slot)) {
                 next = 1 - next;
+                exchangePrompts(slot, true);
                 current.store(&slot);
             } else {
                 const std::string start = engineCommand();
@@ -117,6 +162,7 @@ void EngineLink::watch() {
                 }
             }
         }
+        if (attached != nullptr) exchangePrompts(*attached, false);
         sleep_ms(CHECK_MS);
     }
 }

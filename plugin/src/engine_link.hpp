@@ -34,6 +34,11 @@ public:
     void setEngineCommand(const std::string& command);
     std::string engineCommand() const;
 
+    // Prompt A, B or the negative (slot 0, 1, 2): a project's, given to the engine (prompt A set: all three); and the
+    // engine's newest, for the project to save.
+    void setPrompt(int slot, const std::string& text);
+    std::string prompt(int slot) const;
+
     // Audio thread: the attachment to render from (nullptr: not connected); release() after the block.
     Attachment* acquire() noexcept;
     void release() noexcept;
@@ -43,10 +48,14 @@ private:
     bool fresh(const Attachment& attachment) const;
     bool attach(Attachment& attachment);
     void retire();
+    void exchangePrompts(Attachment& attachment, bool attachedNow);
 
     mutable std::mutex settingsLock;
     std::string sessionName = "default", command;
     bool sessionChanged = false;
+    std::string prompts[3];
+    bool pushPrompts = false;
+    int64_t enginePromptsSeen = -1;  // the engine's prompt area at its newest read (or at our newest push)
     Attachment slots[2];
     int next = 0;
     uint64_t generations = 0;
