@@ -24,6 +24,7 @@ from .loop_plan import LoopPlan, source_plan, text_plan
 from .osc import TRANSPORT_COMMANDS, OscBridge, OscConfig
 from .playback import DEFAULT_BLOCKSIZE, Playback
 from .plugin_output import PluginOutput
+from .plugin_tempo import HostTempo
 from .runner import LiveRunner, RunnerConfig
 from .sync.follow import FollowedClock, clock_grid, open_clock
 from .sync.grid import Grid
@@ -121,7 +122,8 @@ class LiveApp:
             self._close_clock()
             raise
         self.plan = plan
-        self.buffer = plan.buffer(session.sample_rate, tempo_may_change=self.clock is not None)
+        following = self.clock is not None or config.playback_mode == "plugin"
+        self.buffer = plan.buffer(session.sample_rate, tempo_may_change=following)
         try:
             if source is not None:
                 self.buffer.fill(session.decode(source.latents)[:, : plan.samples])
@@ -180,6 +182,16 @@ class LiveApp:
             )
             if self.grid is not None:
                 output.set_bars(self.plan.bars, self.grid.bar_samples(self.session.sample_rate))
+            if self.grid is not None and self.plan.bars:
+                output.tempo = HostTempo(
+                    output.control,
+                    self.buffer,
+                    self.grid,
+                    self.plan.bars,
+                    lambda: self.runner,
+                    self._runner_at,
+                    self._switched,
+                )
             return output
         return Playback(
             self.buffer,
@@ -268,6 +280,9 @@ class LiveApp:
         """Prompt A, B or the negative for the loop playing, and for a new tempo's loop being made."""
         self.runner.set_prompt(which, text)
         pending = None if self.following is None else self.following.pending
+        tempo = getattr(self.playback, "tempo", None)
+        if tempo is not None:
+            pending = tempo.pending
         if pending is not None:
             pending.set_prompt(which, text)
 

@@ -38,6 +38,7 @@ REGIONS = 15  # loops the buffer holds (1, or 2 where a new tempo's loop is made
 ACTIVE = 16  # the region the output plays
 SWITCH_AT = 17  # the output moves to region SWITCH_TO (and the NEXT_CLICK_ settings) at this PLAYED frame; -1: none
 SWITCH_TO = 18
+BAR_SWITCH = -2  # SWITCH_AT for a DAW plugin: switch on the host's next bar line (other outputs never switch on it)
 LENGTHS = (20, 21)  # each region's loop length (<= FRAMES)
 SHIFTS = (24, 25)  # each region's position runs this many frames ahead of PLAYED: a clock's phase lock moves it
 BARS = (26, 27)  # each region's loop in whole bars (0: not on a grid): a plugin maps the host's bars onto it
@@ -159,6 +160,8 @@ class LoopBuffer:
         crossfade over that block, and from then on click bars of `click_bar` frames from every `click_cycle`."""
         index = self._index(region)
         _check_click(click_bar)
+        if played < 0 and played != BAR_SWITCH:
+            raise ValueError(f"a switch is at a frame >= 0 (or BAR_SWITCH for a plugin), got {played}")
         with self._lock:
             self.reals[[NEXT_CLICK_BAR, NEXT_CLICK_CYCLE]] = (float(click_bar), float(click_cycle))
             self.counters[SWITCH_TO] = index
@@ -166,7 +169,7 @@ class LoopBuffer:
 
     @property
     def switch_pending(self) -> bool:
-        return self._counter(SWITCH_AT) >= 0
+        return self._counter(SWITCH_AT) != -1
 
     # --- writing (engine side) ---------------------------------------------------------------------------------
 

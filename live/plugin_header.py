@@ -54,6 +54,7 @@ def header_text() -> str:
         f"constexpr int HEADER_BYTES = {loop_buffer._HEADER_BYTES};",
         f"constexpr int MAX_REGIONS = {loop_buffer.MAX_REGIONS};",
         f"constexpr int TRANSPORT_FADE_FRAMES = {loop_buffer.TRANSPORT_FADE_FRAMES};",
+        f"constexpr int64_t BAR_SWITCH = {loop_buffer.BAR_SWITCH};",
         "namespace counter {",
         *(f"constexpr int {name} = {getattr(loop_buffer, name)};" for name in _LOOP_COUNTERS),
         _pair("LENGTHS", loop_buffer.LENGTHS),

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from .plugin_link import (
     STALE_AFTER_S,
     ControlBlock,
 )
+
+if TYPE_CHECKING:
+    from .plugin_tempo import HostTempo
 
 log = logging.getLogger("flowjam.plugin")
 POLL_S = 0.02  # host knob changes reach the registry within this (and the runner on its next tick)
@@ -52,6 +56,7 @@ class PluginOutput:
         self._blocks = (0, time.monotonic())  # the plugin's block count and when it last moved
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.tempo: HostTempo | None = None  # follows the host's tempo where the loop is whole bars
 
     def set_bars(self, bars: int | None, bar_frames: float, region: int = 0) -> None:
         """The loop's bars and bar length, by which the plugin maps the host's bars onto it (None: not on a grid)."""
@@ -62,6 +67,8 @@ class PluginOutput:
         self.control.set_buffer(self.buffer.name)
         self._thread = threading.Thread(target=self._serve, name="flowjam-plugin", daemon=True)
         self._thread.start()
+        if self.tempo is not None:
+            self.tempo.start()
         log.info("waiting for the flowjam plugin in the DAW (session %r)", self.session)
 
     def _serve(self) -> None:
@@ -121,6 +128,8 @@ class PluginOutput:
         return bool(self.control.counters[HOST_PLAYING])
 
     def stop(self) -> None:
+        if self.tempo is not None:
+            self.tempo.stop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)

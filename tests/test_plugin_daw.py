@@ -1,7 +1,8 @@
 """The VST3 in a real host (DawDreamer, headless, 48 kHz, 512-frame blocks) with `flowjam live --plugin` running on
 the tiny preset: 16 bars at 123 BPM with every click within one sample of the host's ideal bar line, the loop
 audible at volume 0.1, and the host's automation of `volume` to 0 over the last four bars leaving only the clicks; a
-state saved in one process gives the engine its prompt and knobs back in another; the engine killed gives silence, not
+state saved in one process gives the engine its prompt and knobs back in another; a tempo change in the host gives a
+loop at the new tempo on its bar lines; the engine killed gives silence, not
 a crash, and the stream comes back with the engine."""
 
 import os
@@ -41,12 +42,12 @@ def engine(vst3):
         running.stop()
 
 
-def click_onsets(audio: np.ndarray, bars: int) -> np.ndarray:
+def click_onsets(audio: np.ndarray, bars: int, bar_frames: float = BAR_FRAMES) -> np.ndarray:
     """Each bar's click onset: the best match of the click's shape within 20 ms of the ideal bar line."""
     click = click_wave(RATE)[:, 0].astype(np.float64)
     onsets = []
     for bar in range(bars):
-        ideal = round(bar * BAR_FRAMES)
+        ideal = round(bar * bar_frames)
         low = max(0, ideal - RATE // 50)
         window = audio[low : ideal + RATE // 50 + click.size].astype(np.float64)
         onsets.append(low + int(np.argmax(np.correlate(window, click, mode="valid"))))
@@ -125,6 +126,24 @@ def test_vst3_state_saved_in_one_process_gives_the_engine_its_session_back_in_an
         wait_for(lambda: engine_session(control) == ("ambient pads", 1234, 12), 30, "the saved session on the engine")
     finally:
         control.close()
+
+
+def test_vst3_tempo_change_in_the_host_gives_a_new_loop_on_its_bar_lines(engine, vst3, tmp_path):
+    host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    host.set_bpm(100.0)
+    bar = 4 * 60 / 100.0 * RATE
+    ideal = np.round(np.arange(4) * bar).astype(int)
+
+    def at_new_tempo() -> bool:
+        host.render(2 * 4 * 60 / 100.0)
+        return np.abs(click_onsets(host.get_audio()[0], 2, bar) - ideal[:2]).max() <= 1
+
+    wait_for(at_new_tempo, 90, "the loop at the host's new tempo", poll_s=0.2)
+    host.render(4 * 4 * 60 / 100.0 + 0.05)
+    audio = host.get_audio()[0]
+    errors = click_onsets(audio, 4, bar) - ideal
+    assert np.abs(errors).max() <= 1, f"clicks against the new tempo's bar lines (samples): {errors.tolist()}"
+    assert np.sqrt(np.mean(audio[: ideal[-1]] ** 2)) > 1e-3, "the new loop is audible"
 
 
 def test_vst3_plays_silence_when_the_engine_dies_and_the_stream_again_once_it_is_back(engine, vst3, tmp_path):

@@ -163,7 +163,7 @@ protected:
             for (int i = 0; i < KNOB_COUNT; ++i) dirty[i].store(true);  // the project's values win
         }
         const LoopView& view = attached->view;
-        publishTransport(*attached);
+        publishTransport(*attached, frames);
         publishKnobs(*attached);
         float* block = interleaved.data();
         render_block(state, view, block, static_cast<int>(frames), sync_clock_s());
@@ -186,7 +186,7 @@ private:
     // The host's transport into the control block, and the loop position from its bars: where the host's tempo and
     // metre are the loop's, the position is its bar position on the loop (bar 1 of the loop on the host's bar 1,
     // and on every bar that starts a cycle of the loop's bars); elsewhere the loop runs on from where it is.
-    void publishTransport(Attachment& a) {
+    void publishTransport(Attachment& a, uint32_t frames) {
         const TimePosition& time = getTimePosition();
         const double rate = getSampleRate();
         int64_t* control = a.controlCounters;
@@ -206,16 +206,18 @@ private:
         control[control::HOST_BLOCK_FRAMES] = state.blocksize;
 
         int64_t* c = a.view.counters;
-        const int64_t region = c[counter::ACTIVE];
-        const int64_t loopBars = c[counter::BARS[region]];
-        const double barFrames = a.view.reals[real::BAR_FRAMES[region]];
-        if (playing && bars >= 0.0 && loopBars > 0 && barFrames > 0.0) {
-            const double loopBpm = time.bbt.beatsPerBar * 60.0 * rate / barFrames;
-            if (std::fabs(loopBpm - time.bbt.beatsPerMinute) <= kTempoToleranceBpm) {
-                const double cycles = std::floor(bars / static_cast<double>(loopBars));
-                const double within = bars - cycles * static_cast<double>(loopBars);
-                c[counter::PLAYED] = static_cast<int64_t>(cycles) * c[counter::LENGTHS[region]] +
-                                     std::llround(within * barFrames) - c[counter::SHIFTS[region]];
+        if (playing && bars >= 0.0) {
+            const int64_t pending = c[counter::SWITCH_TO];
+            int64_t played;
+            if (c[counter::SWITCH_AT] == BAR_SWITCH && hostPosition(a, pending, bars, time, played) &&
+                (std::ceil(bars - 1e-9) - bars) * a.view.reals[real::BAR_FRAMES[pending]] < frames) {
+                // The host's bar line falls in this block: the new loop from it, the block crossfaded from the old
+                // loop where it was (BlockRenderer.switch takes a switch for the whole block it falls in).
+                state.appliedShift += c[counter::PLAYED] - played;
+                c[counter::PLAYED] = played;
+                c[counter::SWITCH_AT] = played;
+            } else if (hostPosition(a, c[counter::ACTIVE], bars, time, played)) {
+                c[counter::PLAYED] = played;
             }
         }
         const int state = playing ? 1 : 0;
@@ -224,6 +226,23 @@ private:
             if (playing) a.view.reals[real::APPLIED_TRANSPORT] = 1.0;
             wasPlaying = state;
         }
+    }
+
+    // The frame played at which `region` sits on the host's bar position `bars` (bar 1 of the loop on the host's bar
+    // 1 and on every bar that starts a cycle of the loop's bars), where the host plays at the region's tempo.
+    bool hostPosition(const Attachment& a, int64_t region, double bars, const TimePosition& time, int64_t& played) {
+        if (region < 0 || region >= MAX_REGIONS) return false;
+        const int64_t* c = a.view.counters;
+        const int64_t loopBars = c[counter::BARS[region]];
+        const double barFrames = a.view.reals[real::BAR_FRAMES[region]];
+        if (loopBars <= 0 || barFrames <= 0.0) return false;
+        const double loopBpm = time.bbt.beatsPerBar * 60.0 * getSampleRate() / barFrames;
+        if (std::fabs(loopBpm - time.bbt.beatsPerMinute) > kTempoToleranceBpm) return false;
+        const double cycles = std::floor(bars / static_cast<double>(loopBars));
+        const double within = bars - cycles * static_cast<double>(loopBars);
+        played = static_cast<int64_t>(cycles) * c[counter::LENGTHS[region]] + std::llround(within * barFrames) -
+                 c[counter::SHIFTS[region]];
+        return true;
     }
 
     // The knobs the host changed since the last block: to the engine (its next tick), volume to the gain at once.

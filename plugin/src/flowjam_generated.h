@@ -11,6 +11,7 @@ constexpr int HEADER_COUNTERS = 32, HEADER_REALS = 16;
 constexpr int HEADER_BYTES = 384;
 constexpr int MAX_REGIONS = 2;
 constexpr int TRANSPORT_FADE_FRAMES = 480;
+constexpr int64_t BAR_SWITCH = -2;
 namespace counter {
 constexpr int FRAMES = 1;
 constexpr int CHANNELS = 2;
