@@ -1,16 +1,20 @@
 """A DAW around the plugin for the tests: the engine (`python -m flowjam live --plugin`) as a process of its own, and
 DawDreamer (a headless VST3 host) rendering the plugin with a host state that names the engine's session."""
 
+import os
 import re
 import subprocess
 import sys
 import threading
 import time
 
+import numpy as np
 import pytest
+from flowjam.live.renderer import click_wave
 from helpers import wait_for
 
 RATE, BLOCK, BPM = 48_000, 512, 123.0
+SESSION = f"ci-{os.getpid()}"  # the plugin tests' engine session (tests/conftest.py plugin_engine)
 BAR_FRAMES = 4 * 60 / BPM * RATE
 _JUCE_CHARS = ".ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+"
 
@@ -20,15 +24,20 @@ class Engine:
 
     def __init__(self, session: str, *flags: str):
         self.session = session
-        command = [sys.executable, "-m", "flowjam", "live", "--plugin", "--preset", "tiny", "--osc-port", "0"]
-        command += ["--session", session, *flags]
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.command = [sys.executable, "-m", "flowjam", "live", "--plugin", "--preset", "tiny", "--osc-port", "0"]
+        self.command += ["--session", session, *flags]
+        self.restart()
 
-    def _read(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line)
+    def restart(self) -> None:
+        """Start the engine (again, after kill()) with the same command."""
+        self.process = subprocess.Popen(self.command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, args=(self.process, self.lines), daemon=True).start()
+
+    @staticmethod
+    def _read(process: subprocess.Popen, lines: list[str]) -> None:
+        for line in process.stderr:
+            lines.append(line)
 
     def latents(self) -> int:
         """Generations finished so far (from the newest status line)."""
@@ -55,6 +64,14 @@ class Engine:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def click_onset_near(audio: np.ndarray, index: int) -> int:
+    """The onset of the metronome's click nearest `index`: the best match of its shape within 20 ms."""
+    click = click_wave(RATE)[:, 0].astype(np.float64)
+    low = max(0, index - RATE // 50)
+    window = audio[low : index + RATE // 50 + click.size].astype(np.float64)
+    return low + int(np.argmax(np.correlate(window, click, mode="valid")))
 
 
 def juce_base64(data: bytes) -> str:

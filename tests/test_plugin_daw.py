@@ -13,7 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daw_host import BAR_FRAMES, BLOCK, BPM, RATE, Engine, dpf_state, parameter_index, plugin_for_session
+from daw_host import (
+    BAR_FRAMES,
+    BLOCK,
+    BPM,
+    RATE,
+    SESSION,
+    click_onset_near,
+    dpf_state,
+    parameter_index,
+    plugin_for_session,
+)
 from flowjam.engine.params import KNOB_SPECS
 from flowjam.live.plugin_link import STALE_AFTER_S, ControlBlock
 from flowjam.live.renderer import click_wave
@@ -22,7 +32,6 @@ from plugin_build import build
 
 daw = pytest.importorskip("dawdreamer", reason="DawDreamer (pip install 'flowjam[test]') hosts the VST3")
 
-SESSION = f"ci-{os.getpid()}"
 BARS = 16
 SEED, STEPS = (next(i for i, spec in enumerate(KNOB_SPECS) if spec.name == name) for name in ("seed", "steps"))
 
@@ -32,26 +41,14 @@ def vst3():
     return build("vst3") / "flowjam.vst3"
 
 
-@pytest.fixture(scope="module")
-def engine(vst3):
-    running = Engine(SESSION, "--bpm", "123", "--bars", "2", "--click", "--prompt", "ambient pads")
-    try:
-        running.wait_ready()
-        yield running
-    finally:
-        running.stop()
+@pytest.fixture
+def engine(vst3, plugin_engine):
+    return plugin_engine
 
 
 def click_onsets(audio: np.ndarray, bars: int, bar_frames: float = BAR_FRAMES) -> np.ndarray:
-    """Each bar's click onset: the best match of the click's shape within 20 ms of the ideal bar line."""
-    click = click_wave(RATE)[:, 0].astype(np.float64)
-    onsets = []
-    for bar in range(bars):
-        ideal = round(bar * bar_frames)
-        low = max(0, ideal - RATE // 50)
-        window = audio[low : ideal + RATE // 50 + click.size].astype(np.float64)
-        onsets.append(low + int(np.argmax(np.correlate(window, click, mode="valid"))))
-    return np.array(onsets)
+    """Each bar's click onset, found near its ideal bar line."""
+    return np.array([click_onset_near(audio, round(bar * bar_frames)) for bar in range(bars)])
 
 
 def test_vst3_plays_the_loop_on_the_hosts_bar_lines_and_volume_automation_to_zero_leaves_only_clicks(
@@ -156,11 +153,8 @@ def test_vst3_plays_silence_when_the_engine_dies_and_the_stream_again_once_it_is
     host.render(seconds)
     assert not host.get_audio().any(), "a dead engine's session plays silence"
     assert plugin.get_parameter(parameter_index(plugin, "connected")) == 0.0
-    back = Engine(SESSION, "--bpm", "123", "--bars", "2", "--click", "--prompt", "ambient pads")
-    try:
-        back.wait_ready()
-        time.sleep(0.3)  # the plugin's watcher attaches again within 0.1 s
-        host.render(seconds)
-        assert np.abs(host.get_audio()).max() > 0.1, "the stream plays again once the engine is back"
-    finally:
-        back.stop()
+    engine.restart()
+    engine.wait_ready()
+    time.sleep(0.3)  # the plugin's watcher attaches again within 0.1 s
+    host.render(seconds)
+    assert np.abs(host.get_audio()).max() > 0.1, "the stream plays again once the engine is back"

@@ -3,6 +3,7 @@
 // the registry is a host parameter that the engine applies on its next tick (volume at once, here). Not connected
 // (no engine, or a stale heartbeat): silence, and the "connected" output parameter reads 0.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -21,6 +22,13 @@ constexpr uint32_t kConnected = KNOB_COUNT;  // output parameter: 1 while the en
 constexpr uint32_t kParameterCount = KNOB_COUNT + 1;
 enum { kStateSession, kStateEngineCommand, kStatePrompt, kStatePromptB, kStateNegative, kStateCount };
 constexpr const char* kPromptKeys[3] = {"prompt", "prompt_b", "negative"};
+
+// A new instance's session: $FLOWJAM_SESSION where the host was started with it (a headless host, a test), else
+// "default"; the project's state names it from then on.
+std::string default_session() {
+    const char* session = std::getenv("FLOWJAM_SESSION");
+    return session != nullptr && session[0] != '\0' ? session : "default";
+}
 
 int prompt_slot(const char* key) {
     for (int slot = 0; slot < 3; ++slot)
@@ -41,6 +49,7 @@ int knob_index(const char* name) {
 class FlowjamPlugin : public Plugin {
 public:
     FlowjamPlugin() : Plugin(kParameterCount, 0, kStateCount), volumeIndex(knob_index("volume")) {
+        link.setSession(sessionName);
         for (int i = 0; i < KNOB_COUNT; ++i) {
             values[i] = static_cast<float>(KNOBS[i].defaultValue);
             dirty[i].store(true);
@@ -96,7 +105,7 @@ protected:
         state.hints = kStateIsOnlyForDSP;
         if (index == kStateSession) {
             state.key = "session";
-            state.defaultValue = "default";
+            state.defaultValue = default_session().c_str();
             state.label = "Session";
             state.description = "the engine session this instance plays (flowjam live --plugin --session NAME)";
         } else if (index == kStateEngineCommand) {
@@ -132,7 +141,7 @@ protected:
 
     void setState(const char* key, const char* value) override {
         if (std::strcmp(key, "session") == 0) {
-            sessionName = value[0] != '\0' ? value : "default";
+            sessionName = value[0] != '\0' ? value : default_session();
             link.setSession(sessionName);
         }
         if (std::strcmp(key, "engine_command") == 0) link.setEngineCommand(value);
@@ -256,7 +265,7 @@ private:
     }
 
     EngineLink link;
-    std::string sessionName = "default";
+    std::string sessionName = default_session();
     RenderState state;
     std::vector<float> interleaved;
     float values[KNOB_COUNT];
