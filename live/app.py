@@ -299,6 +299,8 @@ class LiveApp:
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.stop()
+        if isinstance(getattr(self, "playback", None), PluginOutput):  # its control block goes too
+            self.playback.stop()
         self._close_clock()
         self.buffer.unlink()
 
