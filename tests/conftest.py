@@ -83,7 +83,9 @@ def plugin_engine():
     """`flowjam live --plugin --preset tiny --bpm 123 --bars 2 --click --prompt "ambient pads"` on the plugin tests'
     session, its loop made; shared by the DAW plugin test modules (a test that kills it starts it again)."""
     from daw_host import SESSION, Engine
+    from plugin_build import build
 
+    build()  # before the engine starts: the compile has both cores
     engine = Engine(SESSION, "--bpm", "123", "--bars", "2", "--click", "--prompt", "ambient pads")
     try:
         engine.wait_ready()

@@ -13,7 +13,7 @@ BARS = 8
 
 
 def test_clap_build_plays_the_engines_loop_on_the_hosts_bar_lines(plugin_engine, tmp_path):
-    folder = build("clap-host")
+    folder = build()
     rendered = tmp_path / "out.f32"
     subprocess.run(
         [str(folder / "clap_render"), str(folder / "flowjam.clap"), str(rendered), "123", str(BARS)],

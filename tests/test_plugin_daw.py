@@ -38,7 +38,7 @@ SEED, STEPS = (next(i for i, spec in enumerate(KNOB_SPECS) if spec.name == name)
 
 @pytest.fixture(scope="module")
 def vst3():
-    return build("vst3") / "flowjam.vst3"
+    return build() / "flowjam.vst3"
 
 
 @pytest.fixture

@@ -67,7 +67,7 @@ class TransportRecorder:
 
 @pytest.fixture
 def lv2_bundle():
-    bundle = build("lv2") / "flowjam.lv2"
+    bundle = build() / "flowjam.lv2"  # the bundle with its TTL files
     if shutil.which("jalv") is None:
         print("plugin LV2 test skipped: jalv is not installed (apt-get install jalv, or run .ci/system-packages)")
         pytest.skip("jalv (Debian jalv) is not installed")

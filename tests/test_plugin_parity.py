@@ -19,7 +19,7 @@ LOOP = 2 * round(BAR / 2)
 
 @pytest.fixture(scope="module")
 def core():
-    library = ctypes.CDLL(str(build("core", need_dpf=False) / "libflowjam_core.so"))
+    library = ctypes.CDLL(str(build(need_dpf=False) / "libflowjam_core.so"))
     library.flowjam_core_new.restype = ctypes.c_void_p
     library.flowjam_core_new.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int)
     library.flowjam_core_attach.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong)
