@@ -181,7 +181,7 @@ class LiveApp:
                 self.buffer, self.registry, config.session_name, self.set_prompt, lambda: self.runner.captions()
             )
             if self.grid is not None:
-                output.set_bars(self.plan.bars, self.grid.bar_samples(self.session.sample_rate))
+                output.set_bars(self.plan.bars, self.grid.bar_samples(self.session.sample_rate), config.click)
             if self.grid is not None and self.plan.bars:
                 output.tempo = HostTempo(
                     output.control,
@@ -273,8 +273,10 @@ class LiveApp:
         negative = captions["negative"] or None
         return LiveRunner(self.session, self.registry, region, captions["a"], captions["b"], None, config, negative)
 
-    def _switched(self, runner: LiveRunner, grid: Grid) -> None:
-        self.runner, self.plan = runner, replace(self.plan, grid=grid, samples=self.buffer.frames)
+    def _switched(self, runner: LiveRunner, grid: Grid, bars: int | None = None) -> None:
+        """The output plays `runner`'s loop at `grid` now (of `bars` bars where a plugin's parameter changed them)."""
+        bars = self.plan.bars if bars is None else bars
+        self.runner, self.plan = runner, replace(self.plan, grid=grid, samples=self.buffer.frames, bars=bars)
 
     def set_prompt(self, which: str, text: str) -> None:
         """Prompt A, B or the negative for the loop playing, and for a new tempo's loop being made."""

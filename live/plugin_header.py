@@ -24,7 +24,7 @@ _LOOP_REALS = (
 ).split()
 _CONTROL_COUNTERS = (
     "MAGIC VERSION HEARTBEAT_NS HOST_BLOCKS HOST_PLAYING HOST_FRAME BUFFER_SEQ KNOB_COUNT HOST_SAMPLE_RATE "
-    "HOST_BLOCK_FRAMES HOST_PROMPTS_SEQ ENGINE_PROMPTS_SEQ"
+    "HOST_BLOCK_FRAMES HOST_PROMPTS_SEQ ENGINE_PROMPTS_SEQ HOST_LOOP_BARS ENGINE_LOOP_BARS ENGINE_CLICK"
 ).split()
 _CONTROL_REALS = "HOST_BPM HOST_BEATS_PER_BAR HOST_BARS".split()
 
@@ -55,6 +55,7 @@ def header_text() -> str:
         f"constexpr int MAX_REGIONS = {loop_buffer.MAX_REGIONS};",
         f"constexpr int TRANSPORT_FADE_FRAMES = {loop_buffer.TRANSPORT_FADE_FRAMES};",
         f"constexpr int64_t BAR_SWITCH = {loop_buffer.BAR_SWITCH};",
+        f"constexpr double MIN_CLICK_BAR = {float(loop_buffer.MIN_CLICK_BAR)!r};",
         "namespace counter {",
         *(f"constexpr int {name} = {getattr(loop_buffer, name)};" for name in _LOOP_COUNTERS),
         _pair("LENGTHS", loop_buffer.LENGTHS),
@@ -82,6 +83,7 @@ def header_text() -> str:
         *(f"constexpr int {name}_OFFSET = {value};" for name, value in _upper(plugin_link.OFFSETS).items()),
         *(f"constexpr int {name} = {getattr(plugin_link, name)};" for name in _CONTROL_COUNTERS + _CONTROL_REALS),
         f"constexpr double STALE_AFTER_S = {plugin_link.STALE_AFTER_S!r};",
+        f"constexpr int MAX_LOOP_BARS = {plugin_link.MAX_LOOP_BARS};",
         "}  // namespace control",
         "",
         "// The knobs (engine/params.py KNOB_SPECS), in the registry's order: the plugin's parameters.",

@@ -35,6 +35,10 @@ HOST_SAMPLE_RATE = 8
 HOST_BLOCK_FRAMES = 9  # the host's largest block
 HOST_PROMPTS_SEQ = 10  # the plugin's prompt area: odd while the plugin writes it
 ENGINE_PROMPTS_SEQ = 11  # the engine's prompt area: odd while the engine writes it
+HOST_LOOP_BARS = 12  # the plugin's `bars` parameter: the loop's length in bars the host asks for (0: the engine's)
+ENGINE_LOOP_BARS = 13  # the loop's bars playing now (0: not on a grid)
+ENGINE_CLICK = 14  # 1 where the engine was started with --click (the plugin's `click` parameter at "engine")
+MAX_LOOP_BARS = 64
 # Slots of ControlBlock.reals (float64).
 HOST_BPM, HOST_BEATS_PER_BAR = 0, 1
 HOST_BARS = 2  # the host's position in bars since its song's start (bar 1 = 0.0), at the newest block

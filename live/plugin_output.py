@@ -18,6 +18,8 @@ from ..engine.params import KNOB_SPECS
 from .knobs import KnobRegistry
 from .loop_buffer import BLOCK, RUNNING, LoopBuffer
 from .plugin_link import (
+    ENGINE_CLICK,
+    ENGINE_LOOP_BARS,
     HOST_BLOCK_FRAMES,
     HOST_BLOCKS,
     HOST_PLAYING,
@@ -58,9 +60,12 @@ class PluginOutput:
         self._thread: threading.Thread | None = None
         self.tempo: HostTempo | None = None  # follows the host's tempo where the loop is whole bars
 
-    def set_bars(self, bars: int | None, bar_frames: float, region: int = 0) -> None:
-        """The loop's bars and bar length, by which the plugin maps the host's bars onto it (None: not on a grid)."""
+    def set_bars(self, bars: int | None, bar_frames: float, click: bool, region: int = 0) -> None:
+        """The loop's bars and bar length, by which the plugin maps the host's bars onto it (None: not on a grid), and
+        whether the engine clicks (the plugin's `click` parameter at "engine")."""
         self.buffer.set_bars(region, bars or 0, bar_frames if bars else 0.0)
+        self.control.counters[ENGINE_LOOP_BARS] = bars or 0
+        self.control.counters[ENGINE_CLICK] = int(click)
 
     def start(self) -> None:
         self.control.beat(time.monotonic_ns())

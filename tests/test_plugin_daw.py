@@ -2,7 +2,8 @@
 the tiny preset: 16 bars at 123 BPM with every click within one sample of the host's ideal bar line, the loop
 audible at volume 0.1, and the host's automation of `volume` to 0 over the last four bars leaving only the clicks; a
 state saved in one process gives the engine its prompt and knobs back in another; a tempo change in the host gives a
-loop at the new tempo on its bar lines; the engine killed gives silence, not
+loop at the new tempo on its bar lines; the click and bars parameters turn the click off and on and make the loop
+again in other bars; the engine killed gives silence, not
 a crash, and the stream comes back with the engine."""
 
 import os
@@ -25,7 +26,7 @@ from daw_host import (
     plugin_for_session,
 )
 from flowjam.engine.params import KNOB_SPECS
-from flowjam.live.plugin_link import STALE_AFTER_S, ControlBlock
+from flowjam.live.plugin_link import ENGINE_LOOP_BARS, STALE_AFTER_S, ControlBlock
 from flowjam.live.renderer import click_wave
 from helpers import wait_for
 from plugin_build import build
@@ -141,6 +142,34 @@ def test_vst3_tempo_change_in_the_host_gives_a_new_loop_on_its_bar_lines(engine,
     errors = click_onsets(audio, 4, bar) - ideal
     assert np.abs(errors).max() <= 1, f"clicks against the new tempo's bar lines (samples): {errors.tolist()}"
     assert np.sqrt(np.mean(audio[: ideal[-1]] ** 2)) > 1e-3, "the new loop is audible"
+
+
+def test_vst3_click_and_bars_parameters_switch_the_click_and_remake_the_loop_in_bars(engine, vst3, tmp_path):
+    host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    seconds = 4 * 60 / BPM
+    plugin.set_parameter(parameter_index(plugin, "volume"), 0.0)
+    plugin.set_parameter(parameter_index(plugin, "click"), 0.5)  # off
+    host.render(seconds)
+    assert not host.get_audio()[:, 2 * BLOCK :].any(), "volume 0 and the click off: silence"
+    plugin.set_parameter(parameter_index(plugin, "click"), 1.0)  # on
+    plugin.set_parameter(parameter_index(plugin, "bars"), 4 / 64)
+    host.render(seconds)
+    assert click_onset_near(host.get_audio()[0], 0) == 0, "the click is back"
+    control = ControlBlock(SESSION, create=False)
+
+    def remade() -> bool:
+        host.render(seconds)  # the plugin switches to the new loop on a bar line the host plays
+        return control.counters[ENGINE_LOOP_BARS] == 4
+
+    try:
+        wait_for(remade, 60, "the loop made again in 4 bars", poll_s=0.1)
+    finally:
+        control.close()
+    host.render(8 * seconds + 0.05)
+    audio = host.get_audio()[0]
+    ideal = np.round(np.arange(8) * BAR_FRAMES).astype(int)
+    errors = [click_onset_near(audio, int(at)) - int(at) for at in ideal]
+    assert max(map(abs, errors)) <= 1, f"clicks of the 4-bar loop against the bar lines (samples): {errors}"
 
 
 def test_vst3_plays_silence_when_the_engine_dies_and_the_stream_again_once_it_is_back(engine, vst3, tmp_path):

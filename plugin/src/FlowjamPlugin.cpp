@@ -18,8 +18,11 @@ START_NAMESPACE_DISTRHO
 using namespace flowjam;
 
 namespace {
-constexpr uint32_t kConnected = KNOB_COUNT;  // output parameter: 1 while the engine is attached and alive
-constexpr uint32_t kParameterCount = KNOB_COUNT + 1;
+constexpr uint32_t kBars = KNOB_COUNT;       // the loop's length in bars (0: the engine's --bars)
+constexpr uint32_t kClick = KNOB_COUNT + 1;  // the click: as the engine was started, off, on
+constexpr uint32_t kConnected = KNOB_COUNT + 2;  // output parameter: 1 while the engine is attached and alive
+constexpr uint32_t kParameterCount = KNOB_COUNT + 3;
+enum { kClickEngine, kClickOff, kClickOn };
 enum { kStateSession, kStateEngineCommand, kStatePrompt, kStatePromptB, kStateNegative, kStateCount };
 constexpr const char* kPromptKeys[3] = {"prompt", "prompt_b", "negative"};
 
@@ -73,6 +76,33 @@ protected:
     }
 
     void initParameter(uint32_t index, Parameter& parameter) override {
+        if (index == kBars) {
+            parameter.hints = kParameterIsAutomatable | kParameterIsInteger;
+            parameter.name = "bars";
+            parameter.symbol = "bars";
+            parameter.unit = "bars";
+            parameter.description = "the loop's length in bars, made again on a change (0: the engine's --bars)";
+            parameter.ranges = ParameterRanges(0.0f, 0.0f, static_cast<float>(control::MAX_LOOP_BARS));
+            return;
+        }
+        if (index == kClick) {
+            parameter.hints = kParameterIsAutomatable | kParameterIsInteger;
+            parameter.name = "click";
+            parameter.symbol = "click";
+            parameter.description = "a metronome click on every bar start: as the engine was started, off or on";
+            parameter.ranges = ParameterRanges(0.0f, 0.0f, 2.0f);
+            auto* choices = new ParameterEnumerationValue[3];
+            choices[0].value = kClickEngine;
+            choices[0].label = "engine";
+            choices[1].value = kClickOff;
+            choices[1].label = "off";
+            choices[2].value = kClickOn;
+            choices[2].label = "on";
+            parameter.enumValues.count = 3;
+            parameter.enumValues.restrictedMode = true;
+            parameter.enumValues.values = choices;
+            return;
+        }
         if (index == kConnected) {
             parameter.hints = kParameterIsOutput | kParameterIsBoolean | kParameterIsInteger;
             parameter.name = "connected";
@@ -130,10 +160,17 @@ protected:
 
     float getParameterValue(uint32_t index) const override {
         if (index == kConnected) return connected.load() ? 1.0f : 0.0f;
+        if (index == kBars) return loopBars;
+        if (index == kClick) return click;
         return values[index];
     }
 
     void setParameterValue(uint32_t index, float value) override {
+        if (index == kBars || index == kClick) {
+            (index == kBars ? loopBars : click) = value;
+            loopDirty.store(true);
+            return;
+        }
         if (index >= static_cast<uint32_t>(KNOB_COUNT)) return;
         values[index] = value;
         dirty[index].store(true);
@@ -170,10 +207,12 @@ protected:
             render_attach(state, attached->view);
             wasPlaying = -1;
             for (int i = 0; i < KNOB_COUNT; ++i) dirty[i].store(true);  // the project's values win
+            loopDirty.store(true);
         }
         const LoopView& view = attached->view;
         publishTransport(*attached, frames);
         publishKnobs(*attached);
+        publishLoop(*attached);
         float* block = interleaved.data();
         render_block(state, view, block, static_cast<int>(frames), sync_clock_s());
         for (uint32_t i = 0; i < frames; ++i) {
@@ -254,6 +293,17 @@ private:
         return true;
     }
 
+    // The bars asked of the engine (it makes the loop again, switched on a bar line), and the click, set here at once.
+    void publishLoop(Attachment& a) {
+        if (!loopDirty.exchange(false)) return;
+        a.controlCounters[control::HOST_LOOP_BARS] = static_cast<int64_t>(std::lround(loopBars));
+        const int mode = static_cast<int>(std::lround(click));
+        const bool on = mode == kClickOn || (mode == kClickEngine && a.controlCounters[control::ENGINE_CLICK] != 0);
+        const double bar = a.view.reals[real::BAR_FRAMES[a.view.counters[counter::ACTIVE]]];
+        a.view.reals[real::CLICK_BAR] = on && bar >= MIN_CLICK_BAR ? bar : 0.0;
+        a.view.reals[real::CLICK_CYCLE] = 0.0;
+    }
+
     // The knobs the host changed since the last block: to the engine (its next tick), volume to the gain at once.
     void publishKnobs(Attachment& a) {
         for (int i = 0; i < KNOB_COUNT; ++i) {
@@ -271,6 +321,8 @@ private:
     float values[KNOB_COUNT];
     std::atomic<bool> dirty[KNOB_COUNT];
     std::atomic<bool> connected{false};
+    float loopBars = 0.0f, click = kClickEngine;
+    std::atomic<bool> loopDirty{true};
     uint64_t generation = 0;
     int wasPlaying = -1;
     const int volumeIndex;

@@ -12,6 +12,7 @@ constexpr int HEADER_BYTES = 384;
 constexpr int MAX_REGIONS = 2;
 constexpr int TRANSPORT_FADE_FRAMES = 480;
 constexpr int64_t BAR_SWITCH = -2;
+constexpr double MIN_CLICK_BAR = 480.0;
 namespace counter {
 constexpr int FRAMES = 1;
 constexpr int CHANNELS = 2;
@@ -82,10 +83,14 @@ constexpr int HOST_SAMPLE_RATE = 8;
 constexpr int HOST_BLOCK_FRAMES = 9;
 constexpr int HOST_PROMPTS_SEQ = 10;
 constexpr int ENGINE_PROMPTS_SEQ = 11;
+constexpr int HOST_LOOP_BARS = 12;
+constexpr int ENGINE_LOOP_BARS = 13;
+constexpr int ENGINE_CLICK = 14;
 constexpr int HOST_BPM = 0;
 constexpr int HOST_BEATS_PER_BAR = 1;
 constexpr int HOST_BARS = 2;
 constexpr double STALE_AFTER_S = 1.0;
+constexpr int MAX_LOOP_BARS = 64;
 }  // namespace control
 
 // The knobs (engine/params.py KNOB_SPECS), in the registry's order: the plugin's parameters.
