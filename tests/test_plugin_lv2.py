@@ -53,12 +53,16 @@ class TransportRecorder:
             return False
         return True
 
-    def at_transport(self, frame: int) -> int:
-        """The recorded index of a transport frame."""
-        for written, start in self.cycles:
-            if start <= frame < start + self.client.blocksize:
-                return written + frame - start
-        raise AssertionError(f"transport frame {frame} was not recorded")
+    def at_transport(self, frame: int, margin: int = 2500) -> int | None:
+        """The recorded index of a transport frame, where the cycles around it (`margin` frames each side) were all
+        recorded one after another; None where a cycle there was missed (a late cycle on a busy machine)."""
+        block = self.client.blocksize
+        for index, (written, start) in enumerate(self.cycles):
+            if start <= frame < start + block:
+                around = self.cycles[max(0, index - margin // block - 1) : index + margin // block + 2]
+                steady = all(b == (w + block, s + block) for (w, s), b in zip(around, around[1:]))
+                return written + frame - start if steady and len(around) > 2 * (margin // block) else None
+        return None
 
     def close(self) -> None:
         self.client.deactivate()
@@ -130,7 +134,9 @@ def test_lv2_in_jalv_clicks_on_the_jack_timebase_masters_bar_lines(
         errors = []
         for bar in bars:
             ideal = recorder.at_transport(round(bar * BAR_FRAMES))
-            errors.append(click_onset_near(audio, ideal) - ideal)
+            if ideal is not None:
+                errors.append(click_onset_near(audio, ideal) - ideal)
+        assert len(errors) >= 2, f"too few bar lines recorded whole to measure ({len(errors)} of {len(bars)})"
         assert max(map(abs, errors)) <= 1, f"clicks against the master's bar lines (samples): {errors}"
         assert np.sqrt(np.mean(audio**2)) > 1e-3, "the loop is audible"
     finally:

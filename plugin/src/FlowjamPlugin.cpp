@@ -167,11 +167,12 @@ protected:
 
     void setParameterValue(uint32_t index, float value) override {
         if (index == kBars || index == kClick) {
-            (index == kBars ? loopBars : click) = value;
-            loopDirty.store(true);
+            float& held = index == kBars ? loopBars : click;
+            if (held != value) loopDirty.store(true);
+            held = value;
             return;
         }
-        if (index >= static_cast<uint32_t>(KNOB_COUNT)) return;
+        if (index >= static_cast<uint32_t>(KNOB_COUNT) || values[index] == value) return;  // a host resending
         values[index] = value;
         dirty[index].store(true);
     }
@@ -202,11 +203,14 @@ protected:
             link.release();
             return;
         }
-        if (attached->generation != generation) {
-            generation = attached->generation;
+        if (attached->generation != renderGeneration) {  // a new engine, or the renderer prepared again
+            renderGeneration = attached->generation;
             render_attach(state, attached->view);
             wasPlaying = -1;
-            for (int i = 0; i < KNOB_COUNT; ++i) dirty[i].store(true);  // the project's values win
+        }
+        if (attached->generation != knobGeneration) {  // a new engine: the project's values win
+            knobGeneration = attached->generation;
+            for (int i = 0; i < KNOB_COUNT; ++i) dirty[i].store(true);
             loopDirty.store(true);
         }
         const LoopView& view = attached->view;
@@ -228,7 +232,7 @@ private:
         const int blocksize = std::max<int>(1, static_cast<int>(getBufferSize()));
         render_prepare(state, blocksize, 2, static_cast<int>(getSampleRate()));
         interleaved.assign(static_cast<size_t>(blocksize) * 2, 0.0f);
-        generation = 0;
+        renderGeneration = 0;
     }
 
     // The host's transport into the control block, and the loop position from its bars: where the host's tempo and
@@ -323,7 +327,7 @@ private:
     std::atomic<bool> connected{false};
     float loopBars = 0.0f, click = kClickEngine;
     std::atomic<bool> loopDirty{true};
-    uint64_t generation = 0;
+    uint64_t renderGeneration = 0, knobGeneration = 0;  // the attachment the renderer and the knobs were set for
     int wasPlaying = -1;
     const int volumeIndex;
 
