@@ -66,6 +66,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_audio_device(parser)
     parser.add_argument("--no-audio", action="store_true", help="no sound card: advance in real time and only record")
     parser.add_argument(
+        "--plugin",
+        action="store_true",
+        help="play on a DAW track: the flowjam plugin (plugin/, docs/plugin.md) attaches to --session by name, the "
+        "host's transport is the clock and its parameters are the knobs",
+    )
+    parser.add_argument(
         "--blocksize",
         type=int,
         default=DEFAULT_BLOCKSIZE,
@@ -156,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         session_name=args.session,
         audio_device=args.audio_device,
         blocksize=args.blocksize,
-        playback_mode=("null-process" if args.playback == "process" else "null") if args.no_audio else args.playback,
+        playback_mode=playback_mode(args),
         record=args.record,
         osc_host=args.osc_host or LiveConfig.osc_host,
         osc_port=args.osc_port or None,
@@ -217,6 +223,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def playback_mode(args: argparse.Namespace) -> str:
+    if args.plugin:
+        return "plugin"
+    if args.no_audio:
+        return "null-process" if args.playback == "process" else "null"
+    return args.playback
+
+
 def check_live_args(args: argparse.Namespace) -> None:
     """Refuse what would otherwise fail only after the model loads, or be silently clamped or ignored. The
     torch-free checks come first, so those mistakes are refused at once."""
@@ -230,6 +244,8 @@ def check_live_args(args: argparse.Namespace) -> None:
     if args.endless and (args.source is not None or args.lm):
         raise CommandError("--endless is text-only: --source and --lm set a song's length (they loop); drop one")
     check_grid_args(args)
+    if args.plugin:
+        check_plugin_args(args)
     check_knob_flag("depth", args.depth)
     check_knob_flag("steps", args.steps)
     if not 32 <= args.blocksize <= 8192:
@@ -288,6 +304,21 @@ def check_grid_args(args: argparse.Namespace) -> None:
         raise CommandError(f"--source-downbeat must be 0 s or later, got {args.source_downbeat:g}")
     if args.sync == "midi" and args.midi_backend != "jack" and args.midi_port is None:
         raise CommandError("--sync midi reads the clock from --midi-port (or use --midi-backend jack and connect it)")
+
+
+def check_plugin_args(args: argparse.Namespace) -> None:
+    """--plugin plays through the DAW: no sound card, recording or clock of its own."""
+    from ..live.plugin_link import control_name
+
+    for flag, value in (("--record", args.record), ("--sync", args.sync)):
+        if value:
+            raise CommandError(f"--plugin plays through the DAW, which is the output and the clock: drop {flag}")
+    if args.audio_device is not None:
+        raise CommandError("--plugin plays through the DAW: drop --audio-device")
+    try:
+        control_name(args.session)
+    except ValueError as error:
+        raise CommandError(f"--session: {error}") from None
 
 
 class Stopped(Exception):

@@ -23,6 +23,8 @@ from .loop_buffer import LoopRegion
 from .loop_plan import LoopPlan, source_plan, text_plan
 from .osc import TRANSPORT_COMMANDS, OscBridge, OscConfig
 from .playback import DEFAULT_BLOCKSIZE, PORTAUDIO_FIX, PORTAUDIO_MISSING, Playback
+from .plugin_output import PluginOutput
+from .plugin_tempo import HostTempo
 from .runner import LiveRunner, RunnerConfig
 from .sync.follow import FollowedClock, clock_grid, open_clock
 from .sync.grid import Grid
@@ -51,7 +53,7 @@ class LiveConfig:
     session_name: str = "default"
     audio_device: str | int | None = None
     blocksize: int = DEFAULT_BLOCKSIZE  # frames per output callback; the writer's lead covers one
-    playback_mode: str = "process"  # process | thread | null | null-process (no audio device; see playback.py)
+    playback_mode: str = "process"  # process | thread | null | null-process (see playback.py) | plugin (a DAW's)
     record: Path | None = None
     osc_host: str = "127.0.0.1"
     osc_port: int | None = 9000  # None: no OSC
@@ -129,17 +131,12 @@ class LiveApp:
             self._close_clock()
             raise
         self.plan = plan
-        self.buffer = plan.buffer(session.sample_rate, tempo_may_change=self.clock is not None)
+        following = self.clock is not None or config.playback_mode == "plugin"
+        self.buffer = plan.buffer(session.sample_rate, tempo_may_change=following)
         try:
             if source is not None:
                 self.buffer.fill(session.decode(source.latents)[:, : plan.samples])
-            self.playback = Playback(
-                self.buffer,
-                device=config.audio_device,
-                blocksize=config.blocksize,
-                mode=config.playback_mode,
-                record_path=None if config.record is None else str(config.record),
-            )
+            self.playback = self._output(config)
             prompts = initial_conditionings or (config.prompt, config.prompt_b)
             self._runner_config = config.runner
             if self.grid is not None:
@@ -185,6 +182,33 @@ class LiveApp:
         except BaseException:  # nothing half-built stays behind: the shared memory and any threads go
             self._discard()
             raise
+
+    def _output(self, config: LiveConfig) -> Playback | PluginOutput:
+        """The sound card (or a null clock), or with playback_mode "plugin" the DAW plugin that attaches by name."""
+        if config.playback_mode == "plugin":
+            output = PluginOutput(
+                self.buffer, self.registry, config.session_name, self.set_prompt, lambda: self.runner.captions()
+            )
+            if self.grid is not None:
+                output.set_bars(self.plan.bars, self.grid.bar_samples(self.session.sample_rate), config.click)
+            if self.grid is not None and self.plan.bars:
+                output.tempo = HostTempo(
+                    output.control,
+                    self.buffer,
+                    self.grid,
+                    self.plan.bars,
+                    lambda: self.runner,
+                    self._runner_at,
+                    self._switched,
+                )
+            return output
+        return Playback(
+            self.buffer,
+            device=config.audio_device,
+            blocksize=config.blocksize,
+            mode=config.playback_mode,
+            record_path=None if config.record is None else str(config.record),
+        )
 
     def _plan(self, config: LiveConfig, source: Source | None) -> tuple[Source | None, LoopPlan]:
         """The source (read and prepared, cut to whole bars on a grid) and what the performance loops. Following a
@@ -258,13 +282,18 @@ class LiveApp:
         negative = captions["negative"] or None
         return LiveRunner(self.session, self.registry, region, captions["a"], captions["b"], None, config, negative)
 
-    def _switched(self, runner: LiveRunner, grid: Grid) -> None:
-        self.runner, self.plan = runner, replace(self.plan, grid=grid, samples=self.buffer.frames)
+    def _switched(self, runner: LiveRunner, grid: Grid, bars: int | None = None) -> None:
+        """The output plays `runner`'s loop at `grid` now (of `bars` bars where a plugin's parameter changed them)."""
+        bars = self.plan.bars if bars is None else bars
+        self.runner, self.plan = runner, replace(self.plan, grid=grid, samples=self.buffer.frames, bars=bars)
 
     def set_prompt(self, which: str, text: str) -> None:
         """Prompt A, B or the negative for the loop playing, and for a new tempo's loop being made."""
         self.runner.set_prompt(which, text)
         pending = None if self.following is None else self.following.pending
+        tempo = getattr(self.playback, "tempo", None)
+        if tempo is not None:
+            pending = tempo.pending
         if pending is not None:
             pending.set_prompt(which, text)
 
@@ -281,6 +310,8 @@ class LiveApp:
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.stop()
+        if isinstance(getattr(self, "playback", None), PluginOutput):  # its control block goes too
+            self.playback.stop()
         self._close_clock()
         self.buffer.unlink()
 
@@ -402,7 +433,7 @@ class LiveApp:
         try:
             self.playback.start()
         except Exception as error:
-            if self.config.audio_device is not None or self.config.playback_mode.startswith("null"):
+            if self.config.audio_device is not None or self.config.playback_mode.startswith(("null", "plugin")):
                 raise
             log.warning(
                 "no audio output (%s); running without sound%s", error, ", recording only" if self.config.record else ""

@@ -38,8 +38,10 @@ REGIONS = 15  # loops the buffer holds (1, or 2 where a new tempo's loop is made
 ACTIVE = 16  # the region the output plays
 SWITCH_AT = 17  # the output moves to region SWITCH_TO (and the NEXT_CLICK_ settings) at this PLAYED frame; -1: none
 SWITCH_TO = 18
+BAR_SWITCH = -2  # SWITCH_AT for a DAW plugin: switch on the host's next bar line (other outputs never switch on it)
 LENGTHS = (20, 21)  # each region's loop length (<= FRAMES)
 SHIFTS = (24, 25)  # each region's position runs this many frames ahead of PLAYED: a clock's phase lock moves it
+BARS = (26, 27)  # each region's loop in whole bars (0: not on a grid): a plugin maps the host's bars onto it
 # Slots of LoopBuffer.reals (float64).
 GAIN = 0  # target volume, linear
 APPLIED_GAIN = 1  # volume the callback used at the end of its last block (it ramps from here to GAIN)
@@ -50,6 +52,7 @@ BLOCK_TIME = 5  # the sync clock (live/sync/clock.py) when the newest block was 
 CLICK_BAR = 6  # a metronome click on every bar start, bars this many frames long; 0: no click
 CLICK_CYCLE = 7  # bar starts count from each start of a cycle this long (0: the loop; endless play: one bar)
 NEXT_CLICK_BAR, NEXT_CLICK_CYCLE = 8, 9  # the click from the next switch on
+BAR_FRAMES = (10, 11)  # each region's bar in frames, with BARS
 TRANSPORT_FADE_FRAMES = 480  # a stop or play fades over 10 ms at 48 kHz
 MIN_CLICK_BAR = 480
 
@@ -157,6 +160,8 @@ class LoopBuffer:
         crossfade over that block, and from then on click bars of `click_bar` frames from every `click_cycle`."""
         index = self._index(region)
         _check_click(click_bar)
+        if played < 0 and played != BAR_SWITCH:
+            raise ValueError(f"a switch is at a frame >= 0 (or BAR_SWITCH for a plugin), got {played}")
         with self._lock:
             self.reals[[NEXT_CLICK_BAR, NEXT_CLICK_CYCLE]] = (float(click_bar), float(click_cycle))
             self.counters[SWITCH_TO] = index
@@ -164,7 +169,7 @@ class LoopBuffer:
 
     @property
     def switch_pending(self) -> bool:
-        return self._counter(SWITCH_AT) >= 0
+        return self._counter(SWITCH_AT) != -1
 
     # --- writing (engine side) ---------------------------------------------------------------------------------
 
@@ -288,6 +293,16 @@ class LoopBuffer:
             self.counters[SHIFTS[index]] = int(frames)
 
     shift = property(get_shift, set_shift)
+
+    def set_bars(self, region: int, bars: int, bar_frames: float) -> None:
+        """Record that `region` loops `bars` bars of `bar_frames` frames (0 bars: not on a grid), for a DAW plugin
+        that maps its host's bars onto the loop."""
+        index = self._index(region)
+        if bars < 0 or (bars and not (np.isfinite(bar_frames) and bar_frames > 0)):
+            raise ValueError(f"bars must be >= 0 with a bar > 0 frames, got {bars} bars of {bar_frames}")
+        with self._lock:
+            self.reals[BAR_FRAMES[index]] = float(bar_frames)
+            self.counters[BARS[index]] = int(bars)
 
     def start_at(self, played: int) -> None:
         """Start the transport (a fade-in) when the frames played reach `played`; -1 cancels."""

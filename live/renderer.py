@@ -7,6 +7,7 @@ and never waits."""
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -47,10 +48,20 @@ MAX_LOST_BLOCKS = 200  # an xrun longer than this (seconds) is a stall, not lost
 
 
 def click_wave(rate: int) -> np.ndarray:
-    """The metronome's click, [N, 1] float32."""
-    n = np.arange(int(6 * CLICK_DECAY_S * rate), dtype=np.float64)
-    wave = CLICK_GAIN * np.cos(2 * np.pi * CLICK_HZ * n / rate) * np.exp(-n / (CLICK_DECAY_S * rate))
-    return wave.astype(np.float32)[:, None]
+    """The metronome's click, [N, 1] float32. Its curves and the crossfade's come from the C library's sin, cos and
+    exp in double precision (Python's math module), which the plugin's renderer (plugin/src/render_core.cpp) calls
+    too: the two give the same samples bit for bit, where numpy's own vectorised float32 sin would not."""
+    wave = [
+        CLICK_GAIN * math.cos(2 * math.pi * CLICK_HZ * n / rate) * math.exp(-n / (CLICK_DECAY_S * rate))
+        for n in range(int(6 * CLICK_DECAY_S * rate))
+    ]
+    return np.array(wave, np.float32)[:, None]
+
+
+def crossfade_rise(frames: int) -> np.ndarray:
+    """The equal-gain (sin²) rise of a crossfade over one block, [frames, 1] float32."""
+    rise = [math.sin(0.5 * math.pi * (k + 0.5) / frames) for k in range(frames)]
+    return np.array([s * s for s in rise], np.float32)[:, None]
 
 
 class BlockRenderer:
@@ -62,7 +73,7 @@ class BlockRenderer:
         self.gain_curve = np.empty_like(self.unit_ramp)
         self.fade_steps = (np.arange(blocksize, dtype=np.float32) + 1)[:, None] / TRANSPORT_FADE_FRAMES
         self.fade_curve = np.empty_like(self.fade_steps)
-        self.rise = np.sin(0.5 * np.pi * (np.arange(blocksize, dtype=np.float32) + 0.5) / blocksize)[:, None] ** 2
+        self.rise = crossfade_rise(blocksize)
         self.fall = 1.0 - self.rise
         self.before = np.empty((blocksize, buffer.channels), np.float32)  # the old position's block, crossfaded from
         self.start_ramp = ((np.arange(START_FADE_FRAMES, dtype=np.float32) + 1) / START_FADE_FRAMES)[:, None]

@@ -42,6 +42,7 @@ from .messages import (
     TargetCapture,
     TargetClear,
 )
+from .plugin_link import PLUGIN_ORIGIN
 from .prompt_encoder import PromptEncoder
 from .realtime import raise_thread_priority
 from .shared_ticker import SharedTicker
@@ -411,7 +412,7 @@ class LiveRunner:
                 self._apply_shared(change.name, change.value)
             elif change.name == "depth":
                 self.stream.set_depth(int(change.value))
-            elif change.name == "volume":
+            elif change.name == "volume" and change.origin != PLUGIN_ORIGIN:  # a DAW plugin set the gain itself
                 self.buffer.gain = change.value
             self._request_changed |= spec.kind is KnobKind.REQUEST
             if spec.kind is not KnobKind.GLOBAL:

@@ -78,6 +78,22 @@ def jack_server():
     os.environ.pop("JACK_DEFAULT_SERVER", None)
 
 
+@pytest.fixture(scope="session")
+def plugin_engine():
+    """`flowjam live --plugin --preset tiny --bpm 123 --bars 2 --click --prompt "ambient pads"` on the plugin tests'
+    session, its loop made; shared by the DAW plugin test modules (a test that kills it starts it again)."""
+    from daw_host import SESSION, Engine
+    from plugin_build import build
+
+    build()  # before the engine starts: the compile has both cores
+    engine = Engine(SESSION, "--bpm", "123", "--bars", "2", "--click", "--prompt", "ambient pads")
+    try:
+        engine.wait_ready()
+        yield engine
+    finally:
+        engine.stop()
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny CPU matmuls run up to ~3000x slower with a second OpenMP thread when another process holds a core of

@@ -182,6 +182,14 @@ CASES = {
     "live --seconds inf": Case("live", lambda f: ["--seconds", "inf"], "leave it out to play until Ctrl-C"),
     "live --seconds 0": Case("live", lambda f: ["--seconds", "0"], "--seconds must be a finite number > 0"),
     "live --prompt ''": Case("live", lambda f: ["--prompt", ""], "the prompt is empty"),
+    "live --plugin --sync jack": Case(
+        "live",
+        lambda f: ["--plugin", "--sync", "jack"],
+        "--plugin plays through the DAW, which is the output and the clock: drop --sync",
+    ),
+    "live --plugin --session 'a b'": Case(
+        "live", lambda f: ["--plugin", "--session", "a b"], "--session: a plugin session name is 1-40 letters"
+    ),
     "live --bars 2": Case("live", lambda f: ["--bars", "2"], "--bars needs a tempo: give --bpm, or follow a clock"),
     "live --bpm 400": Case("live", lambda f: ["--bpm", "400"], "--bpm must be a number in 30..300, got 400"),
     "live --bpm 120 --bars 0": Case("live", lambda f: ["--bpm", "120", "--bars", "0"], "--bars must be at least 1"),

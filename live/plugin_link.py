@@ -1,0 +1,171 @@
+"""The plugin's control block: a small shared-memory segment per session, named `flowjam-plugin-<session>`, that
+the engine creates and a DAW plugin instance (plugin/) attaches to by that name. The plugin writes the host's
+transport (tempo, metre, bar position, play state) every block and the knob values the host changed; the engine
+writes a heartbeat, the name of the loop buffer to play and its own knob values (shown back to the host).
+
+Layout (native byte order, every field 8-byte aligned, one writer each): int64 COUNTERS, float64 REALS, float64
+HOST_VALUES and int64 HOST_CHANGES (one per knob of KNOB_SPECS, the plugin's), float64 ENGINE_VALUES (the engine's),
+then the loop buffer's name as NUL-terminated UTF-8, then the prompts (A, B, negative) as NUL-terminated UTF-8: the
+host's (a DAW project's, given back to the engine when it opens) and the engine's (saved in the project). A prompt
+area is written under a sequence lock: its counter is odd while it is written. plugin/src/flowjam_generated.h holds
+the same numbers."""
+
+from __future__ import annotations
+
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+
+from ..engine.params import KNOB_SPECS, MAX_PROMPT_CHARS
+
+CONTROL_MAGIC = 0x464C4A4D4354524C  # "FLJMCTRL"
+CONTROL_VERSION = 1
+CONTROL_PREFIX = "flowjam-plugin-"
+COUNTERS, REALS, MAX_KNOBS, NAME_BYTES = 16, 16, 64, 128
+PROMPTS = ("a", "b", "negative")  # the order of the prompt areas
+PROMPT_BYTES = 4 * MAX_PROMPT_CHARS + 1  # one prompt of MAX_PROMPT_CHARS characters in UTF-8, and its NUL
+# Slots of ControlBlock.counters (int64).
+MAGIC, VERSION, HEARTBEAT_NS = 0, 1, 2  # HEARTBEAT_NS: the engine's CLOCK_MONOTONIC when it was last alive
+HOST_BLOCKS = 3  # blocks the plugin rendered (it writes the fields below before counting one)
+HOST_PLAYING = 4  # 1 while the host's transport plays
+HOST_FRAME = 5  # the host's song position in frames at the newest block
+BUFFER_SEQ = 6  # the engine counts each new loop buffer name; the plugin attaches again when it moves
+KNOB_COUNT = 7  # knobs in the value arrays (len(KNOB_SPECS))
+HOST_SAMPLE_RATE = 8
+HOST_BLOCK_FRAMES = 9  # the host's largest block
+HOST_PROMPTS_SEQ = 10  # the plugin's prompt area: odd while the plugin writes it
+ENGINE_PROMPTS_SEQ = 11  # the engine's prompt area: odd while the engine writes it
+HOST_LOOP_BARS = 12  # the plugin's `bars` parameter: the loop's length in bars the host asks for (0: the engine's)
+ENGINE_LOOP_BARS = 13  # the loop's bars playing now (0: not on a grid)
+ENGINE_CLICK = 14  # 1 where the engine was started with --click (the plugin's `click` parameter at "engine")
+MAX_LOOP_BARS = 64
+# Slots of ControlBlock.reals (float64).
+HOST_BPM, HOST_BEATS_PER_BAR = 0, 1
+HOST_BARS = 2  # the host's position in bars since its song's start (bar 1 = 0.0), at the newest block
+PLUGIN_ORIGIN = "plugin"  # a knob change from the plugin's parameter (the plugin applied volume to the gain itself)
+STALE_AFTER_S = 1.0  # a heartbeat older than this: the engine is gone, the plugin plays silence
+
+
+def control_name(session: str) -> str:
+    """The control block's shared-memory name for a session (the plugin's `session` state)."""
+    if not session or len(session) > 40 or not all(c.isalnum() or c in "-_" for c in session):
+        raise ValueError(f"a plugin session name is 1-40 letters, digits, - or _, got {session!r}")
+    return CONTROL_PREFIX + session
+
+
+def _offsets() -> dict[str, int]:
+    reals = 8 * COUNTERS
+    host_values = reals + 8 * REALS
+    host_changes = host_values + 8 * MAX_KNOBS
+    engine_values = host_changes + 8 * MAX_KNOBS
+    name = engine_values + 8 * MAX_KNOBS
+    host_prompts = name + NAME_BYTES
+    engine_prompts = host_prompts + 8 * ((len(PROMPTS) * PROMPT_BYTES + 7) // 8)
+    return {
+        "reals": reals,
+        "host_values": host_values,
+        "host_changes": host_changes,
+        "engine_values": engine_values,
+        "name": name,
+        "host_prompts": host_prompts,
+        "engine_prompts": engine_prompts,
+        "size": engine_prompts + len(PROMPTS) * PROMPT_BYTES,
+    }
+
+
+OFFSETS = _offsets()
+assert len(KNOB_SPECS) <= MAX_KNOBS
+
+
+class ControlBlock:
+    """The engine's side of the segment: created (and unlinked) by the engine, attached to by a plugin."""
+
+    def __init__(self, session: str = "default", create: bool = True):
+        name = control_name(session)
+        if create:
+            try:  # a segment left by an engine that was killed: take its name over
+                shared_memory.SharedMemory(name=name).unlink()
+            except FileNotFoundError:
+                pass
+        self._shm = shared_memory.SharedMemory(name=name, create=create, size=OFFSETS["size"] if create else 0)
+        if not create:  # Python's resource tracker would unlink the engine's segment when this process exits
+            resource_tracker.unregister(self._shm._name, "shared_memory")
+        self._owner = create
+        buf = self._shm.buf
+        self.counters = np.ndarray((COUNTERS,), np.int64, buf, 0)
+        self.reals = np.ndarray((REALS,), np.float64, buf, OFFSETS["reals"])
+        self.host_values = np.ndarray((MAX_KNOBS,), np.float64, buf, OFFSETS["host_values"])
+        self.host_changes = np.ndarray((MAX_KNOBS,), np.int64, buf, OFFSETS["host_changes"])
+        self.engine_values = np.ndarray((MAX_KNOBS,), np.float64, buf, OFFSETS["engine_values"])
+        self._name = np.ndarray((NAME_BYTES,), np.uint8, buf, OFFSETS["name"])
+        self._prompts = {
+            area: np.ndarray((len(PROMPTS), PROMPT_BYTES), np.uint8, buf, OFFSETS[f"{area}_prompts"])
+            for area in ("host", "engine")
+        }
+        if create:
+            self.counters[:] = 0
+            self.reals[:] = 0.0
+            self.host_changes[:] = 0
+            for index, spec in enumerate(KNOB_SPECS):
+                self.host_values[index] = self.engine_values[index] = spec.default
+            self.counters[[VERSION, KNOB_COUNT]] = (CONTROL_VERSION, len(KNOB_SPECS))
+            self.counters[MAGIC] = CONTROL_MAGIC  # last: a plugin attaching now sees a whole block
+        elif self.counters[MAGIC] != CONTROL_MAGIC:
+            self.close()
+            raise ValueError(f"shared memory {name!r} is not a flowjam plugin control block")
+        self.name = name
+
+    def set_buffer(self, buffer_name: str) -> None:
+        """Point the plugin at a loop buffer (it attaches on its next check)."""
+        encoded = buffer_name.encode()
+        if len(encoded) >= NAME_BYTES:
+            raise ValueError(f"loop buffer name {buffer_name!r} is longer than {NAME_BYTES - 1} bytes")
+        self._name[:] = 0
+        self._name[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+        self.counters[BUFFER_SEQ] += 1
+
+    @property
+    def buffer_name(self) -> str:
+        return bytes(self._name).split(b"\0", 1)[0].decode()
+
+    def host_prompts(self) -> dict[str, str] | None:
+        """The prompts the plugin gave (a DAW project's), or None while it writes them."""
+        return self._read_prompts("host", HOST_PROMPTS_SEQ)
+
+    def engine_prompts(self) -> dict[str, str] | None:
+        return self._read_prompts("engine", ENGINE_PROMPTS_SEQ)
+
+    def write_engine_prompts(self, prompts: dict[str, str]) -> None:
+        """The engine's prompts now, for the plugin to save in the DAW project."""
+        seq = int(self.counters[ENGINE_PROMPTS_SEQ])
+        self.counters[ENGINE_PROMPTS_SEQ] = seq + 1
+        for index, slot in enumerate(PROMPTS):
+            encoded = prompts.get(slot, "").encode()[: PROMPT_BYTES - 1]
+            row = self._prompts["engine"][index]
+            row[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+            row[len(encoded)] = 0
+        self.counters[ENGINE_PROMPTS_SEQ] = seq + 2
+
+    def _read_prompts(self, area: str, seq_slot: int) -> dict[str, str] | None:
+        before = int(self.counters[seq_slot])
+        rows = self._prompts[area].copy()
+        if before % 2 or int(self.counters[seq_slot]) != before:
+            return None
+        return {
+            slot: bytes(rows[index]).split(b"\0", 1)[0].decode(errors="replace") for index, slot in enumerate(PROMPTS)
+        }
+
+    def beat(self, now_ns: int) -> None:
+        """The engine's heartbeat (CLOCK_MONOTONIC nanoseconds, time.monotonic_ns on Linux)."""
+        self.counters[HEARTBEAT_NS] = now_ns
+
+    def close(self) -> None:
+        self.counters = self.reals = self.host_values = self.host_changes = self.engine_values = self._name = None
+        self._prompts = {}
+        self._shm.close()
+
+    def unlink(self) -> None:
+        """Free the segment (engine only): a plugin attached to it sees its heartbeat go stale."""
+        if self._owner:
+            self._shm.unlink()
+        self.close()

@@ -1,0 +1,162 @@
+"""The engine's side of a DAW plugin (plugin/), in place of Playback: no sound card; the plugin in the DAW's audio
+thread is the output. It creates the session's control block (live/plugin_link.py) and points it at the loop buffer,
+writes the heartbeat, tells the plugin the loop's bars, carries the block size the host plays into the buffer (the
+writer's lead covers one block), and applies the knobs the host changed as knob changes (origin "plugin"). The
+engine's own knob values go back into the block for the plugin to show."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..engine.params import KNOB_SPECS
+from .knobs import KnobRegistry
+from .loop_buffer import BLOCK, RUNNING, LoopBuffer
+from .plugin_link import (
+    ENGINE_CLICK,
+    ENGINE_LOOP_BARS,
+    HOST_BLOCK_FRAMES,
+    HOST_BLOCKS,
+    HOST_PLAYING,
+    HOST_PROMPTS_SEQ,
+    PLUGIN_ORIGIN,
+    STALE_AFTER_S,
+    ControlBlock,
+)
+
+if TYPE_CHECKING:
+    from .plugin_tempo import HostTempo
+
+log = logging.getLogger("flowjam.plugin")
+POLL_S = 0.02  # host knob changes reach the registry within this (and the runner on its next tick)
+
+
+class PluginOutput:
+    def __init__(
+        self,
+        buffer: LoopBuffer,
+        registry: KnobRegistry,
+        session: str = "default",
+        on_prompt: Callable[[str, str], None] | None = None,
+        captions: Callable[[], dict[str, str]] | None = None,
+    ):
+        """`on_prompt(slot, text)`: a prompt the host gave (a DAW project's); `captions()`: the prompts playing now,
+        for the host to save in the project."""
+        self.buffer, self.registry, self.session = buffer, registry, session
+        self._on_prompt, self._captions = on_prompt, captions
+        self._host_prompts_seen = 0
+        self._captions_written: dict[str, str] | None = None
+        self.control = ControlBlock(session)
+        self.recording = None  # the DAW records the track
+        self.error: str | None = None
+        self._seen = np.zeros(len(KNOB_SPECS), np.int64)
+        self._blocks = (0, time.monotonic())  # the plugin's block count and when it last moved
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.tempo: HostTempo | None = None  # follows the host's tempo where the loop is whole bars
+
+    def set_bars(self, bars: int | None, bar_frames: float, click: bool, region: int = 0) -> None:
+        """The loop's bars and bar length, by which the plugin maps the host's bars onto it (None: not on a grid), and
+        whether the engine clicks (the plugin's `click` parameter at "engine")."""
+        self.buffer.set_bars(region, bars or 0, bar_frames if bars else 0.0)
+        self.control.counters[ENGINE_LOOP_BARS] = bars or 0
+        self.control.counters[ENGINE_CLICK] = int(click)
+
+    def start(self) -> None:
+        self.control.beat(time.monotonic_ns())
+        self.control.set_buffer(self.buffer.name)
+        self._thread = threading.Thread(target=self._serve, name="flowjam-plugin", daemon=True)
+        self._thread.start()
+        if self.tempo is not None:
+            self.tempo.start()
+        log.info("waiting for the flowjam plugin in the DAW (session %r)", self.session)
+
+    def _serve(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.poll()
+
+    def poll(self) -> None:
+        """One round: heartbeat, the host's block size, its knob changes in, the engine's values out."""
+        control, counters = self.control, self.buffer.counters
+        control.beat(time.monotonic_ns())
+        block = int(control.counters[HOST_BLOCK_FRAMES])
+        if block > 0:
+            counters[BLOCK] = block
+        blocks = int(control.counters[HOST_BLOCKS])
+        if blocks != self._blocks[0]:
+            self._blocks = (blocks, time.monotonic())
+        counters[RUNNING] = int(self.running)
+        changes = control.host_changes[: len(KNOB_SPECS)].copy()
+        for index in np.flatnonzero(changes != self._seen):
+            self._seen[index] = changes[index]
+            spec = KNOB_SPECS[index]
+            try:
+                self.registry.set(spec.name, float(control.host_values[index]), origin=PLUGIN_ORIGIN)
+            except ValueError as error:  # a host sent a value the knob refuses: keep the old one, say so
+                log.warning("plugin knob %s: %s", spec.name, error)
+        for index, spec in enumerate(KNOB_SPECS):
+            control.engine_values[index] = self.registry.get(spec.name)
+        if self._captions is not None:
+            self._exchange_prompts()
+
+    def _exchange_prompts(self) -> None:
+        """The project's prompts in (once per change the plugin made), the engine's out (when they moved)."""
+        seq = int(self.control.counters[HOST_PROMPTS_SEQ])
+        given = self.control.host_prompts() if seq != self._host_prompts_seen else None
+        if given is not None and given["a"]:
+            self._host_prompts_seen = seq
+            playing = self._captions()
+            for slot, text in given.items():
+                text = text or (given["a"] if slot == "b" else "")
+                if text != playing.get(slot) and self._on_prompt is not None:
+                    try:
+                        self._on_prompt(slot, text)
+                    except ValueError as error:
+                        log.warning("plugin prompt %s refused: %s", slot, error)
+        captions = self._captions()
+        if captions != self._captions_written:
+            self.control.write_engine_prompts(captions)
+            self._captions_written = captions
+
+    @property
+    def running(self) -> bool:
+        """The plugin rendered a block within the last STALE_AFTER_S."""
+        return self._blocks[0] > 0 and time.monotonic() - self._blocks[1] < STALE_AFTER_S
+
+    @property
+    def host_playing(self) -> bool:
+        return bool(self.control.counters[HOST_PLAYING])
+
+    def stop(self) -> None:
+        if self.tempo is not None:
+            self.tempo.stop()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        if self.control.counters is not None:
+            self.control.unlink()
+
+    def stats(self) -> dict:
+        rate = self.buffer.sample_rate
+        return {
+            "mode": "plugin",
+            "device": f"DAW plugin (session {self.session!r})",
+            "running": self.running,
+            "host_playing": self.host_playing,
+            "playhead_frames": self.buffer.playhead_frames,
+            "playhead_s": self.buffer.playhead_frames / rate,
+            "underruns": self.buffer.underruns,
+            "late_blocks": self.buffer.late_blocks,
+            "gaps": self.buffer.gaps,
+            "callbacks": self.buffer.callbacks,
+            "latency_s": 0.0,
+            "realtime": None,
+            "recorded_s": 0.0,
+            "recording_error": None,
+            "error": self.error,
+        }

@@ -1,0 +1,31 @@
+// The render core behind a C interface, for tests/test_plugin_parity.py (ctypes) to run it over a LoopBuffer.
+#include "render_core.hpp"
+
+using flowjam::LoopView;
+using flowjam::RenderState;
+
+struct FlowjamCore {
+    RenderState state;
+    LoopView view;
+};
+
+extern "C" {
+
+FlowjamCore* flowjam_core_new(int blocksize, int channels, int sampleRate) {
+    auto* core = new FlowjamCore();
+    flowjam::render_prepare(core->state, blocksize, channels, sampleRate);
+    return core;
+}
+
+int flowjam_core_attach(FlowjamCore* core, void* base, unsigned long long bytes) {
+    if (!flowjam::loop_view(base, bytes, core->view)) return 0;
+    flowjam::render_attach(core->state, core->view);
+    return 1;
+}
+
+void flowjam_core_render(FlowjamCore* core, float* out, int frames, double nowS) {
+    flowjam::render_block(core->state, core->view, out, frames, nowS);
+}
+
+void flowjam_core_free(FlowjamCore* core) { delete core; }
+}

@@ -1,0 +1,70 @@
+// The plugin's connection to the engine: a watcher thread (never the audio thread) attaches to the session's control
+// block and the loop buffer it names, checks the engine's heartbeat, lets go of a stale engine and attaches again
+// when it is back. The audio thread takes the current attachment with acquire() and gives it back with release();
+// the watcher unmaps an attachment only once no block is using it.
+#pragma once
+#include <stdint.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "platform.hpp"
+#include "render_core.hpp"
+
+namespace flowjam {
+
+struct Attachment {
+    Mapping control, loop;
+    int64_t* controlCounters = nullptr;
+    double* controlReals = nullptr;
+    double* hostValues = nullptr;
+    int64_t* hostChanges = nullptr;
+    LoopView view;
+    uint64_t generation = 0;  // counts attachments: the audio thread resets its renderer on a new one
+};
+
+class EngineLink {
+public:
+    EngineLink();
+    ~EngineLink();
+
+    void setSession(const std::string& session);
+    void setEngineCommand(const std::string& command);
+    std::string engineCommand() const;
+
+    // Prompt A, B or the negative (slot 0, 1, 2): a project's, given to the engine (prompt A set: all three); and the
+    // engine's newest, for the project to save.
+    void setPrompt(int slot, const std::string& text);
+    std::string prompt(int slot) const;
+
+    // Audio thread: the attachment to render from (nullptr: not connected); release() after the block.
+    Attachment* acquire() noexcept;
+    void release() noexcept;
+
+private:
+    void watch();
+    bool fresh(const Attachment& attachment) const;
+    bool attach(Attachment& attachment);
+    void retire();
+    void exchangePrompts(Attachment& attachment, bool attachedNow);
+
+    mutable std::mutex settingsLock;
+    std::string sessionName = "default", command;
+    bool sessionChanged = false;
+    std::string prompts[3];
+    bool pushPrompts = false;
+    int64_t enginePromptsSeen = -1;  // the engine's prompt area at its newest read (or at our newest push)
+    Attachment slots[2];
+    int next = 0;
+    uint64_t generations = 0;
+    int64_t bufferSeq = 0;
+    std::atomic<Attachment*> current{nullptr};
+    std::atomic<bool> busy{false};
+    std::atomic<bool> stopping{false};
+    int64_t lastStartNs = 0;
+    std::thread thread;
+};
+
+}  // namespace flowjam
