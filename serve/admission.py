@@ -1,7 +1,8 @@
 """Who may join a host's ring, by what it measures: a new session is let in only while every session playing gets
 its fresh latents within the target interval, measured since the ring last changed (a session let in or ended).
 Creates take turns (`turn`), so two are never let in on one measurement: the second waits until the ring has been
-measured with the first playing. Admission control's prediction (`engine/stream/lanes.py`) then has its say too."""
+measured with the first playing, unless every session's latest latents came well within the target (HEADROOM). Admission
+control's prediction (`engine/stream/lanes.py`) then has its say too."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ MEASURED_LATENTS = 3  # fresh latents per playing session since the ring changed
 LONGEST_WAIT_S = 30.0  # however loose the target, a create waits no longer for a measurement
 STARTING_WAIT_S = 120.0  # a create waits this long for a session that has made no latent yet (its first compiles)
 SETTLE_S = 10.0  # a ring that just took a session in captures its new plans first: over target this long is behind
+HEADROOM = 0.5  # sessions whose latest latents came within this share of the target let a create in at once
 POLL_S = 0.01
 
 
@@ -54,6 +56,8 @@ class Admission:
         since the ring changed; SessionRefused when one is still over it, or gave no measurement, `wait_s` after
         every session plays (a session that has made no latent yet is starting: its first compiles and captures are
         waited for, up to STARTING_WAIT_S). Hold `turn` around this and the session's start."""
+        if self._comfortable([list(times) for times in playing()]):
+            return
         while True:
             now = time.perf_counter()
             sessions = [list(times) for times in playing()]
@@ -70,3 +74,11 @@ class Admission:
                     raise SessionRefused(refusals.behind(max(measured), self.target_ms))
                 raise SessionRefused(refusals.not_measured(now - self._changed_at, self.target_ms))
             time.sleep(POLL_S)
+
+    def _comfortable(self, sessions: list[list[float]]) -> bool:
+        """Whether every playing session's latest latents (since the ring changed or not) came well within the target
+        (HEADROOM): one more session cannot take such a ring past it, and the prediction still has its say; a ring
+        nearer its target is measured again after the last change first."""
+        now = time.perf_counter()
+        intervals = [latent_interval_ms(times, float("-inf"), now) for times in sessions]
+        return all(interval is not None and interval <= HEADROOM * self.target_ms for interval in intervals)

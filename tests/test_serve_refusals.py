@@ -223,3 +223,18 @@ def test_a_ring_over_its_target_while_a_new_session_settles_is_judged_once_it_ha
     slow = [time.perf_counter() + 0.3 * k for k in range(3)]
     with pytest.raises(SessionRefused, match="behind"):
         admission.check(lambda: [slow])
+
+
+def test_a_ring_well_within_its_target_lets_a_create_in_at_once():
+    """Sessions whose latest latents came at a small share of the target (a CPU host's loose target, a GPU ring far
+    from full) are not waited on for a fresh measurement: the create is let in at once."""
+    from flowjam.serve.admission import HEADROOM, Admission
+
+    admission = Admission(1000.0)
+    now = time.perf_counter()
+    well_within = [now - 0.3, now - 0.2, now - 0.1]  # 100 ms apart against a 1,000 ms target
+    admission.changed()  # nothing since the change: a fresh measurement would take seconds
+    started = time.perf_counter()
+    admission.check(lambda: [well_within])
+    assert time.perf_counter() - started < 0.05, "waited for a fresh measurement of a ring well within its target"
+    assert 100.0 <= HEADROOM * admission.target_ms
