@@ -233,16 +233,16 @@ class RayRouter:
             self._creating.discard(name)
 
     async def _create(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        refusals: dict[str, str] = {}
+        refused_by: dict[str, str] = {}  # replica -> its refusal
         deadline = time.monotonic() + CREATE_TIMEOUT_S
         while True:
             placement = await self._placement()
             if any(name in entry["sessions"] for entry in placement):
                 raise ValueError(refusals.name_taken())
             counts = {entry["replica"]: len(entry["sessions"]) for entry in placement}
-            free = [replica for replica in counts if replica not in refusals]
+            free = [replica for replica in counts if replica not in refused_by]
             if not free or time.monotonic() > deadline:
-                reasons = "; ".join(f"replica {replica}: {why}" for replica, why in refusals.items())
+                reasons = "; ".join(f"replica {replica}: {why}" for replica, why in refused_by.items())
                 raise SessionRefused(f"no replica could take session {name!r} ({reasons or 'no replica is running'})")
             fewest = min(counts[replica] for replica in free)
             target = random.choice([replica for replica in free if counts[replica] == fewest])
@@ -252,7 +252,7 @@ class RayRouter:
                 await asyncio.sleep(RETRY_S)
                 continue
             if "refused" in placed:
-                refusals[placed["replica"]] = placed["refused"]
+                refused_by[placed["replica"]] = placed["refused"]
                 continue
             self._placed[name] = placed["replica"]
             return placed
