@@ -250,3 +250,44 @@ def test_cycles_the_jack_clock_port_misses_lose_no_beat(jack_server):
             probe.close()
         sender.stdin.close()
         sender.wait(10)
+
+
+@pytest.mark.parametrize("late_periods", [0.52, 0.7, 0.95])
+def test_a_late_pulse_after_a_lost_cycle_is_not_counted_twice_the_beat_comes_back(late_periods):
+    """An xrun on a loaded machine: the port misses a cycle (and says so) while the DAW, late itself, sends the pulse
+    of that cycle at the start of the next one, over half a pulse late. The gap then looks like a lost pulse that was
+    not: the count runs a pulse ahead (the -22 ms bars of a loaded CI run). The pulses after it sit a whole period
+    off the tempo line at the same tempo: the follower re-counts them and the beat is back on the clock's within a
+    beat, instead of a pulse early for good."""
+    follower = MidiClockFollower()
+    follower.handle(START, 0.0)
+    times = pulses(120.0, 8.0, jitter_s=1e-5)
+    period = 60.0 / (120.0 * PULSES_PER_BEAT)
+    for k, at in enumerate(times):
+        if k == 100:
+            follower.lost(512 / 48_000)
+            at += late_periods * period
+        follower.handle(CLOCK, at)
+        if k > 100 + PULSES_PER_BEAT:
+            state = follower.state(times[k])
+            assert state.beats == pytest.approx(k / PULSES_PER_BEAT, abs=0.3 / PULSES_PER_BEAT), f"pulse {k}: {state}"
+    assert follower.bpm == pytest.approx(120.0, abs=0.01)
+
+
+def test_a_lost_pulse_whose_next_pulse_comes_late_is_counted_back_within_a_beat():
+    """A pulse lost on the way (unsaid) and the next one sent late, bunched into the cycle after (a DAW under load):
+    the gap is no whole number of periods, so the loss is not seen at once. The pulses after it sit a whole period
+    off the tempo line at the same tempo: the follower counts the lost pulse then, instead of a pulse behind for
+    good."""
+    follower = MidiClockFollower()
+    follower.handle(START, 0.0)
+    times = pulses(120.0, 8.0, jitter_s=1e-5)
+    period = 60.0 / (120.0 * PULSES_PER_BEAT)
+    for k, at in enumerate(times):
+        if k == 150:
+            continue
+        follower.handle(CLOCK, at + (0.35 * period if k == 151 else 0.0))
+        if k > 151 + PULSES_PER_BEAT:
+            state = follower.state(times[k])
+            assert state.beats == pytest.approx(k / PULSES_PER_BEAT, abs=0.3 / PULSES_PER_BEAT), f"pulse {k}: {state}"
+    assert follower.bpm == pytest.approx(120.0, abs=0.01)

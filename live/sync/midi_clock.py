@@ -7,7 +7,10 @@ at most the last `window_s` seconds of them: the pulses' jitter averages out ove
 MIDI once per process cycle, 21 ms at 1024 frames, more than a pulse at 120 BPM), so the tempo settles to a small
 fraction of a BPM. A tempo change is told from jitter by the mean offset of the last `RECENT_PULSES` pulses from the
 line: a mean of jitter never goes beyond the largest offset of the pulses before them, a new tempo's drift does; then
-the line restarts with those pulses (the new tempo is measured from there, not averaged with the old one).
+the line restarts with those pulses (the new tempo is measured from there, not averaged with the old one). Pulses that
+sit a whole number of periods off the line at its tempo were miscounted (a loss unseen, a late pulse taken for a
+loss: an xrun's doing on a loaded machine), and are counted again from the line, so the beat is never a pulse off
+for good.
 Position: beats since the song's start, from the line (smoothed, not the last pulse's arrival); Start sets it to 0,
 Song Position Pointer (in sixteenths) sets it while stopped, Continue plays on from it.
 """
@@ -28,6 +31,7 @@ MIN_PULSES = 6  # pulses before a tempo is reported (a quarter of a beat)
 GAP_PULSES = 6  # a silence of this many pulse periods is a paused clock, not a slower tempo
 LOST_PULSE_REACH = 0.25  # pulses this steady (jitter within a quarter period) can tell a lost pulse from a late one
 LOST_PULSE_SLACK = 0.25  # a gap this close to whole periods, then a pulse one period on: pulses were lost
+MISCOUNT_PULSES = 3  # pulses a whole number of periods off the line, at its tempo, that re-count them
 
 
 class MidiClockFollower:
@@ -154,11 +158,35 @@ class MidiClockFollower:
         self._reach = reach / period
         if abs(sum(offsets)) / RECENT_PULSES <= max(reach, self.min_drift * period):
             return None
-        self._held = line
         off_line = 0  # the trailing run of pulses off the old line: the new tempo's
         while off_line < RECENT_PULSES and abs(offsets[-1 - off_line]) > reach:
             off_line += 1
+        miscount = self._miscount(offsets[-off_line:], period) if off_line else None
+        if miscount is not None:
+            if miscount:
+                self._recount(off_line, miscount)
+            return None
+        self._held = line
         return recent[-off_line:] if off_line else recent
+
+    def _miscount(self, offsets: list[float], period: float) -> int | None:
+        """Pulses miscounted by a whole number, or 0 while too few pulses tell it from a new tempo, or None: a new
+        tempo. The pulses off the line sit the same whole number of periods off it (all but the first, which may be
+        a late one that made the count slip): the same tempo, counted wrong (a loss unseen, or a late pulse taken
+        for a loss). A new tempo's pulses drift further off the line with each pulse."""
+        if self._reach is None or self._reach >= LOST_PULSE_REACH:
+            return None  # jitter this wide cannot tell whole periods apart
+        whole = round(offsets[-1] / period)
+        steady = whole != 0 and all(abs(o / period - whole) < LOST_PULSE_SLACK for o in offsets[1:])
+        if not steady:
+            return None
+        return whole if len(offsets) >= MISCOUNT_PULSES else 0
+
+    def _recount(self, pulses: int, by: int) -> None:
+        """The newest `pulses` pulses (and the count) moved `by` whole pulses: the song position is the clock's."""
+        kept = list(self._pulses)
+        self._pulses = deque(kept[:-pulses] + [(at, index + by) for at, index in kept[-pulses:]])
+        self._index += by
 
     def _line(self) -> tuple[float, float] | None:
         """The tempo line through the pulses, or the old tempo's while a new one has too few pulses for its own."""
