@@ -291,3 +291,25 @@ def test_a_lost_pulse_whose_next_pulse_comes_late_is_counted_back_within_a_beat(
             state = follower.state(times[k])
             assert state.beats == pytest.approx(k / PULSES_PER_BEAT, abs=0.3 / PULSES_PER_BEAT), f"pulse {k}: {state}"
     assert follower.bpm == pytest.approx(120.0, abs=0.01)
+
+
+@pytest.mark.parametrize("bunched", [2, 3, 4])
+@pytest.mark.parametrize("late_periods", [0.0, 0.3])
+def test_pulses_a_stalled_sender_sends_bunched_are_neither_a_tempo_nor_a_lost_beat(bunched, late_periods):
+    """A DAW's clock output stalled by an xrun sends the pulses it owes at once when it runs again (the bench's band
+    does: each at the start of the cycle after). Bunched, they sat off the tempo line and were taken for a new tempo
+    measured from them (30 to 280 BPM off: a loop regenerated at a wrong tempo on a loaded machine); now they are
+    counted, the tempo holds within 0.1 BPM and the beat with the clock's."""
+    follower = MidiClockFollower()
+    follower.handle(START, 0.0)
+    period = 60.0 / (120.0 * PULSES_PER_BEAT)
+    worst = 0.0
+    for k in range(400):
+        at = k * period
+        if 200 <= k < 200 + bunched:
+            at = (200 + bunched - 1 + late_periods) * period
+        follower.handle(CLOCK, at)
+        if k > 150:
+            worst = max(worst, abs(follower.bpm - 120.0))
+    assert worst < 0.1, f"the tempo moved {worst:.3f} BPM"
+    assert follower.state(399 * period).beats == pytest.approx(399 / PULSES_PER_BEAT, abs=0.3 / PULSES_PER_BEAT)

@@ -18,6 +18,7 @@ Song Position Pointer (in sixteenths) sets it while stopped, Continue plays on f
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 from collections import deque
 
@@ -31,7 +32,9 @@ MIN_PULSES = 6  # pulses before a tempo is reported (a quarter of a beat)
 GAP_PULSES = 6  # a silence of this many pulse periods is a paused clock, not a slower tempo
 LOST_PULSE_REACH = 0.25  # pulses this steady (jitter within a quarter period) can tell a lost pulse from a late one
 LOST_PULSE_SLACK = 0.25  # a gap this close to whole periods, then a pulse one period on: pulses were lost
-MISCOUNT_PULSES = 3  # pulses a whole number of periods off the line, at its tempo, that re-count them
+MISCOUNT_PULSES = 3  # pulses off the line that tell a new tempo, or (a whole number of periods off) a miscount
+BUNCHED = 0.25  # a pulse this many periods after the one before, from a steady clock, was sent late (bunched)
+MAX_TEMPO_RATIO = 4.0  # pulses off the line at a pace beyond this ratio to the old are bunched, not a new tempo
 
 
 class MidiClockFollower:
@@ -120,6 +123,9 @@ class MidiClockFollower:
             else:
                 self._resolve_lost(gap_s)
         self._index += 1
+        steady = self._reach is not None and self._reach < LOST_PULSE_REACH
+        if periods is not None and steady and periods < BUNCHED:  # caught up after a stall: counted, not fitted
+            return
         self._pulses.append((at_s, self._index))
         if periods is not None and self._reach is not None and self._reach < LOST_PULSE_REACH:
             whole = round(periods)
@@ -156,31 +162,39 @@ class MidiClockFollower:
         offsets = [t - (offset + i * period) for t, i in recent]
         reach = max(abs(t - (offset + i * period)) for t, i in older)
         self._reach = reach / period
-        if abs(sum(offsets)) / RECENT_PULSES <= max(reach, self.min_drift * period):
+        near = max(reach, self.min_drift * period)  # a pulse this close to the line is on it
+        if abs(sum(offsets)) / RECENT_PULSES <= near:
             return None
         off_line = 0  # the trailing run of pulses off the old line: the new tempo's
-        while off_line < RECENT_PULSES and abs(offsets[-1 - off_line]) > reach:
+        while off_line < RECENT_PULSES and abs(offsets[-1 - off_line]) > near:
             off_line += 1
-        miscount = self._miscount(offsets[-off_line:], period) if off_line else None
+        if off_line < MISCOUNT_PULSES:  # late pulses back on the line, or a change's first pulses: the next tell
+            return None
+        run = recent[-off_line:]
+        run_line = _fit(run, least=MISCOUNT_PULSES)
+        if run_line is None or not 1 / MAX_TEMPO_RATIO < run_line[0] / period < MAX_TEMPO_RATIO:
+            return None  # pulses bunched (a sender that caught up after a stall): late ones, not a tempo
+        miscount = self._miscount(offsets, off_line, period)
         if miscount is not None:
-            if miscount:
-                self._recount(off_line, miscount)
+            self._recount(off_line, miscount)
             return None
         self._held = line
-        return recent[-off_line:] if off_line else recent
+        return run
 
-    def _miscount(self, offsets: list[float], period: float) -> int | None:
-        """Pulses miscounted by a whole number, or 0 while too few pulses tell it from a new tempo, or None: a new
-        tempo. The pulses off the line sit the same whole number of periods off it (all but the first, which may be
-        a late one that made the count slip): the same tempo, counted wrong (a loss unseen, or a late pulse taken
-        for a loss). A new tempo's pulses drift further off the line with each pulse."""
-        if self._reach is None or self._reach >= LOST_PULSE_REACH:
-            return None  # jitter this wide cannot tell whole periods apart
-        whole = round(offsets[-1] / period)
-        steady = whole != 0 and all(abs(o / period - whole) < LOST_PULSE_SLACK for o in offsets[1:])
-        if not steady:
+    def _miscount(self, offsets: list[float], off_line: int, period: float) -> int | None:
+        """Pulses miscounted by a whole number, or None: a new tempo. `offsets`: the recent pulses' from the line,
+        the last `off_line` of them (at least MISCOUNT_PULSES) off it. A miscount (a loss unseen, or a late pulse
+        taken for a loss: an xrun's doing) is a step of whole periods from where the pulses before sat, the same for
+        every pulse after it but a first late one; a new tempo's pulses drift off the line pulse by pulse. Told by
+        medians, so a clock's jitter and a few late pulses do not hide it."""
+        before, after = offsets[:-off_line][-2 * MISCOUNT_PULSES :], offsets[-off_line:][1:]
+        if len(before) < MISCOUNT_PULSES:
             return None
-        return whole if len(offsets) >= MISCOUNT_PULSES else 0
+        base = statistics.median(before)
+        whole = round((statistics.median(after) - base) / period)
+        if whole and all(abs((o - base) / period - whole) < LOST_PULSE_SLACK for o in after):
+            return whole
+        return None
 
     def _recount(self, pulses: int, by: int) -> None:
         """The newest `pulses` pulses (and the count) moved `by` whole pulses: the song position is the clock's."""
@@ -193,9 +207,10 @@ class MidiClockFollower:
         return _fit(self._pulses) or self._held
 
 
-def _fit(pulses) -> tuple[float, float] | None:
-    """(seconds per pulse, arrival time of pulse index 0) fitted through (arrival, index) pulses; None with too few."""
-    if len(pulses) < MIN_PULSES:
+def _fit(pulses, least: int = MIN_PULSES) -> tuple[float, float] | None:
+    """(seconds per pulse, arrival time of pulse index 0) fitted through (arrival, index) pulses; None with fewer
+    than `least`."""
+    if len(pulses) < least:
         return None
     n = len(pulses)
     mean_i = sum(i for _, i in pulses) / n
