@@ -498,9 +498,13 @@ def test_a_burst_of_200_prompts_never_stalls_the_ticks_and_the_last_one_wins(ses
     assert len(calm) > 5 and len(burst) > 5
     # A stall is prompts encoded in the tick (16 ms each here, 200 of them: seconds). Ticks alone are ~10 ms since
     # the writer decodes on its own thread, and four busy threads (ticks, writer, encoder, OSC parsing 200 messages)
-    # share two cores, so the bound has a 100 ms floor (it was 3 x ~25-35 ms when each tick also decoded).
-    assert burst.max() <= max(3 * np.median(calm), 0.1), (
-        f"a tick waited {burst.max() * 1000:.0f} ms during the burst (median tick {np.median(calm) * 1000:.0f} ms)"
+    # share two cores, so the bound has a 100 ms floor (it was 3 x ~25-35 ms when each tick also decoded). On a
+    # machine loaded beside the test (three CPU hogs) the calm ticks alone already wait up to 110 ms: the floor is
+    # then twice the longest wait measured before the burst, on the same machine at the same load.
+    bound = max(3 * np.median(calm), 0.1, 2 * calm.max())
+    assert burst.max() <= bound, (
+        f"a tick waited {burst.max() * 1000:.0f} ms during the burst (median tick {np.median(calm) * 1000:.0f} ms, "
+        f"longest before it {calm.max() * 1000:.0f} ms)"
     )
     played, _ = read_audio(record)
     assert longest_exact_zero_run(played.numpy()) < 256, "the recording has an exact-zero gap inside the played span"
