@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -44,7 +45,33 @@ CLICK_HZ = 2_000.0  # the metronome: a decaying 2 kHz burst, loudest on its firs
 CLICK_DECAY_S = 0.0015
 CLICK_GAIN = 0.5
 START_FADE_FRAMES = 32  # a start on a given frame fades in over these (no click from a hard edge)
-MAX_LOST_BLOCKS = 200  # an xrun longer than this (seconds) is a stall, not lost time to make up
+MAX_LOST_BLOCKS = 200  # an xrun longer than this (blocks) is a stall, not lost time to make up
+RECENT_BLOCKS = 128  # the blocks whose times on the device's clock tell where its cycles start
+
+
+class DeviceClock:
+    """Where a block's cycle started on the clock the output plays to, from the callback's time on it (PortAudio's
+    stream time: for JACK, JACK's frame counter; else the system clock). A callback wakes late, never early, so the
+    earliest of the recent blocks (device time less frames played) came at its cycle's start; how far a block came
+    after that is its lateness, whole periods of it lost blocks. No allocation per block."""
+
+    def __init__(self, rate: int, blocks: int = RECENT_BLOCKS):
+        self.rate = rate
+        self.offsets = np.full(blocks, np.inf)
+        self.kept = 0
+
+    def late_s(self, device_s: float, played: int) -> float:
+        """How long after its cycle's start a callback at `device_s` with `played` frames played came."""
+        offset = device_s - played / self.rate
+        return offset - min(offset, float(self.offsets.min()))
+
+    def keep(self, device_s: float, played: int) -> None:
+        self.offsets[self.kept % self.offsets.size] = device_s - played / self.rate
+        self.kept += 1
+
+    def restart(self) -> None:
+        """Forget the earlier blocks: the frames played no longer count the device's cycles from them."""
+        self.offsets.fill(np.inf)
 
 
 def click_wave(rate: int) -> np.ndarray:
@@ -65,7 +92,11 @@ def crossfade_rise(frames: int) -> np.ndarray:
 
 
 class BlockRenderer:
-    def __init__(self, buffer: LoopBuffer, blocksize: int, record: np.ndarray | None):
+    def __init__(
+        self, buffer: LoopBuffer, blocksize: int, record: np.ndarray | None, clock: Callable[[], float] = now_s
+    ):
+        """`clock`: the sync clock (a simulated one in tests)."""
+        self.clock = clock
         self.buffer, self.counters, self.reals, self.record = buffer, buffer.counters, buffer.reals, record
         self.heard = False  # a block with sound has played: from then on an all-zero block is a gap
         self.native_id = 0  # the thread the callback runs on, once it ran
@@ -80,24 +111,33 @@ class BlockRenderer:
         self.click = click_wave(buffer.sample_rate)
         self.click_left = 0  # samples of a click begun in an earlier block still to play
         self.applied = self.where()  # (region, shift) the last block was read at
-        self.called_at = float("inf")  # the sync clock at the last callback
+        self.device_clock = DeviceClock(buffer.sample_rate)
 
     def callback(self, outdata: np.ndarray, frames: int, time_info, status) -> None:
         if not self.native_id:  # once: the output process raises this thread's priority from outside
             self.native_id = threading.get_native_id()
-        now = now_s()
+        now = self.clock()
+        device_s = float(time_info.currentTime) or now  # 0.0 where the host API keeps no stream time
+        late_s = self.device_clock.late_s(device_s, int(self.counters[PLAYED]))
         if status.output_underflow:
             self.counters[LATE_BLOCKS] += 1
-            self.make_up(now - self.called_at, frames)
-        self.called_at = now
-        self.render(outdata, frames)
+            late_s -= self.make_up(late_s, frames) * frames / self.buffer.sample_rate
+            if late_s >= frames / self.buffer.sample_rate:  # a stall not made up: its cycle starts from here
+                self.device_clock.restart()
+                late_s = 0.0
+        self.device_clock.keep(device_s, int(self.counters[PLAYED]))
+        self.render(outdata, frames, now - late_s)
 
-    def make_up(self, since_last_s: float, frames: int) -> None:
+    def make_up(self, late_s: float, frames: int) -> int:
         """The device lost whole blocks (an xrun): its clock went on meanwhile, so the frames played do too, and the
-        loop stays in time with it (and with a followed clock) instead of falling behind by the lost blocks."""
-        lost = round(since_last_s * self.buffer.sample_rate / frames) - 1
-        if 0 < lost <= MAX_LOST_BLOCKS:
-            self.counters[PLAYED] += lost * frames
+        loop stays in time with it (and with a followed clock) instead of falling behind by the lost blocks. `late_s`:
+        how long after its cycle's start on the device's clock this callback came; the whole periods of it were
+        played without this output, the rest is a late wake-up. -> the blocks made up."""
+        lost = int(late_s * self.buffer.sample_rate // frames)
+        if not 0 < lost <= MAX_LOST_BLOCKS:
+            return 0
+        self.counters[PLAYED] += lost * frames
+        return lost
 
     def count_gap(self, out: np.ndarray) -> None:
         """An exact-zero block while playing at a non-zero volume is a hole in the loop (the engine fell behind
@@ -200,11 +240,12 @@ class BlockRenderer:
         elif applied != 1.0:
             out *= applied
 
-    def render(self, out: np.ndarray, frames: int) -> None:
+    def render(self, out: np.ndarray, frames: int, at_s: float | None = None) -> None:
+        """The next block into `out`; `at_s`: when its cycle started on the sync clock (default: now)."""
         counters, reals = self.counters, self.reals
         played = int(counters[PLAYED])
         counters[BLOCK_PLAYED] = -1  # the pair below is read as one (LoopBuffer.last_block)
-        reals[BLOCK_TIME] = now_s()
+        reals[BLOCK_TIME] = self.clock() if at_s is None else at_s
         counters[BLOCK_PLAYED] = played
         self.read(out, frames, played)
         target, applied = float(reals[GAIN]), float(reals[APPLIED_GAIN])

@@ -398,9 +398,7 @@ def test_transport_stop_fades_to_silence_within_20_ms_and_play_resumes(session, 
         app.start()
         try:
             client = SimpleUDPClient("127.0.0.1", app.osc.address[1])
-            wait_for(
-                lambda: app.runner.stats.latents >= 2 and app.playback.playhead_frames > 24_000, 30, "audio playing"
-            )
+            play_until_audible(app)
             before_stop = app.playback.playhead_frames
             client.send_message("/flowjam/default/transport", "stop")
             wait_for(lambda: app.buffer.fade_started_frames >= before_stop, 30, "the stop fade")
@@ -434,6 +432,21 @@ def test_transport_stop_fades_to_silence_within_20_ms_and_play_resumes(session, 
         f"not silent 20 ms after stop: peak {np.abs(gap).max():.2e}"
     )
     assert np.abs(played[:, play_fade + 960 : play_fade + 4800]).max() > 1e-3, "play must bring the sound back"
+
+
+def play_until_audible(app: LiveApp, frames: int = 4800, chunk: int = 1024) -> None:
+    """Wait for sound (above -60 dBFS) in every `chunk` of the 2 x `frames` ahead of the playhead (the writer reached
+    it, whenever a loaded machine let it: a fixed wait found nothing written yet), then for `frames` of it to play."""
+    audio = np.zeros((2 * frames, app.buffer.channels), np.float32)
+
+    def sound_ahead() -> tuple[int] | None:
+        at = app.playback.playhead_frames
+        app.buffer.read_into(audio, at + app.buffer.shift)
+        quiet = min(np.abs(audio[start : start + chunk]).max() for start in range(0, 2 * frames, chunk))
+        return (at,) if quiet > 1e-3 else None
+
+    (at,) = wait_for(sound_ahead, 60, "sound written ahead of the playhead")
+    wait_for(lambda: app.playback.playhead_frames >= at + frames, 30, "that sound to play")
 
 
 def longest_exact_zero_run(audio: np.ndarray) -> int:
@@ -485,9 +498,13 @@ def test_a_burst_of_200_prompts_never_stalls_the_ticks_and_the_last_one_wins(ses
     assert len(calm) > 5 and len(burst) > 5
     # A stall is prompts encoded in the tick (16 ms each here, 200 of them: seconds). Ticks alone are ~10 ms since
     # the writer decodes on its own thread, and four busy threads (ticks, writer, encoder, OSC parsing 200 messages)
-    # share two cores, so the bound has a 100 ms floor (it was 3 x ~25-35 ms when each tick also decoded).
-    assert burst.max() <= max(3 * np.median(calm), 0.1), (
-        f"a tick waited {burst.max() * 1000:.0f} ms during the burst (median tick {np.median(calm) * 1000:.0f} ms)"
+    # share two cores, so the bound has a 100 ms floor (it was 3 x ~25-35 ms when each tick also decoded). On a
+    # machine loaded beside the test (three CPU hogs) the calm ticks alone already wait up to 110 ms: the floor is
+    # then twice the longest wait measured before the burst, on the same machine at the same load.
+    bound = max(3 * np.median(calm), 0.1, 2 * calm.max())
+    assert burst.max() <= bound, (
+        f"a tick waited {burst.max() * 1000:.0f} ms during the burst (median tick {np.median(calm) * 1000:.0f} ms, "
+        f"longest before it {calm.max() * 1000:.0f} ms)"
     )
     played, _ = read_audio(record)
     assert longest_exact_zero_run(played.numpy()) < 256, "the recording has an exact-zero gap inside the played span"

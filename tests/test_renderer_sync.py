@@ -130,9 +130,9 @@ def test_blocks_the_device_lost_are_made_up_so_the_loop_keeps_time():
     buffer = ramp_loop(SR)
     try:
         renderer = BlockRenderer(buffer, BLOCK, None)
-        renderer.make_up(3 * BLOCK / SR, BLOCK)  # the callback came three blocks after the last: two were lost
+        assert renderer.make_up(2.3 * BLOCK / SR, BLOCK) == 2  # 2.3 periods after its cycle's start: two lost
         assert buffer.played_frames == 2 * BLOCK
-        renderer.make_up(1.4 * BLOCK / SR, BLOCK)  # a late wake-up, nothing lost
+        assert renderer.make_up(0.9 * BLOCK / SR, BLOCK) == 0  # a wake-up most of a period late, nothing lost
         assert buffer.played_frames == 2 * BLOCK
         block = render(renderer)
         np.testing.assert_allclose(block, (2 * BLOCK + np.arange(BLOCK)) / SR, atol=1e-6)

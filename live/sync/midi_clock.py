@@ -7,7 +7,10 @@ at most the last `window_s` seconds of them: the pulses' jitter averages out ove
 MIDI once per process cycle, 21 ms at 1024 frames, more than a pulse at 120 BPM), so the tempo settles to a small
 fraction of a BPM. A tempo change is told from jitter by the mean offset of the last `RECENT_PULSES` pulses from the
 line: a mean of jitter never goes beyond the largest offset of the pulses before them, a new tempo's drift does; then
-the line restarts with those pulses (the new tempo is measured from there, not averaged with the old one).
+the line restarts with those pulses (the new tempo is measured from there, not averaged with the old one). Pulses that
+sit a whole number of periods off the line at its tempo were miscounted (a loss unseen, a late pulse taken for a
+loss: an xrun's doing on a loaded machine), and are counted again from the line, so the beat is never a pulse off
+for good.
 Position: beats since the song's start, from the line (smoothed, not the last pulse's arrival); Start sets it to 0,
 Song Position Pointer (in sixteenths) sets it while stopped, Continue plays on from it.
 """
@@ -15,6 +18,7 @@ Song Position Pointer (in sixteenths) sets it while stopped, Continue plays on f
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 from collections import deque
 
@@ -28,6 +32,9 @@ MIN_PULSES = 6  # pulses before a tempo is reported (a quarter of a beat)
 GAP_PULSES = 6  # a silence of this many pulse periods is a paused clock, not a slower tempo
 LOST_PULSE_REACH = 0.25  # pulses this steady (jitter within a quarter period) can tell a lost pulse from a late one
 LOST_PULSE_SLACK = 0.25  # a gap this close to whole periods, then a pulse one period on: pulses were lost
+MISCOUNT_PULSES = 3  # pulses off the line that tell a new tempo, or (a whole number of periods off) a miscount
+BUNCHED = 0.25  # a pulse this many periods after the one before, from a steady clock, was sent late (bunched)
+MAX_TEMPO_RATIO = 4.0  # pulses off the line at a pace beyond this ratio to the old are bunched, not a new tempo
 
 
 class MidiClockFollower:
@@ -116,6 +123,9 @@ class MidiClockFollower:
             else:
                 self._resolve_lost(gap_s)
         self._index += 1
+        steady = self._reach is not None and self._reach < LOST_PULSE_REACH
+        if periods is not None and steady and periods < BUNCHED:  # caught up after a stall: counted, not fitted
+            return
         self._pulses.append((at_s, self._index))
         if periods is not None and self._reach is not None and self._reach < LOST_PULSE_REACH:
             whole = round(periods)
@@ -152,22 +162,55 @@ class MidiClockFollower:
         offsets = [t - (offset + i * period) for t, i in recent]
         reach = max(abs(t - (offset + i * period)) for t, i in older)
         self._reach = reach / period
-        if abs(sum(offsets)) / RECENT_PULSES <= max(reach, self.min_drift * period):
+        near = max(reach, self.min_drift * period)  # a pulse this close to the line is on it
+        if abs(sum(offsets)) / RECENT_PULSES <= near:
+            return None
+        off_line = 0  # the trailing run of pulses off the old line: the new tempo's
+        while off_line < RECENT_PULSES and abs(offsets[-1 - off_line]) > near:
+            off_line += 1
+        if off_line < MISCOUNT_PULSES:  # late pulses back on the line, or a change's first pulses: the next tell
+            return None
+        run = recent[-off_line:]
+        run_line = _fit(run, least=MISCOUNT_PULSES)
+        if run_line is None or not 1 / MAX_TEMPO_RATIO < run_line[0] / period < MAX_TEMPO_RATIO:
+            return None  # pulses bunched (a sender that caught up after a stall): late ones, not a tempo
+        miscount = self._miscount(offsets, off_line, period)
+        if miscount is not None:
+            self._recount(off_line, miscount)
             return None
         self._held = line
-        off_line = 0  # the trailing run of pulses off the old line: the new tempo's
-        while off_line < RECENT_PULSES and abs(offsets[-1 - off_line]) > reach:
-            off_line += 1
-        return recent[-off_line:] if off_line else recent
+        return run
+
+    def _miscount(self, offsets: list[float], off_line: int, period: float) -> int | None:
+        """Pulses miscounted by a whole number, or None: a new tempo. `offsets`: the recent pulses' from the line,
+        the last `off_line` of them (at least MISCOUNT_PULSES) off it. A miscount (a loss unseen, or a late pulse
+        taken for a loss: an xrun's doing) is a step of whole periods from where the pulses before sat, the same for
+        every pulse after it but a first late one; a new tempo's pulses drift off the line pulse by pulse. Told by
+        medians, so a clock's jitter and a few late pulses do not hide it."""
+        before, after = offsets[:-off_line][-2 * MISCOUNT_PULSES :], offsets[-off_line:][1:]
+        if len(before) < MISCOUNT_PULSES:
+            return None
+        base = statistics.median(before)
+        whole = round((statistics.median(after) - base) / period)
+        if whole and all(abs((o - base) / period - whole) < LOST_PULSE_SLACK for o in after):
+            return whole
+        return None
+
+    def _recount(self, pulses: int, by: int) -> None:
+        """The newest `pulses` pulses (and the count) moved `by` whole pulses: the song position is the clock's."""
+        kept = list(self._pulses)
+        self._pulses = deque(kept[:-pulses] + [(at, index + by) for at, index in kept[-pulses:]])
+        self._index += by
 
     def _line(self) -> tuple[float, float] | None:
         """The tempo line through the pulses, or the old tempo's while a new one has too few pulses for its own."""
         return _fit(self._pulses) or self._held
 
 
-def _fit(pulses) -> tuple[float, float] | None:
-    """(seconds per pulse, arrival time of pulse index 0) fitted through (arrival, index) pulses; None with too few."""
-    if len(pulses) < MIN_PULSES:
+def _fit(pulses, least: int = MIN_PULSES) -> tuple[float, float] | None:
+    """(seconds per pulse, arrival time of pulse index 0) fitted through (arrival, index) pulses; None with fewer
+    than `least`."""
+    if len(pulses) < least:
         return None
     n = len(pulses)
     mean_i = sum(i for _, i in pulses) / n
