@@ -196,6 +196,34 @@ def assert_close_latents(latents: dict, reference: dict, tolerance: float = 2e-2
 
 
 @contextlib.contextmanager
+def jack_timebase_master(server: str, name: str, bpm: float, beats_per_bar: int, ticks_per_beat: float = 1920.0):
+    """A JACK client that is the timebase master (as a DAW would be): bar/beat/tick at `bpm` in `beats_per_bar`/4,
+    from the transport frame. Yields the client; its transport is stopped and the client closed at the end."""
+    import jack
+
+    client = jack.Client(name, no_start_server=True, servername=server)
+
+    def timebase(state, blocksize, pos, new_pos):
+        beats = pos.frame / pos.frame_rate * bpm / 60.0
+        bar, beat = divmod(int(beats), beats_per_bar)
+        pos.valid |= jack.POSITION_BBT
+        pos.bar, pos.beat = bar + 1, beat + 1
+        pos.tick = int((beats - int(beats)) * ticks_per_beat)
+        pos.bar_start_tick = bar * beats_per_bar * ticks_per_beat
+        pos.beats_per_bar, pos.beat_type = float(beats_per_bar), 4.0
+        pos.ticks_per_beat, pos.beats_per_minute = ticks_per_beat, bpm
+
+    client.set_timebase_callback(timebase)
+    client.activate()
+    try:
+        yield client
+    finally:
+        client.transport_stop()
+        client.deactivate()
+        client.close()
+
+
+@contextlib.contextmanager
 def no_host_sync():
     """Inside, any CUDA call that synchronises the host with the device raises."""
     import torch

@@ -6,7 +6,7 @@ import time
 
 import pytest
 from flowjam.live.sync.jack_transport import JackTransportFollower, clock_state
-from helpers import wait_for
+from helpers import jack_timebase_master, wait_for
 
 BPM, BEATS_PER_BAR, TICKS_PER_BEAT = 128.0, 3.0, 1920.0
 
@@ -14,26 +14,8 @@ BPM, BEATS_PER_BAR, TICKS_PER_BEAT = 128.0, 3.0, 1920.0
 @pytest.fixture
 def timebase_master(jack_server):
     """A JACK client that is the timebase master: bar/beat/tick at 128 BPM in 3/4 from the transport frame."""
-    import jack
-
-    client = jack.Client("fj-timebase", no_start_server=True, servername=jack_server)
-
-    def timebase(state, blocksize, pos, new_pos):
-        beats = pos.frame / pos.frame_rate * BPM / 60.0
-        bar, beat = divmod(int(beats), int(BEATS_PER_BAR))
-        pos.valid |= jack.POSITION_BBT
-        pos.bar, pos.beat = bar + 1, beat + 1
-        pos.tick = int((beats - int(beats)) * TICKS_PER_BEAT)
-        pos.bar_start_tick = bar * BEATS_PER_BAR * TICKS_PER_BEAT
-        pos.beats_per_bar, pos.beat_type = BEATS_PER_BAR, 4.0
-        pos.ticks_per_beat, pos.beats_per_minute = TICKS_PER_BEAT, BPM
-
-    client.set_timebase_callback(timebase)
-    client.activate()
-    yield client
-    client.transport_stop()
-    client.deactivate()
-    client.close()
+    with jack_timebase_master(jack_server, "fj-timebase", BPM, int(BEATS_PER_BAR), TICKS_PER_BEAT) as client:
+        yield client
 
 
 def test_the_follower_reads_tempo_metre_play_stop_and_locate_from_the_timebase_master(timebase_master, jack_server):

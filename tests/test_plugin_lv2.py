@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 from daw_host import BAR_FRAMES, BPM, RATE, SESSION, click_onset_near
-from helpers import wait_for
+from helpers import jack_timebase_master, wait_for
 from plugin_build import build
 
 BEATS, TICKS_PER_BEAT = 4, 1920.0
@@ -81,26 +81,8 @@ def lv2_bundle():
 @pytest.fixture
 def timebase_master(jack_server):
     """The timebase master: 123 BPM in 4/4, bar/beat/tick from the transport frame (as Ardour's would be)."""
-    import jack
-
-    client = jack.Client("fj-lv2-timebase", no_start_server=True, servername=jack_server)
-
-    def timebase(state, blocksize, pos, new_pos):
-        beats = pos.frame / pos.frame_rate * BPM / 60.0
-        bar, beat = divmod(int(beats), BEATS)
-        pos.valid |= jack.POSITION_BBT
-        pos.bar, pos.beat = bar + 1, beat + 1
-        pos.tick = int((beats - int(beats)) * TICKS_PER_BEAT)
-        pos.bar_start_tick = bar * BEATS * TICKS_PER_BEAT
-        pos.beats_per_bar, pos.beat_type = float(BEATS), 4.0
-        pos.ticks_per_beat, pos.beats_per_minute = TICKS_PER_BEAT, BPM
-
-    client.set_timebase_callback(timebase)
-    client.activate()
-    yield client
-    client.transport_stop()
-    client.deactivate()
-    client.close()
+    with jack_timebase_master(jack_server, "fj-lv2-timebase", BPM, BEATS, TICKS_PER_BEAT) as client:
+        yield client
 
 
 def test_lv2_in_jalv_clicks_on_the_jack_timebase_masters_bar_lines(
