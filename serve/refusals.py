@@ -43,19 +43,6 @@ def behind(interval_ms: float, target_ms: float) -> str:
     )
 
 
-def not_measured(waited_s: float, target_ms: float) -> str:
-    """The ring gave no measurement of its sessions' latents in the time it should have given several."""
-    return (
-        f"this host is behind: its sessions had too few fresh latents in {waited_s:.1f} s to measure (each needs "
-        f"one every {target_ms:.0f} ms); {ELSEWHERE}"
-    )
-
-
-def still_starting(waited_s: float) -> str:
-    """A session playing here has made no latent in all the time a start may take."""
-    return f"this host is still starting a session after {waited_s:.0f} s: {ELSEWHERE}"
-
-
 def admission(error: AdmissionRefused, caller: str, depth: int | None = None) -> str:
     """Admission control's refusal of a new session (`depth` None) or of `caller`'s deeper `depth`, with the ring's
     numbers and the caller's own; a need that another session would miss is said without its name or settings."""

@@ -106,7 +106,7 @@ def test_admissions_refusal_of_a_deeper_depth_names_only_the_callers_session():
 
 
 def test_creates_take_turns_so_two_are_never_let_in_on_one_measurement(session, monkeypatch):
-    monkeypatch.setattr(admission_module, "SETTLE_S", 0.2)
+    monkeypatch.setattr(admission_module, "SETTLE_S", 2.0)  # time for the first session's latents to be measured
     host = RingHost(session, latent_interval_ms=TIGHT_MS)  # the first is let in (nothing to measure), none after
     outcomes: list[str] = []
 
@@ -169,31 +169,17 @@ def test_a_loop_of_too_many_bars_is_refused_in_bars_with_the_real_limit(session)
         host.close()
 
 
-def test_a_create_waits_for_a_session_still_making_its_first_latent_and_measures_it_from_then(monkeypatch):
-    """A host's first session compiles before its first latent (seconds on a GPU): a create meanwhile waits for it
-    and measures the ring from the first latent on, instead of refusing the host as behind; a session that makes
-    no latent at all is refused as still starting, once STARTING_WAIT_S has passed."""
+def test_a_create_is_not_refused_for_want_of_a_measurement_while_a_session_makes_its_first_latents(monkeypatch):
+    """A host's first session compiles before its first latent (seconds on a GPU): a create meanwhile is not refused
+    as behind for want of a measurement; it waits `wait_s` at the most and the prediction judges it then."""
     from flowjam.serve.admission import Admission
 
-    target_ms = 50.0
     monkeypatch.setattr(admission_module, "SETTLE_S", 0.0)
-    admission = Admission(target_ms)  # measured within wait_s = 0.6 s of the sessions playing
+    admission = Admission(50.0)  # wait_s = 0.6 s
     admission.changed()
-    times: list[float] = []
-
-    def first_latents_late() -> None:
-        time.sleep(admission.wait_s + 0.5)  # past the window counted from the change
-        for _ in range(3):
-            times.append(time.perf_counter())
-            time.sleep(target_ms / 4000.0)
-
-    threading.Thread(target=first_latents_late, daemon=True).start()
-    admission.check(lambda: [times])  # returns: measured once playing, within the target
-
-    monkeypatch.setattr(admission_module, "STARTING_WAIT_S", 0.3)
-    admission.changed()
-    with pytest.raises(SessionRefused, match="still starting a session"):
-        admission.check(lambda: [[]])
+    started = time.perf_counter()
+    admission.check(lambda: [[]])  # a session with no latent yet: let in, after the wait
+    assert admission.wait_s <= time.perf_counter() - started < admission.wait_s + 0.5
 
 
 def test_a_ring_over_its_target_while_a_new_session_settles_is_judged_once_it_has_settled(monkeypatch):
