@@ -1,8 +1,9 @@
 """Who may join a host's ring, by what it measures: a new session is let in only while every session playing gets
 its fresh latents within the target interval, measured since the ring last changed (a session let in or ended).
-Creates take turns (`turn`), so two are never let in on one measurement: the second waits until the ring has been
-measured with the first playing, unless every session's latest latents came well within the target (HEADROOM). Admission
-control's prediction (`engine/stream/lanes.py`) then has its say too."""
+Creates take turns (`turn`); a ring that a measurement puts near its target (HEADROOM) is measured again after the last
+change before another session is let in, so two are never let in on one measurement of a ring near or over its target.
+A ring with no measurement yet is judged by admission control's prediction (`engine/stream/lanes.py`), which has its
+say after this in any case."""
 
 from __future__ import annotations
 
@@ -72,11 +73,10 @@ class Admission:
             time.sleep(POLL_S)
 
     def _comfortable(self, sessions: list[list[float]]) -> bool:
-        """Whether the ring is well within its target: every session measured so far (MEASURED_LATENTS latents, since
-        the ring changed or not) got its latest latents within HEADROOM of it, and one was. One more session cannot
-        take such a ring past it, and the prediction still has its say; sessions still making their first latents
-        are not waited for then. A ring nearer its target is measured again after the last change first."""
+        """Whether nothing measured says the ring is near its target: every session measured so far (MEASURED_LATENTS
+        latents, since the ring changed or not) got its latest latents within HEADROOM of it, or none is measured yet
+        (the prediction has its say then). A ring nearer its target is measured again after the last change first."""
         now = time.perf_counter()
         intervals = [latent_interval_ms(times, float("-inf"), now) for times in sessions]
         measured = [interval for interval in intervals if interval is not None]
-        return bool(measured) and max(measured) <= HEADROOM * self.target_ms
+        return not measured or max(measured) <= HEADROOM * self.target_ms
