@@ -40,6 +40,7 @@ SESSIONS = 6
 CHUNKS_TO_PLAY = 20  # 1 s of audio
 SILENT_RUN = 10  # consecutive all-zero chunks that show volume 0 reached the audio
 WAIT_S = 15.0  # the longest any expected thing may take to show up
+CALL_WAIT_S = 45.0  # the longest a call may take: a create on a replica whose CPU ring already plays 7 sessions
 LOST_WITHIN_S = 5.0  # a killed replica's sessions say so this soon
 
 
@@ -126,7 +127,7 @@ def status_code(call: Callable[[], object]) -> int:
 
 
 def test_sessions_keep_their_replica_and_outlive_another_replica(server):
-    client = Client(server, timeout_s=WAIT_S, key=KEY)
+    client = Client(server, timeout_s=CALL_WAIT_S, key=KEY)
     names = [f"jam-{index}" for index in range(SESSIONS)]
     placed = {name: client.create(PROMPT, seconds=LOOP_S, name=name)["replica"] for name in names}
     assert len(set(placed.values())) == 2, f"{SESSIONS} sessions should spread over both replicas: {placed}"
@@ -265,7 +266,7 @@ def test_a_stalled_client_behind_the_ray_proxy_finds_at_most_the_window_waiting(
     from stall_probe import stall_and_drain
 
     window_s = pytest.importorskip("flowjam.serve.protocol").ACK_WINDOW_FRAMES / 48_000
-    client = Client(server, timeout_s=WAIT_S, key=KEY)
+    client = Client(server, timeout_s=CALL_WAIT_S, key=KEY)
     name = client.create(PROMPT, seconds=LOOP_S, name="stalled")["session"]
     try:
         stall = stall_and_drain(client, name, stall_s=2 * window_s)
