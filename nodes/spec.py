@@ -119,7 +119,7 @@ class NodeSpec:
                 kinds, wanted = WIDGET_VALUES[param.type]
                 if not isinstance(value, kinds) or (param.type != "BOOLEAN" and isinstance(value, bool)):
                     return f"{node}: input '{param.name}' takes {wanted}, got {value!r}"
-            elif param.type in SOCKET_TYPES and isinstance(value, (str, int, float, bool)):
+            elif param.type in SOCKET_TYPES and param.type != STREAM and isinstance(value, (str, int, float, bool)):
                 return (
                     f"{node}: input '{param.name}' takes the {param.type} output of another node, got the value "
                     f'{value!r}; connect it to a node\'s output (in a /prompt body: ["<node id>", <output index>])'
