@@ -35,11 +35,16 @@ def one_request_length(seconds: float) -> str:
     )
 
 
+def ms(value: float) -> str:
+    """A time in milliseconds as a person reads it: whole above 10 ms, two significant digits below."""
+    return f"{value:.0f} ms" if value >= 10 else f"{value:.2g} ms"
+
+
 def behind(interval_ms: float, target_ms: float) -> str:
     """The ring already misses its real-time need: measured, not predicted."""
     return (
-        f"this host is behind: a session playing here gets a fresh latent every ~{interval_ms:.0f} ms, over the "
-        f"{target_ms:.0f} ms each needs; {ELSEWHERE}"
+        f"this host is behind: a session playing here gets a fresh latent every ~{ms(interval_ms)}, over the "
+        f"{ms(target_ms)} each needs; {ELSEWHERE}"
     )
 
 
@@ -52,14 +57,14 @@ def admission(error: AdmissionRefused, caller: str, depth: int | None = None) ->
     assert need is not None, "admission control refuses only for a lane's need"
     ring = (
         f"{what}: {joined} this host's ring would run {error.rows} rows a tick, measured to take "
-        f"~{error.predicted_ms:.0f} ms"
+        f"~{ms(error.predicted_ms)}"
     )
     if lane.name == caller:
         missed = (
             f"this session (depth {lane.depth}, {need.steps} steps) needs a tick within "
-            f"{need.max_tick_ms(lane.depth):.0f} ms to get a latent every {need.latent_interval_ms:.0f} ms"
+            f"{ms(need.max_tick_ms(lane.depth))} to get a latent every {ms(need.latent_interval_ms)}"
         )
     else:
-        missed = f"another session playing here would no longer get a latent every {need.latent_interval_ms:.0f} ms"
+        missed = f"another session playing here would no longer get a latent every {ms(need.latent_interval_ms)}"
     fix = "keep the depth lower" if depth is not None else f"lower its depth or steps, or {ELSEWHERE}"
     return f"{ring}, but {missed}; {fix}"
