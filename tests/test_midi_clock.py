@@ -313,3 +313,39 @@ def test_pulses_a_stalled_sender_sends_bunched_are_neither_a_tempo_nor_a_lost_be
             worst = max(worst, abs(follower.bpm - 120.0))
     assert worst < 0.1, f"the tempo moved {worst:.3f} BPM"
     assert follower.state(399 * period).beats == pytest.approx(399 / PULSES_PER_BEAT, abs=0.3 / PULSES_PER_BEAT)
+
+
+@pytest.mark.parametrize("cycle_frames", [None, 256])
+@pytest.mark.parametrize("lost", [{1}, {3}, {5}, {2, 9}, {3, 15, 16}])
+def test_pulses_lost_unsaid_in_the_first_beat_are_counted_by_the_next_bar(lost, cycle_frames):
+    """Pulses lost in the first beat after Start, unsaid, before the clock's tempo and jitter are known: their gaps
+    went by as jitter and the beat stayed a pulse behind for good (20.8 ms at 120 BPM). Once two more beats know the
+    line, the first beat's pulses a whole period off it are counted again: from the next bar line (pulse 96) on,
+    the beat is the clock's."""
+    follower = MidiClockFollower()
+    follower.handle(START, 0.0)
+    times = pulses(120.0, 8.0, jitter_s=1e-5)
+    if cycle_frames is not None:
+        times = in_jack_cycles(times, cycle_frames)
+    latency = 0.0 if cycle_frames is None else 0.075  # a JACK cycle hands the pulses over late by this much
+    for k, at in enumerate(times):
+        if k in lost:
+            continue
+        follower.handle(CLOCK, at)
+        if k >= 4 * PULSES_PER_BEAT:
+            beats = follower.state(at).beats
+            assert beats == pytest.approx((k - latency) / PULSES_PER_BEAT, abs=0.3 / PULSES_PER_BEAT), f"pulse {k}"
+    assert follower.bpm == pytest.approx(120.0, abs=0.01)
+
+
+def test_a_pulse_lost_before_start_does_not_move_the_song():
+    """A DAW's clock runs while it is stopped; a pulse lost then (unsaid) is counted again by the first-beat check,
+    but the song starts at Start's pulse, so its beat is counted from there either way."""
+    follower = MidiClockFollower()
+    times = pulses(120.0, 6.0, jitter_s=1e-5)
+    for k, at in enumerate(times):
+        if k == 12:
+            follower.handle(START, at - 0.001)
+        if k != 3:
+            follower.handle(CLOCK, at)
+    assert follower.state(times[-1]).beats == pytest.approx((len(times) - 1 - 12) / PULSES_PER_BEAT, abs=0.01)

@@ -10,7 +10,8 @@ line: a mean of jitter never goes beyond the largest offset of the pulses before
 the line restarts with those pulses (the new tempo is measured from there, not averaged with the old one). Pulses that
 sit a whole number of periods off the line at its tempo were miscounted (a loss unseen, a late pulse taken for a
 loss: an xrun's doing on a loaded machine), and are counted again from the line, so the beat is never a pulse off
-for good.
+for good; pulses lost in a line's first beat, before its tempo and jitter are known, are counted once two more beats
+have fitted it (`_recount_first`).
 Position: beats since the song's start, from the line (smoothed, not the last pulse's arrival); Start sets it to 0,
 Song Position Pointer (in sixteenths) sets it while stopped, Continue plays on from it.
 """
@@ -34,6 +35,7 @@ LOST_PULSE_REACH = 0.25  # pulses this steady (jitter within a quarter period) c
 LOST_PULSE_SLACK = 0.25  # a gap this close to whole periods, then a pulse one period on: pulses were lost
 MISCOUNT_PULSES = 3  # pulses off the line that tell a new tempo, or (a whole number of periods off) a miscount
 BUNCHED = 0.25  # a pulse this many periods after the one before, from a steady clock, was sent late (bunched)
+FIRST_CHECK_PULSES = 3 * RECENT_PULSES  # a line's first beat checked for lost pulses once two more beats are fitted
 MAX_TEMPO_RATIO = 4.0  # pulses off the line at a pace beyond this ratio to the old are bunched, not a new tempo
 
 
@@ -53,6 +55,8 @@ class MidiClockFollower:
         self._reach: float | None = None  # the pulses' largest offset from their line, in periods (their jitter)
         self._suspect: tuple[int, float] | None = None  # (pulses perhaps lost before the newest, the period then)
         self._lost_s = 0.0  # seconds of messages the port says it lost since the last pulse
+        self._first: list[tuple[float, int]] | None = []  # the line's first beat of pulses; None once checked
+        self._line_pulses = 0  # pulses fitted since the line (re)started
 
     def lost(self, seconds: float) -> None:
         """The port lost `seconds` of messages since the last one (a JACK client that missed a process cycle never
@@ -120,6 +124,7 @@ class MidiClockFollower:
             if periods > GAP_PULSES:
                 self._pulses.clear()  # the clock paused (many DAWs stop it with the transport): a new line from here
                 self._held, self._suspect, periods = None, None, None
+                self._restart_line()
             else:
                 self._resolve_lost(gap_s)
         self._index += 1
@@ -127,6 +132,11 @@ class MidiClockFollower:
         if periods is not None and steady and periods < BUNCHED:  # caught up after a stall: counted, not fitted
             return
         self._pulses.append((at_s, self._index))
+        self._line_pulses += 1
+        if self._first is not None and len(self._first) < RECENT_PULSES:
+            self._first.append((at_s, self._index))
+        elif self._first is not None and self._line_pulses >= FIRST_CHECK_PULSES:
+            self._recount_first()
         if periods is not None and self._reach is not None and self._reach < LOST_PULSE_REACH:
             whole = round(periods)
             if whole >= 2 and abs(periods - whole) < LOST_PULSE_SLACK:  # pulses lost on the way, or a slower tempo:
@@ -136,6 +146,34 @@ class MidiClockFollower:
         kept = self._new_tempo()
         if kept is not None:
             self._pulses = deque(kept)  # a new tempo, measured from its own pulses
+            self._first, self._line_pulses = list(kept[:RECENT_PULSES]), len(kept)
+
+    def _restart_line(self) -> None:
+        self._first, self._line_pulses = [], 0
+
+    def _recount_first(self) -> None:
+        """Pulses lost (or one too many counted) among a line's first beat, before its tempo and its jitter were
+        known: the lost pulse's gap went by as jitter and every pulse after it was counted short, a pulse off for
+        good. Once the pulses after that beat know the line and its reach (FIRST_CHECK_PULSES), the first beat's
+        pulses that sit a whole number of periods off it tell where and how many: the pulses after each such step
+        are counted again. Left as they are where the clock's jitter is too wide to tell whole periods apart."""
+        first, self._first = self._first or [], None
+        later = [(t, i) for t, i in self._pulses if i > first[-1][1]]
+        line = _fit(later, least=2 * RECENT_PULSES)
+        if line is None:
+            return
+        period, offset = line
+        reach = max(abs(t - (offset + i * period)) for t, i in later) / period
+        if reach >= LOST_PULSE_REACH:
+            return
+        offsets = [(t - (offset + i * period)) / period for t, i in first]
+        steps = [round(o) for o in offsets]
+        if any(abs(o - w) >= LOST_PULSE_SLACK for o, w in zip(offsets, steps)):
+            return  # not whole periods: the line's first beat had another tempo
+        boundaries = zip([*first[1:], later[0]], steps, [*steps[1:], 0])
+        for (_, index), before, after in reversed(list(boundaries)):  # the newest first: older counts stay valid
+            if after != before:
+                self._recount_from(index, after - before)
 
     def _resolve_lost(self, gap_s: float) -> None:
         """After a gap of whole periods, a pulse one of those periods on means the pulses in the gap were lost on
@@ -198,9 +236,15 @@ class MidiClockFollower:
 
     def _recount(self, pulses: int, by: int) -> None:
         """The newest `pulses` pulses (and the count) moved `by` whole pulses: the song position is the clock's."""
-        kept = list(self._pulses)
-        self._pulses = deque(kept[:-pulses] + [(at, index + by) for at, index in kept[-pulses:]])
+        self._recount_from(self._pulses[-pulses][1], by)
+
+    def _recount_from(self, index: int, by: int) -> None:
+        """The pulses from count `index` on (and the count) moved `by` whole pulses: the song position is the
+        clock's. A Start heard among them moves with them (the song began at its pulse, whatever it is counted)."""
+        self._pulses = deque((at, i + by if i >= index else i) for at, i in self._pulses)
         self._index += by
+        if self._origin >= index:
+            self._origin += by
 
     def _line(self) -> tuple[float, float] | None:
         """The tempo line through the pulses, or the old tempo's while a new one has too few pulses for its own."""
