@@ -108,7 +108,8 @@ def report_sessions(r, count: int, args: argparse.Namespace) -> None:
         f"{r.latent_interval_ms:.0f} ms (slowest session: {r.cycles_per_latent:.2f} ring cycles of "
         f"{r.latent_interval_ms / r.cycles_per_latent:.1f} ms; {r.restarting_interval_ms:.0f} ms while a per-request "
         f"knob restarts the slots), {r.errors} errors -> {verdict}\n"
-        f"    tick graphs settled {settled(r.settle_s)} after the sessions started\n"
+        f"    tick graphs settled {settled(r.settle_s)} after the last session started (target 5 s; the sessions "
+        f"started over {r.starting_s:.1f} s, admission measuring the ring between creates)\n"
         f"    ring cycle {p.cycle_ms:.1f} ms: runners {p.runners_ms:.1f} + tick {p.tick_ms:.1f} + hand-out "
         f"{p.handout_ms:.1f} + other {p.cycle_ms - p.runners_ms - p.tick_ms - p.handout_ms:.1f} ms"
     )

@@ -30,7 +30,8 @@ class SessionsReport:
     latent_interval_ms: float  # the slowest session's mean time between fresh latents while shared knobs move
     restarting_interval_ms: float  # the same while a per-request knob moves (each change restarts the slots)
     cycles_per_latent: float  # ring cycles between the slowest session's fresh latents while shared knobs move
-    settle_s: float | None  # sessions started -> the ring's tick graphs settled (None: not within SETTLE_TIMEOUT_S)
+    starting_s: float  # the first create -> the last session started (admission measures the ring between creates)
+    settle_s: float | None  # the last session started -> the ring's tick graphs settled (None: not within the timeout)
     touch_settle_s: tuple[float | None, ...]  # each knob's first touch -> settled again (its new plans captured)
     knobs: list[LatencySummary]  # over every session's trials
     errors: int
@@ -124,9 +125,10 @@ def measure_sessions(
             except SessionRefused as error:
                 refused = str(error)
                 break
+        all_started = time.monotonic()
         runners = [host.runner(name) for name in host.names()]
         _wait(lambda: all(r.stats.writes > 1 for r in runners), 600, "every session's first writes")
-        settle_s = _settle(host, creating)
+        settle_s = _settle(host, all_started)
         ticks = []
         summaries = []
         intervals = []
@@ -156,6 +158,7 @@ def measure_sessions(
             shared_interval,
             restarting_interval,
             cycles[0],
+            all_started - creating,
             settle_s,
             tuple(touch_settle_s),
             summaries,
