@@ -1,13 +1,13 @@
 """`flowjam bench TARGET`: benchmarks that print numbers. The flags of every target are here; what each target
-measures and prints is in bench_models (dit, decode, lm), bench_ticks (tick, ring, lora), bench_live (latency, soak)
-and bench_sessions (sessions)."""
+measures and prints is in bench_models (dit, decode, lm), bench_ticks (tick, ring, lora), bench_live (latency, soak, sync),
+bench_sessions (sessions) and bench_plugin (plugin)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..engine.params import MAX_STEPS, REALTIME_LATENT_INTERVAL_MS, song_frames
-from . import bench_live, bench_models, bench_sessions, bench_ticks
+from . import bench_live, bench_models, bench_plugin, bench_sessions, bench_ticks
 from .flags import (
     CommandError,
     add_backend,
@@ -43,6 +43,7 @@ TARGETS = {
     "lm": bench_models.bench_lm,
     "kernels": bench_models.bench_kernels,
     "sync": bench_live.bench_sync,
+    "plugin": bench_plugin.bench_plugin,
 }
 COUNTS = (
     "batch",
@@ -169,6 +170,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sync.add_argument("--period", type=int, default=512, help="JACK's period (frames), flowjam's output block too")
     sync.add_argument("--tempo-change", type=float, help="half-way, the band moves to this tempo at a bar line")
     add_model_arguments(sync)
+
+    plugin = targets.add_parser(
+        "plugin", help="the DAW plugin's LV2 in jalv beside a generating engine: time per block, xruns, gaps"
+    )
+    plugin.add_argument("--minutes", type=float, default=10.0, help="how long the transport rolls")
+    plugin.add_argument("--period", type=int, default=512, help="JACK's period (frames): the host's block")
+    add_bpm(plugin, "the timebase master's (default 123)", default=123.0)
+    plugin.add_argument("--bars", type=int, default=4, help="the engine's loop in bars")
+    add_model_arguments(plugin)
 
     kernels = targets.add_parser(
         "kernels", help="each fused kernel's paths side by side at a preset's layer shapes (Hopper GPU, Triton)"

@@ -84,6 +84,8 @@ def header_text() -> str:
         *(f"constexpr int {name} = {getattr(plugin_link, name)};" for name in _CONTROL_COUNTERS + _CONTROL_REALS),
         f"constexpr double STALE_AFTER_S = {plugin_link.STALE_AFTER_S!r};",
         f"constexpr int MAX_LOOP_BARS = {plugin_link.MAX_LOOP_BARS};",
+        f"constexpr int BLOCK_TIME_BINS = {plugin_link.BLOCK_TIME_BINS};",
+        f"constexpr int BLOCK_TIME_MAX_NS = {plugin_link.BLOCK_TIME_MAX_NS};",
         "}  // namespace control",
         "",
         "// The knobs (engine/params.py KNOB_SPECS), in the registry's order: the plugin's parameters.",

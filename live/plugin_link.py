@@ -6,12 +6,14 @@ writes a heartbeat, the name of the loop buffer to play and its own knob values 
 Layout (native byte order, every field 8-byte aligned, one writer each): int64 COUNTERS, float64 REALS, float64
 HOST_VALUES and int64 HOST_CHANGES (one per knob of KNOB_SPECS, the plugin's), float64 ENGINE_VALUES (the engine's),
 then the loop buffer's name as NUL-terminated UTF-8, then the prompts (A, B, negative) as NUL-terminated UTF-8: the
-host's (a DAW project's, given back to the engine when it opens) and the engine's (saved in the project). A prompt
+host's (a DAW project's, given back to the engine when it opens) and the engine's (saved in the project), then int64
+BLOCK_TIMES (the plugin's: its slowest block's time and a histogram of its blocks' times, see `block_time_bin`). A prompt
 area is written under a sequence lock: its counter is odd while it is written. plugin/src/flowjam_generated.h holds
 the same numbers."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
@@ -19,7 +21,7 @@ import numpy as np
 from ..engine.params import KNOB_SPECS, MAX_PROMPT_CHARS
 
 CONTROL_MAGIC = 0x464C4A4D4354524C  # "FLJMCTRL"
-CONTROL_VERSION = 1
+CONTROL_VERSION = 2
 CONTROL_PREFIX = "flowjam-plugin-"
 COUNTERS, REALS, MAX_KNOBS, NAME_BYTES = 16, 16, 64, 128
 PROMPTS = ("a", "b", "negative")  # the order of the prompt areas
@@ -42,6 +44,8 @@ MAX_LOOP_BARS = 64
 # Slots of ControlBlock.reals (float64).
 HOST_BPM, HOST_BEATS_PER_BAR = 0, 1
 HOST_BARS = 2  # the host's position in bars since its song's start (bar 1 = 0.0), at the newest block
+BLOCK_TIME_BINS = 128  # the histogram of the plugin's block times: quarter octaves of nanoseconds (to ~8.6 s)
+BLOCK_TIME_MAX_NS = 0  # BLOCK_TIMES[0]: the slowest block's nanoseconds; the bins follow from index 1
 PLUGIN_ORIGIN = "plugin"  # a knob change from the plugin's parameter (the plugin applied volume to the gain itself)
 STALE_AFTER_S = 1.0  # a heartbeat older than this: the engine is gone, the plugin plays silence
 
@@ -60,7 +64,9 @@ def _offsets() -> dict[str, int]:
     engine_values = host_changes + 8 * MAX_KNOBS
     name = engine_values + 8 * MAX_KNOBS
     host_prompts = name + NAME_BYTES
-    engine_prompts = host_prompts + 8 * ((len(PROMPTS) * PROMPT_BYTES + 7) // 8)
+    prompt_area = 8 * ((len(PROMPTS) * PROMPT_BYTES + 7) // 8)
+    engine_prompts = host_prompts + prompt_area
+    block_times = engine_prompts + prompt_area
     return {
         "reals": reals,
         "host_values": host_values,
@@ -69,12 +75,53 @@ def _offsets() -> dict[str, int]:
         "name": name,
         "host_prompts": host_prompts,
         "engine_prompts": engine_prompts,
-        "size": engine_prompts + len(PROMPTS) * PROMPT_BYTES,
+        "block_times": block_times,
+        "size": block_times + 8 * (1 + BLOCK_TIME_BINS),
     }
 
 
 OFFSETS = _offsets()
 assert len(KNOB_SPECS) <= MAX_KNOBS
+
+
+def block_time_bin(ns: int) -> int:
+    """The histogram bin of a block that took `ns` nanoseconds (plugin/src/block_times.hpp counts the same): bins 0-3
+    hold 0-3 ns, then four bins per octave."""
+    if ns < 4:
+        return max(0, ns)
+    top = ns.bit_length() - 1
+    return min(BLOCK_TIME_BINS - 1, 4 * (top - 1) + ((ns >> (top - 2)) & 3))
+
+
+def block_time_bin_floor(index: int) -> int:
+    """The fewest nanoseconds a block in bin `index` took."""
+    if index < 4:
+        return index
+    top, quarter = index // 4 + 1, index % 4
+    return (4 + quarter) << (top - 2)
+
+
+@dataclass(frozen=True)
+class BlockTimes:
+    """The plugin's time per block in the host's audio thread (its `run`, from entry to return, while attached)."""
+
+    blocks: int
+    median_us: float  # the bins' upper edges: a block at most this long
+    p99_us: float
+    max_us: float
+
+    @classmethod
+    def of(cls, histogram: np.ndarray, max_ns: int) -> BlockTimes:
+        counts = np.asarray(histogram, np.int64)
+        blocks = int(counts.sum())
+
+        def percentile(q: float) -> float:
+            if blocks == 0:
+                return 0.0
+            index = int(np.searchsorted(np.cumsum(counts), q * blocks))
+            return min(block_time_bin_floor(index + 1), max_ns) / 1000.0
+
+        return cls(blocks, percentile(0.5), percentile(0.99), max_ns / 1000.0)
 
 
 class ControlBlock:
@@ -102,7 +149,9 @@ class ControlBlock:
             area: np.ndarray((len(PROMPTS), PROMPT_BYTES), np.uint8, buf, OFFSETS[f"{area}_prompts"])
             for area in ("host", "engine")
         }
+        self._block_times = np.ndarray((1 + BLOCK_TIME_BINS,), np.int64, buf, OFFSETS["block_times"])
         if create:
+            self._block_times[:] = 0
             self.counters[:] = 0
             self.reals[:] = 0.0
             self.host_changes[:] = 0
@@ -155,12 +204,18 @@ class ControlBlock:
             slot: bytes(rows[index]).split(b"\0", 1)[0].decode(errors="replace") for index, slot in enumerate(PROMPTS)
         }
 
+    def block_times(self) -> BlockTimes:
+        """The plugin's block times so far (it writes them as it plays: a reading, not a snapshot)."""
+        times = self._block_times.copy()
+        return BlockTimes.of(times[1:], int(times[BLOCK_TIME_MAX_NS]))
+
     def beat(self, now_ns: int) -> None:
         """The engine's heartbeat (CLOCK_MONOTONIC nanoseconds, time.monotonic_ns on Linux)."""
         self.counters[HEARTBEAT_NS] = now_ns
 
     def close(self) -> None:
         self.counters = self.reals = self.host_values = self.host_changes = self.engine_values = self._name = None
+        self._block_times = None
         self._prompts = {}
         self._shm.close()
 

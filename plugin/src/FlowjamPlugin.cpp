@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "DistrhoPlugin.hpp"
+#include "block_times.hpp"
 #include "engine_link.hpp"
 #include "flowjam_generated.h"
 #include "render_core.hpp"
@@ -192,6 +193,7 @@ protected:
     void activate() override { prepare(); }
 
     void run(const float**, float** outputs, uint32_t frames) override {
+        const int64_t started = monotonic_ns();
         Attachment* attached = link.acquire();
         const bool usable = attached != nullptr && attached->view.channels == 2 &&
                             attached->view.counters[counter::SAMPLE_RATE] == static_cast<int64_t>(getSampleRate()) &&
@@ -223,6 +225,7 @@ protected:
             outputs[0][i] = block[2 * i];
             outputs[1][i] = block[2 * i + 1];
         }
+        record_block_time(attached->blockTimes, monotonic_ns() - started);
         attached->controlCounters[control::HOST_BLOCKS] += 1;
         link.release();
     }

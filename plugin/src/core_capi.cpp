@@ -1,4 +1,6 @@
-// The render core behind a C interface, for tests/test_plugin_parity.py (ctypes) to run it over a LoopBuffer.
+// The render core behind a C interface, for tests/test_plugin_parity.py (ctypes) to run it over a LoopBuffer, and
+// the block-time bins, for tests/test_plugin_soak.py to hold against live/plugin_link.py's.
+#include "block_times.hpp"
 #include "render_core.hpp"
 
 using flowjam::LoopView;
@@ -28,4 +30,6 @@ void flowjam_core_render(FlowjamCore* core, float* out, int frames, double nowS)
 }
 
 void flowjam_core_free(FlowjamCore* core) { delete core; }
+
+int flowjam_block_time_bin(long long ns) { return flowjam::block_time_bin(ns); }
 }

@@ -106,6 +106,7 @@ bool EngineLink::attach(Attachment& a) {
     a.controlReals = reinterpret_cast<double*>(base + control::REALS_OFFSET);
     a.hostValues = reinterpret_cast<double*>(base + control::HOST_VALUES_OFFSET);
     a.hostChanges = reinterpret_cast<int64_t*>(base + control::HOST_CHANGES_OFFSET);
+    a.blockTimes = reinterpret_cast<int64_t*>(base + control::BLOCK_TIMES_OFFSET);
     const bool valid = a.control.bytes >= static_cast<uint64_t>(control::SIZE_OFFSET) &&
                        a.controlCounters[control::MAGIC] == control::MAGIC_VALUE &&
                        a.controlCounters[control::VERSION] == control::VERSION_VALUE;

@@ -21,6 +21,7 @@ struct Attachment {
     double* controlReals = nullptr;
     double* hostValues = nullptr;
     int64_t* hostChanges = nullptr;
+    int64_t* blockTimes = nullptr;  // the plugin's time per block (block_times.hpp)
     LoopView view;
     uint64_t generation = 0;  // counts attachments: the audio thread resets its renderer on a new one
 };

@@ -58,7 +58,7 @@ constexpr int START_FADE_FRAMES = 32;
 // The plugin's control block (live/plugin_link.py).
 namespace control {
 constexpr int64_t MAGIC_VALUE = 0x464c4a4d4354524c;
-constexpr int64_t VERSION_VALUE = 1;
+constexpr int64_t VERSION_VALUE = 2;
 constexpr const char* PREFIX = "flowjam-plugin-";
 constexpr int COUNTERS = 16, REALS = 16;
 constexpr int MAX_KNOBS = 64, NAME_BYTES = 128;
@@ -70,7 +70,8 @@ constexpr int ENGINE_VALUES_OFFSET = 1280;
 constexpr int NAME_OFFSET = 1792;
 constexpr int HOST_PROMPTS_OFFSET = 1920;
 constexpr int ENGINE_PROMPTS_OFFSET = 51080;
-constexpr int SIZE_OFFSET = 100235;
+constexpr int BLOCK_TIMES_OFFSET = 100240;
+constexpr int SIZE_OFFSET = 101272;
 constexpr int MAGIC = 0;
 constexpr int VERSION = 1;
 constexpr int HEARTBEAT_NS = 2;
@@ -91,6 +92,8 @@ constexpr int HOST_BEATS_PER_BAR = 1;
 constexpr int HOST_BARS = 2;
 constexpr double STALE_AFTER_S = 1.0;
 constexpr int MAX_LOOP_BARS = 64;
+constexpr int BLOCK_TIME_BINS = 128;
+constexpr int BLOCK_TIME_MAX_NS = 0;
 }  // namespace control
 
 // The knobs (engine/params.py KNOB_SPECS), in the registry's order: the plugin's parameters.

@@ -1,0 +1,254 @@
+"""`flowjam bench plugin`: the LV2 plugin in jalv (a real LV2 host) on a private JACK dummy server rolled by a
+timebase master, beside `flowjam live --plugin` generating, for minutes: the plugin's time per block in the host's
+audio thread (counted by the plugin itself into its control block), the JACK server's xruns, and gaps (cycles of
+exact silence on the plugin's outputs after its first sound: not attached, or a loop not written)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .plugin_link import HOST_BLOCKS, BlockTimes, ControlBlock
+from .sync.band import TimebaseMaster
+from .sync_bench import RATE, PrivateJackServer
+
+LV2_BUNDLE = Path(__file__).resolve().parent.parent / "plugin" / "build" / "flowjam.lv2"
+LV2_URI = "urn:flowjam:plugin"
+PROMPT = "ambient pads, warm synth"
+READY_TIMEOUT_S = 300.0  # the engine's first writes (its model loads, its loop is made)
+
+
+@dataclass(frozen=True)
+class PluginSoakReport:
+    seconds: float  # rolled and recorded
+    period: int  # JACK's period (frames): the host's block
+    blocks: BlockTimes  # the plugin's own count of its blocks and their times
+    host_blocks: int  # blocks the plugin rendered attached (its control block's count)
+    cycles: int  # JACK cycles the recorder saw while the transport rolled
+    gaps: int  # of those, cycles of exact silence on both outputs after the plugin's first sound
+    xruns: int  # the JACK server's, over the whole run
+    engine_latents: int  # generations the engine finished (it kept generating beside the host)
+
+    @property
+    def period_us(self) -> float:
+        return self.period / RATE * 1e6
+
+    @property
+    def plugin_xruns(self) -> int:
+        """Xruns the plugin's callback can have caused: none while its slowest block stayed under half a period."""
+        return self.xruns if self.blocks.max_us >= 0.5 * self.period_us else 0
+
+    @property
+    def passed(self) -> bool:
+        return self.gaps == 0 and self.plugin_xruns == 0 and self.blocks.blocks > 0
+
+
+def check_plugin_soak_tools() -> None:
+    """What the bench runs besides JACK: jalv and the built LV2 bundle; a FileNotFoundError naming the fix."""
+    if shutil.which("jalv") is None:
+        raise FileNotFoundError("bench plugin plays the LV2 in jalv: install it (Debian: apt install jalv)")
+    if not (LV2_BUNDLE / "manifest.ttl").is_file():
+        raise FileNotFoundError(f"the LV2 bundle is not built ({LV2_BUNDLE}): run make -C plugin (docs/plugin.md)")
+
+
+class _Recorder:
+    """A JACK client reading the plugin's two outputs each cycle while the transport rolls: silent cycles after the
+    first sound, and the server's xruns."""
+
+    def __init__(self):
+        import jack
+
+        self._rolling = jack.ROLLING
+        self.client = jack.Client("flowjam-soak-recorder", no_start_server=True)
+        self.inputs = [self.client.inports.register(f"in_{channel}") for channel in range(2)]
+        self.cycles = self.gaps = self.xruns = 0
+        self.heard = False
+        self.recording = False
+        self.client.set_process_callback(self._process)
+        self.client.set_xrun_callback(self._xrun)
+        self.client.activate()
+
+    def _process(self, frames: int) -> None:
+        if not self.recording or self.client.transport_state != self._rolling:
+            return
+        self.cycles += 1
+        sound = any(port.get_array().any() for port in self.inputs)
+        if sound:
+            self.heard = True
+        elif self.heard:
+            self.gaps += 1
+
+    def _xrun(self, delay_us: float) -> None:
+        self.xruns += 1
+
+    def connect(self, prefix: str) -> bool:
+        """Record `prefix`'s audio outputs; False while that client has none yet."""
+        import jack
+
+        outputs = self.client.get_ports(prefix, is_output=True, is_audio=True)
+        if len(outputs) < 2:
+            return False
+        try:
+            for source, sink in zip(outputs, self.inputs):
+                self.client.connect(source, sink)
+        except jack.JackError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.client.deactivate()
+        self.client.close()
+
+
+def _engine_command(session: str, bpm: float, bars: int, model_flags: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "flowjam",
+        "live",
+        "--plugin",
+        "--osc-port",
+        "0",
+        "--session",
+        session,
+        "--bpm",
+        f"{bpm:g}",
+        "--bars",
+        str(bars),
+        "--prompt",
+        PROMPT,
+        *model_flags,
+    ]
+
+
+class _Engine:
+    """`flowjam live --plugin` in a process of its own; its status lines read as they come."""
+
+    def __init__(self, command: list[str]):
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line)
+
+    def latents(self) -> int:
+        for line in reversed(self.lines):
+            found = re.search(r"latents (\d+)", line)
+            if found:
+                return int(found.group(1))
+        return 0
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self.latents() < 2:
+            if self.process.poll() is not None:
+                raise RuntimeError("the engine exited:\n" + "".join(self.lines[-20:]))
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the engine made no loop within {READY_TIMEOUT_S:g} s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come within {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def soak_plugin(
+    seconds: float, period: int, bpm: float, bars: int, model_flags: list[str], report: Callable[[str], None]
+) -> PluginSoakReport:
+    """Play the LV2 in jalv for `seconds` of rolling transport beside a generating engine; `report` gets a line
+    every 30 s."""
+    check_plugin_soak_tools()
+    session = f"soak-{os.getpid()}"
+    server = PrivateJackServer(period)
+    engine = jalv = recorder = timebase = control = None
+    try:
+        engine = _Engine(_engine_command(session, bpm, bars, model_flags))
+        engine.wait_ready()
+        with tempfile.TemporaryDirectory() as lv2_path:
+            (Path(lv2_path) / LV2_BUNDLE.name).symlink_to(LV2_BUNDLE)
+            env = {**os.environ, "LV2_PATH": lv2_path, "FLOWJAM_SESSION": session}
+            jalv = subprocess.Popen(
+                ["jalv", "-x", "-n", "fj-soak", LV2_URI],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            import jack
+
+            recorder = _Recorder()
+            _wait(lambda: recorder.connect("fj-soak:"), 30, "jalv's outputs")
+            timebase = jack.Client("flowjam-soak-timebase", no_start_server=True)
+            TimebaseMaster(timebase, bpm, 4)
+            timebase.activate()
+            control = ControlBlock(session, create=False)
+            _wait(lambda: control.counters[HOST_BLOCKS] > 0, 30, "the plugin's first attached block")
+            timebase.transport_frame = 0
+            recorder.recording = True
+            timebase.transport_start()
+            started = last = time.monotonic()
+            while (now := time.monotonic()) - started < seconds:
+                if jalv.poll() is not None:
+                    raise RuntimeError(f"jalv exited (status {jalv.returncode}) after {now - started:.0f} s")
+                if now - last >= 30.0:
+                    last = now
+                    b = control.block_times()
+                    report(
+                        f"{now - started:5.0f} s: {b.blocks} blocks, plugin p99 {b.p99_us:.1f} us, max "
+                        f"{b.max_us:.1f} us; {recorder.xruns} xruns, {recorder.gaps} gaps; engine latents "
+                        f"{engine.latents()}"
+                    )
+                time.sleep(min(1.0, max(0.0, seconds - (now - started))))
+            timebase.transport_stop()
+            recorder.recording = False
+            return PluginSoakReport(
+                seconds=time.monotonic() - started,
+                period=period,
+                blocks=control.block_times(),
+                host_blocks=int(control.counters[HOST_BLOCKS]),
+                cycles=recorder.cycles,
+                gaps=recorder.gaps,
+                xruns=recorder.xruns,
+                engine_latents=engine.latents(),
+            )
+    finally:
+        if control is not None:
+            control.close()
+        if jalv is not None:
+            jalv.terminate()
+            try:
+                jalv.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                jalv.kill()
+        if recorder is not None:
+            recorder.close()
+        if timebase is not None:
+            timebase.deactivate()
+            timebase.close()
+        if engine is not None:
+            engine.stop()
+        server.close()
