@@ -24,6 +24,7 @@ from .plugin_link import (
     HOST_BLOCKS,
     HOST_PLAYING,
     HOST_PROMPTS_SEQ,
+    HOST_SAMPLE_RATE,
     PLUGIN_ORIGIN,
     STALE_AFTER_S,
     ControlBlock,
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from .plugin_tempo import HostTempo
 
 log = logging.getLogger("flowjam.plugin")
-POLL_S = 0.02  # host knob changes reach the registry within this (and the runner on its next tick)
+POLL_S = 0.02  # the longest between two reads of the control block (a host that plays no blocks yet)
+SHORTEST_POLL_S = 0.002  # the shortest: a host at 64 frames is not read every 1.3 ms
 
 
 class PluginOutput:
@@ -77,8 +79,17 @@ class PluginOutput:
         log.info("waiting for the flowjam plugin in the DAW (session %r)", self.session)
 
     def _serve(self) -> None:
-        while not self._stop.wait(POLL_S):
+        while not self._stop.wait(self.poll_s):
             self.poll()
+
+    @property
+    def poll_s(self) -> float:
+        """The control block is read once per host block (between SHORTEST_POLL_S and POLL_S): a knob the host moved
+        reaches the registry within one block of its own, and the runner on its next tick, as a knob of `live`."""
+        block, rate = (int(self.control.counters[slot]) for slot in (HOST_BLOCK_FRAMES, HOST_SAMPLE_RATE))
+        if block <= 0 or rate <= 0:
+            return POLL_S
+        return min(POLL_S, max(SHORTEST_POLL_S, block / rate))
 
     def poll(self) -> None:
         """One round: heartbeat, the host's block size, its knob changes in, the engine's values out."""
