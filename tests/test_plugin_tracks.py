@@ -20,7 +20,7 @@ from flowjam.engine.session import Session
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import LoopBuffer
 from flowjam.live.plugin_link import ControlBlock
-from flowjam.live.plugin_sessions import GRACE_S
+from flowjam.live.plugin_sessions import GRACE_S, pick_session
 from flowjam.live.runner import LiveRunner
 from flowjam.live.shared_ticker import SharedTicker
 from helpers import wait_for
@@ -28,6 +28,14 @@ from plugin_build import build
 
 PRIMARY = f"tracks-{os.getpid()}"  # the engine's --session: the first instance's; the second gets PRIMARY-2
 SEED, BLEND = (next(i for i, spec in enumerate(KNOB_SPECS) if spec.name == name) for name in ("seed", "prompt_blend"))
+
+
+def test_a_new_instance_gets_a_session_no_live_instance_holds_and_a_named_one_its_own():
+    assert pick_session("", "default", set(), set()) == "default"
+    assert pick_session("", "default", {"default"}, {"default"}) == "track-2"
+    assert pick_session("", "default", {"default", "track-3"}, {"track-2"}) == "track-4", "track-2 ends: not reused"
+    assert pick_session("", "jam", {"jam"}, set()) == "jam-2"
+    assert pick_session("track-2", "default", {"track-2"}, {"track-2"}) == "track-2", "a project's name as it is"
 
 
 def test_a_session_on_a_shared_ring_makes_the_latents_it_makes_alone(one_torch_thread):
