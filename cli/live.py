@@ -68,8 +68,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--plugin",
         action="store_true",
-        help="play on a DAW track: the flowjam plugin (plugin/, docs/plugin.md) attaches to --session by name, the "
-        "host's transport is the clock and its parameters are the knobs",
+        help="play on DAW tracks: every flowjam plugin instance (plugin/, docs/plugin.md) gets a session of its own "
+        "(the first --session), the host's transport is the clock and its parameters are the knobs",
     )
     parser.add_argument(
         "--blocksize",
@@ -149,10 +149,14 @@ def run(args: argparse.Namespace) -> int:
     from ..live.playback import PlaybackError
     from ..live.runner import RunnerConfig
 
-    registry = KnobRegistry()
-    for name in ("depth", "steps", "cfg_mode"):
-        if getattr(args, name) is not None:
-            registry.set(name, getattr(args, name), origin="cli")
+    def knobs() -> KnobRegistry:
+        """A session's knobs: the registry's defaults, then the command line's."""
+        registry = KnobRegistry()
+        for name in ("depth", "steps", "cfg_mode"):
+            if getattr(args, name) is not None:
+                registry.set(name, getattr(args, name), origin="cli")
+        return registry
+
     config = LiveConfig(
         prompt=args.prompt,
         prompt_b=args.prompt_b,
@@ -191,7 +195,12 @@ def run(args: argparse.Namespace) -> int:
         from ..live.midi_port import find_input_port
 
         find_input_port(config.midi_port, config.midi_backend)  # a wrong port or MIDI system fails before loading
-    app = LiveApp(load_session(args), config, registry)
+    if args.plugin:  # every plugin instance on the machine: a session each, on one ring
+        from ..live.plugin_sessions import PluginSessions
+
+        app = PluginSessions(load_session(args), config, knobs)
+    else:
+        app = LiveApp(load_session(args), config, knobs())
     interactive = sys.stderr.isatty()
     stop_on_signals()
     try:
@@ -214,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         app.stop()
     if interactive:
         sys.stderr.write("\n")
-    recording = app.playback.recording
+    recording = app.playback.recording if isinstance(app, LiveApp) else None
     if recording is not None:
         rate = app.buffer.sample_rate
         print(f"recorded {recording.path}: {recording.frames / rate:.2f} s ({recording.frames} frames played)")

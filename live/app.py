@@ -4,6 +4,7 @@ stopped as one. `python -m flowjam live` is a thin shell around `LiveApp`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,15 +18,18 @@ from ..engine.conditioning import Conditioning
 from ..engine.lm.song import lm_duration
 from ..engine.params import LATENT_RATE_HZ, MAX_SONG_SECONDS, lora_knob
 from ..engine.session import Session, Source
+from ..engine.stream.windows import window_frames
 from .following import Following
 from .knobs import KnobRegistry
 from .loop_buffer import LoopRegion
+from .loop_map import LoopMap
 from .loop_plan import LoopPlan, source_plan, text_plan
 from .osc import TRANSPORT_COMMANDS, OscBridge, OscConfig
 from .playback import DEFAULT_BLOCKSIZE, PORTAUDIO_FIX, PORTAUDIO_MISSING, Playback
 from .plugin_output import PluginOutput
 from .plugin_tempo import HostTempo
 from .runner import LiveRunner, RunnerConfig
+from .shared_ticker import SharedTicker
 from .sync.follow import FollowedClock, clock_grid, open_clock
 from .sync.grid import Grid
 from .sync.lock import check_offset_ms
@@ -115,9 +119,13 @@ class LiveApp:
         registry: KnobRegistry | None = None,
         initial_conditionings: tuple[Conditioning, Conditioning] | None = None,
         source: Source | None = None,
+        ticker: SharedTicker | None = None,
     ):
-        """`initial_conditionings` (A, B) replace the prompt texts; `source` replaces `config.source`."""
-        self.session, self.config = session, config
+        """`initial_conditionings` (A, B) replace the prompt texts; `source` replaces `config.source`; `ticker`: play
+        on lanes of a ring shared with other sessions (named after `config.session_name`), else on a stream of its
+        own."""
+        self.session, self.config, self.ticker = session, config, ticker
+        self._lanes = 0  # the runners made on the ticker so far: each takes a lane of its own name
         self.registry = registry or KnobRegistry()
         add_lora_knobs(self.registry, session)
         self.midi = self.mapper = None
@@ -151,6 +159,7 @@ class LiveApp:
                 source,
                 self._runner_config,
                 config.negative,
+                **self._lane(),
             )
             if config.lm:
                 if source is not None:
@@ -280,7 +289,27 @@ class LiveApp:
         captions = self.runner.captions()
         config = replace(self._runner_config, bpm=round(grid.bpm), time_signature=grid.beats_per_bar)
         negative = captions["negative"] or None
-        return LiveRunner(self.session, self.registry, region, captions["a"], captions["b"], None, config, negative)
+        lane = self._lane(self._request_frames(region, config))
+        return LiveRunner(
+            self.session, self.registry, region, captions["a"], captions["b"], None, config, negative, **lane
+        )
+
+    def _request_frames(self, region: LoopRegion, config: RunnerConfig) -> int:
+        """T of a runner's requests on `region` (LiveRunner.request_frames, before it is made)."""
+        frames = LoopMap(region.frames, self.session.models.vae.hop_samples).frames
+        window = window_frames(config.window_s, None if config.endless else frames)
+        return frames if window is None else window
+
+    def _lane(self, request_frames: int | None = None) -> dict[str, Any]:
+        """A new runner's place: on the ticker, a lane named after the session (a new tempo's loop: a lane beside);
+        a loop whose requests are of another length than the ring's plays on a stream of its own (one ring, one
+        length)."""
+        ring = None if self.ticker is None else self.ticker.pipeline.frames
+        if self.ticker is None or (request_frames is not None and ring not in (None, request_frames)):
+            return {}
+        self._lanes += 1
+        name = self.config.session_name
+        return {"ticker": self.ticker, "name": name if self._lanes == 1 else f"{name}~{self._lanes}"}
 
     def _switched(self, runner: LiveRunner, grid: Grid, bars: int | None = None) -> None:
         """The output plays `runner`'s loop at `grid` now (of `bars` bars where a plugin's parameter changed them)."""
@@ -411,14 +440,16 @@ class LiveApp:
         else:
             raise ValueError(f"unknown target command {command!r}: capture or clear")
 
-    def start(self) -> None:
+    def start(self, before_runner: Callable[[], None] | None = None) -> None:
         """Open MIDI first (a missing port or MIDI system fails before anything runs), then start playback (falling
         back to a silent real-time clock when no audio device can be opened and none was asked for by name), the
-        runner and OSC."""
+        runner and OSC. `before_runner()`: called once the output plays, before the first generation."""
         try:
             if self.midi is not None:
                 self.midi.start()
             self._start_playback()
+            if before_runner is not None:
+                before_runner()
             self.runner.start()
             if self.following is not None:
                 self.following.start()

@@ -15,6 +15,8 @@ from helpers import wait_for
 
 RATE, BLOCK, BPM = 48_000, 512, 123.0
 SESSION = f"ci-{os.getpid()}"  # the plugin tests' engine session (tests/conftest.py plugin_engine)
+# The tests' engines and plugin instances meet in a lobby of their own, apart from any other engine on the machine.
+os.environ.setdefault("FLOWJAM_LOBBY", f"flowjam-lobby-ci-{os.getpid()}")
 BAR_FRAMES = 4 * 60 / BPM * RATE
 _JUCE_CHARS = ".ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+"
 
@@ -46,6 +48,15 @@ class Engine:
             if found:
                 return int(found.group(1))
         return 0
+
+    def sessions(self) -> dict[str, int]:
+        """The sessions on the engine's ring and the generations each finished (from the newest status line)."""
+        for line in reversed(self.lines):
+            found = re.search(r"sessions \d+ on one ring: (.*)$", line.strip())
+            if found:
+                pairs = (re.fullmatch(r"(\S+) latents (\d+)", part) for part in found.group(1).split(", "))
+                return {pair.group(1): int(pair.group(2)) for pair in pairs if pair}
+        return {}
 
     def wait_ready(self, latents: int = 2, timeout_s: float = 180.0) -> None:
         """Until the loop is made (its first generations written)."""
@@ -109,14 +120,27 @@ def plugin_for_session(daw, vst3, session: str, state_path, engine=None):
     if not state_path.exists():
         plugin.save_state(str(state_path))
         dpf_state(state_path, session=session)
-    try:
-        plugin.load_state(str(state_path))
-    except Exception as error:  # DawDreamer applies the state, then asks a plugin without a UI for its editor
-        if "editor" not in str(error):
-            raise
+    load_state(plugin, state_path)
     engine.load_graph([(plugin, [])])
     time.sleep(0.4)  # the plugin's watcher attaches within 0.1 s of the session appearing
     return engine, plugin
+
+
+def load_state(plugin, path) -> None:
+    """Give the plugin a state DawDreamer saved, as a DAW opening a project does."""
+    try:
+        plugin.load_state(str(path))
+    except Exception as error:  # DawDreamer applies the state, then asks a plugin without a UI for its editor
+        if "editor" not in str(error):
+            raise
+
+
+def saved_state(path, key: str) -> str:
+    """A state value in a file DawDreamer saved."""
+    xml = path.read_bytes()[8:].rstrip(b"\0").decode()
+    chunk = juce_unbase64(re.search(r"<IComponent>(.*?)</IComponent>", xml).group(1))
+    found = re.search(re.escape(key.encode()) + rb"\0([^\0]*)\0", chunk)
+    return found.group(1).decode() if found else ""
 
 
 def parameter_index(plugin, name: str) -> int:

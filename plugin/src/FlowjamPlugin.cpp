@@ -28,10 +28,11 @@ enum { kStateSession, kStateEngineCommand, kStatePrompt, kStatePromptB, kStateNe
 constexpr const char* kPromptKeys[3] = {"prompt", "prompt_b", "negative"};
 
 // A new instance's session: $FLOWJAM_SESSION where the host was started with it (a headless host, a test), else
-// "default"; the project's state names it from then on.
+// "" (the engine's lobby names a new session: the engine's --session first, then track-2, ...); the project's state
+// names it from then on.
 std::string default_session() {
     const char* session = std::getenv("FLOWJAM_SESSION");
-    return session != nullptr && session[0] != '\0' ? session : "default";
+    return session != nullptr ? session : "";
 }
 
 int prompt_slot(const char* key) {
@@ -53,7 +54,7 @@ int knob_index(const char* name) {
 class FlowjamPlugin : public Plugin {
 public:
     FlowjamPlugin() : Plugin(kParameterCount, 0, kStateCount), volumeIndex(knob_index("volume")) {
-        link.setSession(sessionName);
+        link.setSession(default_session());
         for (int i = 0; i < KNOB_COUNT; ++i) {
             values[i] = static_cast<float>(KNOBS[i].defaultValue);
             dirty[i].store(true);
@@ -138,7 +139,7 @@ protected:
             state.key = "session";
             state.defaultValue = default_session().c_str();
             state.label = "Session";
-            state.description = "the engine session this instance plays (flowjam live --plugin --session NAME)";
+            state.description = "the engine session this instance plays (empty: a new one, named by the engine)";
         } else if (index == kStateEngineCommand) {
             state.key = "engine_command";
             state.defaultValue = "";
@@ -153,7 +154,7 @@ protected:
     }
 
     String getState(const char* key) const override {
-        if (std::strcmp(key, "session") == 0) return String(sessionName.c_str());
+        if (std::strcmp(key, "session") == 0) return String(link.session().c_str());
         if (std::strcmp(key, "engine_command") == 0) return String(link.engineCommand().c_str());
         const int slot = prompt_slot(key);
         return slot >= 0 ? String(link.prompt(slot).c_str()) : String();
@@ -179,10 +180,7 @@ protected:
     }
 
     void setState(const char* key, const char* value) override {
-        if (std::strcmp(key, "session") == 0) {
-            sessionName = value[0] != '\0' ? value : default_session();
-            link.setSession(sessionName);
-        }
+        if (std::strcmp(key, "session") == 0) link.setSession(value[0] != '\0' ? value : default_session());
         if (std::strcmp(key, "engine_command") == 0) link.setEngineCommand(value);
         const int slot = prompt_slot(key);
         if (slot >= 0) link.setPrompt(slot, value);
@@ -190,7 +188,10 @@ protected:
 
     void bufferSizeChanged(uint32_t) override { prepare(); }
     void sampleRateChanged(double) override { prepare(); }
-    void activate() override { prepare(); }
+    void activate() override {
+        prepare();
+        link.setActive();
+    }
 
     void run(const float**, float** outputs, uint32_t frames) override {
         const int64_t started = monotonic_ns();
@@ -322,7 +323,6 @@ private:
     }
 
     EngineLink link;
-    std::string sessionName = default_session();
     RenderState state;
     std::vector<float> interleaved;
     float values[KNOB_COUNT];

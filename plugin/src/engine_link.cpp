@@ -28,6 +28,29 @@ void EngineLink::setSession(const std::string& session) {
     }
 }
 
+std::string EngineLink::session() const {
+    std::lock_guard<std::mutex> guard(settingsLock);
+    return sessionName;
+}
+
+void EngineLink::setActive() {
+    std::lock_guard<std::mutex> guard(settingsLock);
+    active = true;
+}
+
+// The session asked of the lobby: the one named (a project's, $FLOWJAM_SESSION), or a new one whose name the engine
+// gives and this instance plays and saves from then on.
+void EngineLink::askLobby() {
+    std::string asked;
+    {
+        std::lock_guard<std::mutex> guard(settingsLock);
+        if (!active) return;
+        asked = sessionName;
+    }
+    std::string granted;
+    if (lobby.keep(asked, granted) && granted != asked) setSession(granted);
+}
+
 void EngineLink::setEngineCommand(const std::string& value) {
     std::lock_guard<std::mutex> guard(settingsLock);
     command = value;
@@ -97,6 +120,7 @@ bool EngineLink::attach(Attachment& a) {
     std::string name;
     {
         std::lock_guard<std::mutex> guard(settingsLock);
+        if (sessionName.empty()) return false;  // a new instance: the lobby names its session first
         name = std::string(control::PREFIX) + sessionName;
         sessionChanged = false;
     }
@@ -136,6 +160,7 @@ void EngineLink::retire() {
 void EngineLink::watch() {
     int64_t disconnectedSince = monotonic_ns();
     while (!stopping) {
+        askLobby();
         Attachment* attached = current.load();
         bool changed;
         {

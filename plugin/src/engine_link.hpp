@@ -1,5 +1,5 @@
-// The plugin's connection to the engine: a watcher thread (never the audio thread) attaches to the session's control
-// block and the loop buffer it names, checks the engine's heartbeat, lets go of a stale engine and attaches again
+// The plugin's connection to the engine: a watcher thread (never the audio thread) asks the engine's lobby for its
+// session (lobby_client.hpp), attaches to the session's control block and the loop buffer it names, checks the engine's heartbeat, lets go of a stale engine and attaches again
 // when it is back. The audio thread takes the current attachment with acquire() and gives it back with release();
 // the watcher unmaps an attachment only once no block is using it.
 #pragma once
@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "lobby_client.hpp"
 #include "platform.hpp"
 #include "render_core.hpp"
 
@@ -31,7 +32,12 @@ public:
     EngineLink();
     ~EngineLink();
 
+    // The session to play ("": a new one, named by the engine's lobby once the instance is active), and the one
+    // played now (the name the project saves).
     void setSession(const std::string& session);
+    std::string session() const;
+    // The host activated the instance: it takes part in the lobby from now on (a host's scan never does).
+    void setActive();
     void setEngineCommand(const std::string& command);
     std::string engineCommand() const;
 
@@ -52,8 +58,12 @@ private:
     void exchangePrompts(Attachment& attachment, bool attachedNow);
 
     mutable std::mutex settingsLock;
-    std::string sessionName = "default", command;
+    void askLobby();
+
+    std::string sessionName, command;
     bool sessionChanged = false;
+    bool active = false;
+    LobbyClient lobby;
     std::string prompts[3];
     bool pushPrompts = false;
     int64_t enginePromptsSeen = -1;  // the engine's prompt area at its newest read (or at our newest push)

@@ -26,4 +26,10 @@ bool start_engine(const char* command);
 
 void sleep_ms(int milliseconds);
 
+// A number no other plugin instance on the machine holds now (never 0): an instance's token in the lobby.
+int64_t instance_token();
+
+// Atomically replace *slot (in shared memory) by `desired` where it still holds `expected`; true if it did.
+bool compare_and_swap(int64_t* slot, int64_t expected, int64_t desired);
+
 }  // namespace flowjam

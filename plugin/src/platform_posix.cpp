@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
+
 extern char** environ;
 
 namespace flowjam {
@@ -72,6 +74,15 @@ bool start_engine(const char* command) {
 void sleep_ms(int milliseconds) {
     timespec wait = {milliseconds / 1000, (milliseconds % 1000) * 1000000L};
     nanosleep(&wait, nullptr);
+}
+
+int64_t instance_token() {
+    static std::atomic<uint32_t> made{0};  // the process's id, then its instances counted: unique while it runs
+    return (static_cast<int64_t>(getpid() & 0x7FFFFFFF) << 32) | static_cast<int64_t>(++made);
+}
+
+bool compare_and_swap(int64_t* slot, int64_t expected, int64_t desired) {
+    return __atomic_compare_exchange_n(slot, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
 }  // namespace flowjam
