@@ -1,4 +1,6 @@
-// The render core behind a C interface, for tests/test_plugin_parity.py (ctypes) to run it over a LoopBuffer.
+// The render core behind a C interface, for tests/test_plugin_parity.py (ctypes) to run it over a LoopBuffer, and the
+// plugin's offline detection (host_pace.hpp) for tests/test_plugin_pace.py.
+#include "host_pace.hpp"
 #include "render_core.hpp"
 
 using flowjam::LoopView;
@@ -28,4 +30,16 @@ void flowjam_core_render(FlowjamCore* core, float* out, int frames, double nowS)
 }
 
 void flowjam_core_free(FlowjamCore* core) { delete core; }
+
+flowjam::HostPace* flowjam_pace_new(int maxBlockFrames, double sampleRate) {
+    auto* pace = new flowjam::HostPace();
+    pace->prepare(maxBlockFrames, sampleRate);
+    return pace;
+}
+
+int flowjam_pace_block(flowjam::HostPace* pace, long long nowNs, int frames) { return pace->block(nowNs, frames); }
+
+void flowjam_pace_held(flowjam::HostPace* pace, long long ns) { pace->held(ns); }
+
+void flowjam_pace_free(flowjam::HostPace* pace) { delete pace; }
 }

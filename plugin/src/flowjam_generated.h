@@ -86,9 +86,14 @@ constexpr int ENGINE_PROMPTS_SEQ = 11;
 constexpr int HOST_LOOP_BARS = 12;
 constexpr int ENGINE_LOOP_BARS = 13;
 constexpr int ENGINE_CLICK = 14;
+constexpr int HOST_PANEL_REQUESTS = 15;
 constexpr int HOST_BPM = 0;
 constexpr int HOST_BEATS_PER_BAR = 1;
 constexpr int HOST_BARS = 2;
+constexpr int ENGINE_LOOP_WRITTEN = 8;
+constexpr int HOST_OFFLINE = 9;
+constexpr int HOST_WAITS = 10;
+constexpr int HOST_WAITED_S = 11;
 constexpr double STALE_AFTER_S = 1.0;
 constexpr int MAX_LOOP_BARS = 64;
 }  // namespace control
