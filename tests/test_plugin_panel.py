@@ -9,14 +9,18 @@ import http.client
 import json
 import os
 import re
+import shutil
+import subprocess
 import time
 import urllib.parse
+from pathlib import Path
 
 import numpy as np
 import pytest
 from daw_host import BAR_FRAMES, BPM, Engine, parameter_index, plugin_for_session
 from flowjam.engine.params import MAX_PROMPT_CHARS
 from flowjam.live.plugin_link import HOST_PANEL_REQUESTS, ControlBlock
+from flowjam.live.plugin_panel import PAGE
 from helpers import wait_for
 from plugin_build import build
 
@@ -220,3 +224,20 @@ def test_the_plugins_panel_parameter_has_the_engine_open_the_url_in_the_browser(
         assert control.counters[HOST_PANEL_REQUESTS] == 2, "the plugin counted two turns in the control block"
     finally:
         control.close()
+
+
+def test_the_pages_script_shows_the_state_and_posts_what_the_player_does(panel_engine, panel_url):
+    """The page's own script under node (tests/panel_page.js: a minimal document, node's fetch) against the panel."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed (apt-get install nodejs)")
+    driver = Path(__file__).with_name("panel_page.js")
+    result = subprocess.run(["node", str(driver), str(PAGE), panel_url], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    state = request(panel_url + "state")[1]
+    assert shown["knobs"][0] == "prompt_blend" and sorted(shown["knobs"]) == sorted(state["knobs"])
+    assert shown["shownPromptA"] == state["prompts"]["a"]
+    assert shown["shownVolume"] == "0.250" and state["knobs"]["volume"]["value"] == 0.25
+    assert shown["afterB"] == "prompt b applied"
+    assert shown["afterEmptyA"].startswith("prompt A is empty") and shown["messageClass"] == ""
+    wait_for(lambda: request(panel_url + "state")[1]["prompts"]["b"] == "glass harmonica", 60, "prompt B to play")
