@@ -72,6 +72,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "(the first --session), the host's transport is the clock and its parameters are the knobs",
     )
     parser.add_argument(
+        "--panel-port",
+        type=int,
+        help="with --plugin: the port of the prompt and knob panel on 127.0.0.1 (default: a free one; the URL, with "
+        "its token, is printed at start and the plugin's `panel` parameter opens it)",
+    )
+    parser.add_argument(
         "--blocksize",
         type=int,
         default=DEFAULT_BLOCKSIZE,
@@ -187,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         sync=args.sync,
         sync_offset_ms=args.sync_offset_ms,
         click=args.click,
+        panel_port=args.panel_port or 0,
         runner=RunnerConfig(backend=args.backend, window_s=args.window_seconds, endless=args.endless),
     )
     if config.osc_port is not None:
@@ -205,6 +212,11 @@ def run(args: argparse.Namespace) -> int:
     stop_on_signals()
     try:
         app.start()  # inside the try: whatever started before a failure (runner, audio process) is stopped
+        panel = getattr(app.playback, "panel", None)
+        if panel is not None:
+            sys.stderr.write(
+                f"flowjam panel (prompts and knobs; the plugin's `panel` parameter opens it): {panel.url}\n"
+            )
         started = time.monotonic()
         beats = 0
         while args.seconds is None or time.monotonic() - started < args.seconds:
@@ -255,6 +267,8 @@ def check_live_args(args: argparse.Namespace) -> None:
     check_grid_args(args)
     if args.plugin:
         check_plugin_args(args)
+    elif args.panel_port is not None:
+        raise CommandError("--panel-port serves the DAW plugin's panel: give --plugin, or drop --panel-port")
     check_knob_flag("depth", args.depth)
     check_knob_flag("steps", args.steps)
     if not 32 <= args.blocksize <= 8192:
@@ -324,6 +338,7 @@ def check_plugin_args(args: argparse.Namespace) -> None:
             raise CommandError(f"--plugin plays through the DAW, which is the output and the clock: drop {flag}")
     if args.audio_device is not None:
         raise CommandError("--plugin plays through the DAW: drop --audio-device")
+    check_port("--panel-port", args.panel_port or 0, "a free port")
     try:
         control_name(args.session)
     except ValueError as error:

@@ -78,6 +78,7 @@ class LiveConfig:
     sync: str | None = None  # follow a clock: link | midi | jack (live/sync/)
     sync_offset_ms: float = 0.0  # play this much later against the clock (a DAW's own output latency, say)
     click: bool = False  # a metronome click on every bar start of the loop
+    panel_port: int | None = 0  # with playback_mode "plugin": the panel's port on loopback (0: a free one; None: none)
     runner: RunnerConfig = RunnerConfig()
 
     def __post_init__(self) -> None:
@@ -196,7 +197,13 @@ class LiveApp:
         """The sound card (or a null clock), or with playback_mode "plugin" the DAW plugin that attaches by name."""
         if config.playback_mode == "plugin":
             output = PluginOutput(
-                self.buffer, self.registry, config.session_name, self.set_prompt, lambda: self.runner.captions()
+                self.buffer,
+                self.registry,
+                config.session_name,
+                self.set_prompt,
+                lambda: self.runner.captions(),
+                lambda: self.runner.stats.audio_from_frames is not None,
+                config.panel_port,
             )
             if self.grid is not None:
                 output.set_bars(self.plan.bars, self.grid.bar_samples(self.session.sample_rate), config.click)

@@ -40,10 +40,15 @@ ENGINE_PROMPTS_SEQ = 11  # the engine's prompt area: odd while the engine writes
 HOST_LOOP_BARS = 12  # the plugin's `bars` parameter: the loop's length in bars the host asks for (0: the engine's)
 ENGINE_LOOP_BARS = 13  # the loop's bars playing now (0: not on a grid)
 ENGINE_CLICK = 14  # 1 where the engine was started with --click (the plugin's `click` parameter at "engine")
+HOST_PANEL_REQUESTS = 15  # the plugin counts each turn of its `panel` parameter to on: the engine opens the panel
 MAX_LOOP_BARS = 64
 # Slots of ControlBlock.reals (float64).
 HOST_BPM, HOST_BEATS_PER_BAR = 0, 1
 HOST_BARS = 2  # the host's position in bars since its song's start (bar 1 = 0.0), at the newest block
+ENGINE_LOOP_WRITTEN = 8  # 1.0 once the loop playing holds the stream's audio (0.0: silent yet; an offline bounce waits)
+HOST_OFFLINE = 9  # 1.0 while the plugin finds the host rendering faster than real time (a bounce)
+HOST_WAITS = 10  # blocks the plugin held back in offline renders until the engine wrote the loop
+HOST_WAITED_S = 11  # seconds those blocks waited, in all
 BLOCK_TIME_BINS = 128  # the histogram of the plugin's block times: quarter octaves of nanoseconds (to ~8.6 s)
 BLOCK_TIME_MAX_NS = 0  # BLOCK_TIMES[0]: the slowest block's nanoseconds; the bins follow from index 1
 PLUGIN_ORIGIN = "plugin"  # a knob change from the plugin's parameter (the plugin applied volume to the gain itself)

@@ -1,14 +1,17 @@
 """The engine's side of a DAW plugin (plugin/), in place of Playback: no sound card; the plugin in the DAW's audio
 thread is the output. It creates the session's control block (live/plugin_link.py) and points it at the loop buffer,
-writes the heartbeat, tells the plugin the loop's bars, carries the block size the host plays into the buffer (the
-writer's lead covers one block), and applies the knobs the host changed as knob changes (origin "plugin"). The
-engine's own knob values go back into the block for the plugin to show."""
+writes the heartbeat, tells the plugin the loop's bars and whether the loop is written yet (an offline bounce waits for
+it), carries the block size the host plays into the buffer (the writer's lead covers one block), and applies the knobs
+the host changed as knob changes (origin "plugin"). The engine's own knob values go back into the block for the plugin
+to show. It serves the panel (live/plugin_panel.py) and opens it in the browser when the plugin's `panel` parameter
+asks."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+import webbrowser
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -20,8 +23,10 @@ from .loop_buffer import BLOCK, RUNNING, LoopBuffer
 from .plugin_link import (
     ENGINE_CLICK,
     ENGINE_LOOP_BARS,
+    ENGINE_LOOP_WRITTEN,
     HOST_BLOCK_FRAMES,
     HOST_BLOCKS,
+    HOST_PANEL_REQUESTS,
     HOST_PLAYING,
     HOST_PROMPTS_SEQ,
     HOST_SAMPLE_RATE,
@@ -29,6 +34,7 @@ from .plugin_link import (
     STALE_AFTER_S,
     ControlBlock,
 )
+from .plugin_panel import PluginPanel
 
 if TYPE_CHECKING:
     from .plugin_tempo import HostTempo
@@ -46,11 +52,18 @@ class PluginOutput:
         session: str = "default",
         on_prompt: Callable[[str, str], None] | None = None,
         captions: Callable[[], dict[str, str]] | None = None,
+        written: Callable[[], bool] = lambda: True,
+        panel_port: int | None = None,
     ):
-        """`on_prompt(slot, text)`: a prompt the host gave (a DAW project's); `captions()`: the prompts playing now,
-        for the host to save in the project."""
+        """`on_prompt(slot, text)`: a prompt the host gave (a DAW project's, or typed in the panel); `captions()`: the
+        prompts playing now, for the host to save in the project; `written()`: the loop playing holds the stream's
+        audio; `panel_port`: serve the panel there (0: a free port; None: no panel)."""
         self.buffer, self.registry, self.session = buffer, registry, session
-        self._on_prompt, self._captions = on_prompt, captions
+        self._on_prompt, self._captions, self._written = on_prompt, captions, written
+        self.panel: PluginPanel | None = None
+        if panel_port is not None and on_prompt is not None and captions is not None:
+            self.panel = PluginPanel(registry, on_prompt, captions, panel_port)
+        self._panel_requests = 0
         self._host_prompts_seen = 0
         self._captions_written: dict[str, str] | None = None
         self.control = ControlBlock(session)
@@ -76,6 +89,8 @@ class PluginOutput:
         self._thread.start()
         if self.tempo is not None:
             self.tempo.start()
+        if self.panel is not None:
+            self.panel.start()
         log.info("waiting for the flowjam plugin in the DAW (session %r)", self.session)
 
     def _serve(self) -> None:
@@ -102,6 +117,11 @@ class PluginOutput:
         if blocks != self._blocks[0]:
             self._blocks = (blocks, time.monotonic())
         counters[RUNNING] = int(self.running)
+        control.reals[ENGINE_LOOP_WRITTEN] = float(self._written())
+        requests = int(control.counters[HOST_PANEL_REQUESTS])
+        if requests != self._panel_requests:
+            self._panel_requests = requests
+            self.open_panel()
         changes = control.host_changes[: len(KNOB_SPECS)].copy()
         for index in np.flatnonzero(changes != self._seen):
             self._seen[index] = changes[index]
@@ -114,6 +134,19 @@ class PluginOutput:
             control.engine_values[index] = self.registry.get(spec.name)
         if self._captions is not None:
             self._exchange_prompts()
+
+    def open_panel(self) -> None:
+        """The panel in the browser that $BROWSER (else the desktop's default) names, on a thread of its own: a
+        browser command may run until its window closes."""
+        if self.panel is None:
+            log.warning("the plugin asked for the panel, but this engine serves none")
+            return
+        threading.Thread(target=self._open_browser, args=(self.panel.url,), name="flowjam-browser", daemon=True).start()
+
+    @staticmethod
+    def _open_browser(url: str) -> None:
+        if not webbrowser.open(url):
+            log.warning("no browser to open the panel: open %s yourself, or set $BROWSER", url)
 
     def _exchange_prompts(self) -> None:
         """The project's prompts in (once per change the plugin made), the engine's out (when they moved)."""
@@ -146,6 +179,8 @@ class PluginOutput:
     def stop(self) -> None:
         if self.tempo is not None:
             self.tempo.stop()
+        if self.panel is not None:
+            self.panel.stop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)

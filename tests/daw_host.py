@@ -24,15 +24,18 @@ _JUCE_CHARS = ".ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+"
 class Engine:
     """`flowjam live --plugin` on the tiny preset, for a session; its status lines are read as they come."""
 
-    def __init__(self, session: str, *flags: str):
-        self.session = session
+    def __init__(self, session: str, *flags: str, env: dict[str, str] | None = None):
+        """`env`: the engine's environment (default: this process's)."""
+        self.session, self.env = session, env
         self.command = [sys.executable, "-m", "flowjam", "live", "--plugin", "--preset", "tiny", "--osc-port", "0"]
         self.command += ["--session", session, *flags]
         self.restart()
 
     def restart(self) -> None:
         """Start the engine (again, after kill()) with the same command."""
-        self.process = subprocess.Popen(self.command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.process = subprocess.Popen(
+            self.command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=self.env
+        )
         self.lines: list[str] = []
         threading.Thread(target=self._read, args=(self.process, self.lines), daemon=True).start()
 

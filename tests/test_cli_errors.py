@@ -190,6 +190,12 @@ CASES = {
     "live --plugin --session 'a b'": Case(
         "live", lambda f: ["--plugin", "--session", "a b"], "--session: a plugin session name is 1-40 letters"
     ),
+    "live --panel-port 9100": Case(
+        "live", lambda f: ["--panel-port", "9100"], "--panel-port serves the DAW plugin's panel: give --plugin"
+    ),
+    "live --plugin --panel-port 70000": Case(
+        "live", lambda f: ["--plugin", "--panel-port", "70000"], "--panel-port 70000 is outside 0..65535"
+    ),
     "live --bars 2": Case("live", lambda f: ["--bars", "2"], "--bars needs a tempo: give --bpm, or follow a clock"),
     "live --bpm 400": Case("live", lambda f: ["--bpm", "400"], "--bpm must be a number in 30..300, got 400"),
     "live --bpm 120 --bars 0": Case("live", lambda f: ["--bpm", "120", "--bars", "0"], "--bars must be at least 1"),

@@ -1,6 +1,7 @@
 """The LV2 in jalv (a real LV2 host) on the suite's JACK dummy server, with `flowjam live --plugin` running on the tiny
 preset and a JACK timebase master at 123 BPM in 4/4 rolling the transport: every click the plugin plays lies within
-one sample of the master's bar lines (the position comes from JACK's bar/beat/tick through jalv)."""
+one sample of the master's bar lines (the position comes from JACK's bar/beat/tick through jalv), and the plugin takes
+the dummy server's real-time pace for a host playing, not for a bounce (it never waits)."""
 
 import os
 import shutil
@@ -10,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from daw_host import BAR_FRAMES, BPM, RATE, SESSION, click_onset_near
+from flowjam.live.plugin_link import HOST_OFFLINE, ControlBlock
 from helpers import jack_timebase_master, wait_for
 from plugin_build import build
 
@@ -107,8 +109,19 @@ def test_lv2_in_jalv_clicks_on_the_jack_timebase_masters_bar_lines(
         timebase_master.transport_frame = 0
         recorder.recording = True
         timebase_master.transport_start()
-        wait_for(lambda: recorder.written >= len(recorder.audio) - 2048, BARS * BAR_FRAMES / RATE + 15, "4 bars")
+        control = ControlBlock(SESSION, create=False)
+        offline = []  # the plugin's verdict on the host's pace, read as it plays
+
+        def recorded() -> bool:
+            offline.append(float(control.reals[HOST_OFFLINE]))
+            return recorder.written >= len(recorder.audio) - 2048
+
+        try:
+            wait_for(recorded, BARS * BAR_FRAMES / RATE + 15, "4 bars", poll_s=0.05)
+        finally:
+            control.close()
         timebase_master.transport_stop()
+        assert offline and not any(offline), "JACK's real-time pace was taken for an offline render"
         audio = recorder.audio[: recorder.written, 0]
         first = recorder.cycles[0][1]
         bars = [bar for bar in range(BARS) if round(bar * BAR_FRAMES) >= first + 1024]

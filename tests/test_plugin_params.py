@@ -5,7 +5,8 @@ from dataclasses import replace
 
 from flowjam.engine import params
 from flowjam.engine.params import KNOB_SPECS, KnobKind, KnobSpec
-from flowjam.live.plugin_header import HEADER_PATH, header_text
+from flowjam.live import plugin_link
+from flowjam.live.plugin_header import _CONTROL_COUNTERS, _CONTROL_REALS, HEADER_PATH, header_text
 
 
 def test_committed_plugin_header_matches_the_knob_registry_and_buffer_layout():
@@ -28,3 +29,14 @@ def test_a_knob_added_to_the_registry_changes_the_header(monkeypatch):
     moved = tuple(replace(spec, default=spec.maximum) if spec.name == "volume" else spec for spec in params.KNOB_SPECS)
     monkeypatch.setattr("flowjam.live.plugin_header.KNOB_SPECS", moved)
     assert header_text() != HEADER_PATH.read_text()
+
+
+def test_control_block_slots_are_distinct_and_the_panel_and_bounce_ones_are_counter_15_and_reals_8_to_11():
+    counters = {name: getattr(plugin_link, name) for name in _CONTROL_COUNTERS}
+    reals = {name: getattr(plugin_link, name) for name in _CONTROL_REALS}
+    for slots, size in ((counters, plugin_link.COUNTERS), (reals, plugin_link.REALS)):
+        assert len(set(slots.values())) == len(slots) and max(slots.values()) < size, slots
+    assert counters["HOST_PANEL_REQUESTS"] == 15
+    bounce = ("ENGINE_LOOP_WRITTEN", "HOST_OFFLINE", "HOST_WAITS", "HOST_WAITED_S")
+    assert [reals[name] for name in bounce] == [8, 9, 10, 11]
+    assert "constexpr int HOST_PANEL_REQUESTS = 15;" in header_text()

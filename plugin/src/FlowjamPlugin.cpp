@@ -1,7 +1,9 @@
 // The flowjam instrument: a thin output of the engine's loop buffer on a DAW track. The host's transport is the
 // clock: the loop position comes from its bar position, its play and stop start and fade the loop; every knob of
 // the registry is a host parameter that the engine applies on its next tick (volume at once, here). Not connected
-// (no engine, or a stale heartbeat): silence, and the "connected" output parameter reads 0.
+// (no engine, or a stale heartbeat): silence, and the "connected" output parameter reads 0. With `on_stop` at
+// free-run the host's stop leaves the loop running on its own clock; `panel` has the engine open its web panel; an
+// offline render (told by the host's pace, host_pace.hpp) waits, bounded, for the engine's first loop.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +14,8 @@
 #include "block_times.hpp"
 #include "engine_link.hpp"
 #include "flowjam_generated.h"
+#include "host_pace.hpp"
+#include "platform.hpp"
 #include "render_core.hpp"
 
 START_NAMESPACE_DISTRHO
@@ -22,8 +26,13 @@ namespace {
 constexpr uint32_t kBars = KNOB_COUNT;       // the loop's length in bars (0: the engine's --bars)
 constexpr uint32_t kClick = KNOB_COUNT + 1;  // the click: as the engine was started, off, on
 constexpr uint32_t kConnected = KNOB_COUNT + 2;  // output parameter: 1 while the engine is attached and alive
-constexpr uint32_t kParameterCount = KNOB_COUNT + 3;
+constexpr uint32_t kPanel = KNOB_COUNT + 3;      // turned on: the engine opens its panel in the browser
+constexpr uint32_t kOnStop = KNOB_COUNT + 4;     // the host's stop: fade the loop out, or let it run on
+constexpr uint32_t kParameterCount = KNOB_COUNT + 5;
 enum { kClickEngine, kClickOff, kClickOn };
+enum { kOnStopFade, kOnStopFreeRun };
+constexpr int64_t kWaitPerBlockNs = 2000000000LL;  // an offline block waits at most 2 s for the engine's loop
+constexpr int64_t kWaitPerEngineNs = 30000000000LL;  // and all blocks at most 30 s for one engine's first loop
 enum { kStateSession, kStateEngineCommand, kStatePrompt, kStatePromptB, kStateNegative, kStateCount };
 constexpr const char* kPromptKeys[3] = {"prompt", "prompt_b", "negative"};
 
@@ -105,6 +114,30 @@ protected:
             parameter.enumValues.values = choices;
             return;
         }
+        if (index == kPanel) {
+            parameter.hints = kParameterIsAutomatable | kParameterIsBoolean | kParameterIsInteger;
+            parameter.name = "panel";
+            parameter.symbol = "panel";
+            parameter.description = "turned on: the engine opens its prompt and knob panel in the browser";
+            parameter.ranges = ParameterRanges(0.0f, 0.0f, 1.0f);
+            return;
+        }
+        if (index == kOnStop) {
+            parameter.hints = kParameterIsAutomatable | kParameterIsInteger;
+            parameter.name = "on_stop";
+            parameter.symbol = "on_stop";
+            parameter.description = "the host's stop: fade the loop out, or free-run it on its own clock until play";
+            parameter.ranges = ParameterRanges(0.0f, 0.0f, 1.0f);
+            auto* choices = new ParameterEnumerationValue[2];
+            choices[0].value = kOnStopFade;
+            choices[0].label = "fade";
+            choices[1].value = kOnStopFreeRun;
+            choices[1].label = "free-run";
+            parameter.enumValues.count = 2;
+            parameter.enumValues.restrictedMode = true;
+            parameter.enumValues.values = choices;
+            return;
+        }
         if (index == kConnected) {
             parameter.hints = kParameterIsOutput | kParameterIsBoolean | kParameterIsInteger;
             parameter.name = "connected";
@@ -164,10 +197,21 @@ protected:
         if (index == kConnected) return connected.load() ? 1.0f : 0.0f;
         if (index == kBars) return loopBars;
         if (index == kClick) return click;
+        if (index == kPanel) return panel;
+        if (index == kOnStop) return onStop;
         return values[index];
     }
 
     void setParameterValue(uint32_t index, float value) override {
+        if (index == kPanel) {
+            if (value >= 0.5f && panel < 0.5f) panelPresses.fetch_add(1);
+            panel = value;
+            return;
+        }
+        if (index == kOnStop) {
+            onStop = value;
+            return;
+        }
         if (index == kBars || index == kClick) {
             float& held = index == kBars ? loopBars : click;
             if (held != value) loopDirty.store(true);
@@ -195,12 +239,14 @@ protected:
 
     void run(const float**, float** outputs, uint32_t frames) override {
         const int64_t started = monotonic_ns();
+        const bool offline = pace.block(started, static_cast<int>(frames));
         Attachment* attached = link.acquire();
         const bool usable = attached != nullptr && attached->view.channels == 2 &&
                             attached->view.counters[counter::SAMPLE_RATE] == static_cast<int64_t>(getSampleRate()) &&
                             frames <= static_cast<uint32_t>(state.blocksize);
         connected.store(usable);
         if (!usable) {
+            panelPresses.store(0);  // a press with no engine to open the panel is none
             std::memset(outputs[0], 0, sizeof(float) * frames);
             std::memset(outputs[1], 0, sizeof(float) * frames);
             link.release();
@@ -215,11 +261,15 @@ protected:
             knobGeneration = attached->generation;
             for (int i = 0; i < KNOB_COUNT; ++i) dirty[i].store(true);
             loopDirty.store(true);
+            waitLeftNs = kWaitPerEngineNs;
         }
         const LoopView& view = attached->view;
         publishTransport(*attached, frames);
         publishKnobs(*attached);
         publishLoop(*attached);
+        attached->controlCounters[control::HOST_PANEL_REQUESTS] += panelPresses.exchange(0);
+        attached->controlReals[control::HOST_OFFLINE] = offline ? 1.0 : 0.0;
+        if (offline) waitForLoop(*attached);
         float* block = interleaved.data();
         render_block(state, view, block, static_cast<int>(frames), sync_clock_s());
         for (uint32_t i = 0; i < frames; ++i) {
@@ -237,6 +287,31 @@ private:
         render_prepare(state, blocksize, 2, static_cast<int>(getSampleRate()));
         interleaved.assign(static_cast<size_t>(blocksize) * 2, 0.0f);
         renderGeneration = 0;
+        pace.prepare(blocksize, getSampleRate());
+    }
+
+    // Offline only (in real time the plugin never waits): hold the block until the engine has written the loop it
+    // plays (its first generation; before it the buffer is silence), sleeping in 2 ms steps, at most kWaitPerBlockNs
+    // for a block and kWaitPerEngineNs in all for one engine; a watcher letting go of the engine ends the wait.
+    void waitForLoop(Attachment& a) {
+        double* reals = a.controlReals;
+        if (loopWritten(reals) || waitLeftNs <= 0) return;
+        const int64_t start = monotonic_ns();
+        int64_t waited = 0;
+        while (!loopWritten(reals) && waited < kWaitPerBlockNs && waited < waitLeftNs && link.holds(&a)) {
+            sleep_ms(2);
+            waited = monotonic_ns() - start;
+        }
+        waitLeftNs -= waited;
+        pace.held(waited);
+        reals[control::HOST_WAITS] += 1.0;
+        reals[control::HOST_WAITED_S] += waited / 1e9;
+    }
+
+    static bool loopWritten(double* reals) {
+        double written;
+        __atomic_load(&reals[control::ENGINE_LOOP_WRITTEN], &written, __ATOMIC_ACQUIRE);
+        return written != 0.0;
     }
 
     // The host's transport into the control block, and the loop position from its bars: where the host's tempo and
@@ -273,14 +348,21 @@ private:
                 c[counter::PLAYED] = played;
                 c[counter::SWITCH_AT] = played;
             } else if (hostPosition(a, c[counter::ACTIVE], bars, time, played)) {
+                // Back from free-running (the loop on its own clock while the host stood): the host's position,
+                // the block crossfaded from where the loop was.
+                if (freeRunning) state.appliedShift += c[counter::PLAYED] - played;
                 c[counter::PLAYED] = played;
             }
         }
         const int state = playing ? 1 : 0;
         if (state != wasPlaying) {  // the host's start is a hard edge, as for any track; its stop fades out (10 ms)
-            a.view.reals[real::TRANSPORT] = state;
+            freeRunning = !playing && wasPlaying == 1 && std::lround(onStop) == kOnStopFreeRun;
+            a.view.reals[real::TRANSPORT] = playing || freeRunning ? 1.0 : 0.0;
             if (playing) a.view.reals[real::APPLIED_TRANSPORT] = 1.0;
             wasPlaying = state;
+        } else if (freeRunning && std::lround(onStop) != kOnStopFreeRun) {  // free-run turned off while stopped
+            freeRunning = false;
+            a.view.reals[real::TRANSPORT] = 0.0;
         }
     }
 
@@ -329,6 +411,11 @@ private:
     std::atomic<bool> dirty[KNOB_COUNT];
     std::atomic<bool> connected{false};
     float loopBars = 0.0f, click = kClickEngine;
+    float panel = 0.0f, onStop = kOnStopFade;
+    std::atomic<int64_t> panelPresses{0};
+    bool freeRunning = false;  // the host stopped with on_stop at free-run: the loop plays on from where it was
+    HostPace pace;
+    int64_t waitLeftNs = kWaitPerEngineNs;
     std::atomic<bool> loopDirty{true};
     uint64_t renderGeneration = 0, knobGeneration = 0;  // the attachment the renderer and the knobs were set for
     int wasPlaying = -1;

@@ -1,6 +1,8 @@
-// The render core behind a C interface, for tests/test_plugin_parity.py (ctypes) to run it over a LoopBuffer, and
-// the block-time bins, for tests/test_plugin_soak.py to hold against live/plugin_link.py's.
+// The render core behind a C interface, for tests/test_plugin_parity.py (ctypes) to run it over a LoopBuffer, the
+// plugin's offline detection (host_pace.hpp) for tests/test_plugin_pace.py, and the block-time bins, for
+// tests/test_plugin_soak.py to hold against live/plugin_link.py's.
 #include "block_times.hpp"
+#include "host_pace.hpp"
 #include "render_core.hpp"
 
 using flowjam::LoopView;
@@ -32,4 +34,16 @@ void flowjam_core_render(FlowjamCore* core, float* out, int frames, double nowS)
 void flowjam_core_free(FlowjamCore* core) { delete core; }
 
 int flowjam_block_time_bin(long long ns) { return flowjam::block_time_bin(ns); }
+
+flowjam::HostPace* flowjam_pace_new(int maxBlockFrames, double sampleRate) {
+    auto* pace = new flowjam::HostPace();
+    pace->prepare(maxBlockFrames, sampleRate);
+    return pace;
+}
+
+int flowjam_pace_block(flowjam::HostPace* pace, long long nowNs, int frames) { return pace->block(nowNs, frames); }
+
+void flowjam_pace_held(flowjam::HostPace* pace, long long ns) { pace->held(ns); }
+
+void flowjam_pace_free(flowjam::HostPace* pace) { delete pace; }
 }

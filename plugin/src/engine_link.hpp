@@ -49,6 +49,8 @@ public:
     // Audio thread: the attachment to render from (nullptr: not connected); release() after the block.
     Attachment* acquire() noexcept;
     void release() noexcept;
+    // Whether `attachment` is still the current one (false once the watcher lets go of it: a waiting block stops).
+    bool holds(const Attachment* attachment) const noexcept { return current.load() == attachment; }
 
 private:
     void watch();

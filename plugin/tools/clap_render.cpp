@@ -3,8 +3,11 @@
 // host transport every block (paced to real time with --realtime), and writes each instance's stereo output as
 // interleaved float32 to a file. Before playing it runs stopped blocks until every instance's `connected` parameter
 // reads 1 (at most 60 s), then --wait S seconds more. --set I:NAME=VALUE sets instance I's parameter NAME (its plain
-// value) in its first block.
+// value) in its first block; NAME=VALUE sets it on every instance. stop=AT:FOR stops the transport at the first block
+// from song bar AT (bar 1 = 0) for FOR bars of blocks, its song position standing, then plays on from there (the
+// output holds every block, stopped ones too).
 //   clap_render PLUGIN.clap OUT.f32 BPM BARS [--instances N] [--wait S] [--realtime] [--set I:NAME=VALUE]...
+//               [NAME=VALUE ...] [stop=AT:FOR]
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,13 +85,14 @@ void pace(const timespec& started, int64_t frame, bool realtime) {
 
 int main(int argc, char** argv) {
     if (argc < 5)
-        return fail("usage: clap_render PLUGIN.clap OUT.f32 BPM BARS [--instances N] [--wait S] [--realtime] [--set ...]");
+        return fail("usage: clap_render PLUGIN.clap OUT.f32 BPM BARS [--instances N] [--wait S] [--realtime] [--set ...] "
+                    "[NAME=VALUE ...] [stop=AT:FOR]");
     const double bpm = atof(argv[3]);
     const int bars = atoi(argv[4]);
     int count = 1;
     bool realtime = false;
-    double wait_s = 0.0;
-    std::vector<std::string> settings;
+    double wait_s = 0.0, stopAtBar = -1.0, stopBars = 0.0;
+    std::vector<std::string> settings, everywhere;
     for (int i = 5; i < argc; ++i) {
         if (strcmp(argv[i], "--instances") == 0 && i + 1 < argc) {
             count = atoi(argv[++i]);
@@ -98,10 +102,16 @@ int main(int argc, char** argv) {
             realtime = true;
         } else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
             settings.push_back(argv[++i]);
+        } else if (strncmp(argv[i], "stop=", 5) == 0) {
+            if (sscanf(argv[i] + 5, "%lf:%lf", &stopAtBar, &stopBars) != 2) return fail("stop=AT:FOR takes two bars");
+        } else if (argv[i][0] != '-' && strchr(argv[i], '=') != nullptr) {
+            everywhere.push_back(argv[i]);
         } else {
-            return fail("unknown option (--instances N, --wait S, --realtime, --set I:NAME=VALUE)");
+            return fail("unknown option (--instances N, --wait S, --realtime, --set I:NAME=VALUE, NAME=VALUE, stop=AT:FOR)");
         }
     }
+    for (int i = 0; i < count; ++i)
+        for (const std::string& setting : everywhere) settings.push_back(std::to_string(i) + ":" + setting);
     void* library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     if (library == nullptr) return fail(dlerror());
     auto* entry = static_cast<const clap_plugin_entry_t*>(dlsym(library, "clap_entry"));
@@ -186,13 +196,16 @@ int main(int argc, char** argv) {
 
     const double frames_per_beat = RATE * 60.0 / bpm;
     const int64_t total = static_cast<int64_t>(std::ceil(bars * 4 * frames_per_beat));
+    const int64_t stopAt = stopAtBar < 0 ? total : static_cast<int64_t>(std::ceil(stopAtBar * 4 * frames_per_beat));
+    int64_t stoppedLeft = static_cast<int64_t>(std::ceil(stopBars * 4 * frames_per_beat));
     timespec started;
     clock_gettime(CLOCK_MONOTONIC, &started);
-    for (int64_t frame = 0; frame < total; frame += BLOCK) {
+    for (int64_t frame = 0, song = 0; frame < total; frame += BLOCK) {
         pace(started, frame, realtime);
-        const double beats = frame / frames_per_beat;
+        const bool stopped = song >= stopAt && stoppedLeft > 0;
+        const double beats = song / frames_per_beat;
         transport.flags = CLAP_TRANSPORT_HAS_TEMPO | CLAP_TRANSPORT_HAS_BEATS_TIMELINE |
-                          CLAP_TRANSPORT_HAS_TIME_SIGNATURE | CLAP_TRANSPORT_IS_PLAYING;
+                          CLAP_TRANSPORT_HAS_TIME_SIGNATURE | (stopped ? 0 : CLAP_TRANSPORT_IS_PLAYING);
         transport.song_pos_beats = static_cast<clap_beattime>(std::llround(beats * CLAP_BEATTIME_FACTOR));
         transport.bar_number = static_cast<int32_t>(beats / 4);
         transport.bar_start = static_cast<clap_beattime>(transport.bar_number) * 4 * CLAP_BEATTIME_FACTOR;
@@ -204,6 +217,10 @@ int main(int argc, char** argv) {
                 instance.output.push_back(right[i]);
             }
         }
+        if (stopped)
+            stoppedLeft -= BLOCK;
+        else
+            song += BLOCK;
     }
     for (Instance& instance : instances) {
         instance.plugin->stop_processing(instance.plugin);

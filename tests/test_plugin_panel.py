@@ -1,0 +1,243 @@
+"""The plugin's panel (live/plugin_panel.py) against a real engine (`flowjam live --plugin`, tiny preset) and the VST3 in
+DawDreamer: the engine prints the panel's URL at start; the page and its state are served with the token and refused
+without it (or from a foreign Host); a prompt typed in the panel changes what the plugin renders, and typed back
+gives the old loop again; a knob turned there changes the output; bad input gets a 400 naming the fix while the
+stream plays on; the plugin's `panel` parameter has the engine open the URL in the browser $BROWSER names (a script
+here that writes down the URL it was given)."""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+import pytest
+from daw_host import BAR_FRAMES, BPM, Engine, parameter_index, plugin_for_session
+from flowjam.engine.params import MAX_PROMPT_CHARS
+from flowjam.live.plugin_link import HOST_PANEL_REQUESTS, ControlBlock
+from flowjam.live.plugin_panel import PAGE
+from helpers import wait_for
+from plugin_build import build
+
+daw = pytest.importorskip("dawdreamer", reason="DawDreamer (pip install 'flowjam[test]') hosts the VST3")
+
+SESSION = f"panel-{os.getpid()}"
+PROMPT, OTHER_PROMPT = "ambient pads", "distorted drum and bass, loud snare"
+LOOP_S = 2 * 4 * 60 / BPM  # the engine's loop: 2 bars at 123 BPM
+SWEEP_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def vst3():
+    return build() / "flowjam.vst3"
+
+
+@pytest.fixture(scope="module")
+def panel_engine(vst3, tmp_path_factory):
+    """An engine on a session of its own whose $BROWSER is a script that appends the URL it opens to a file."""
+    folder = tmp_path_factory.mktemp("browser")
+    opened = folder / "opened.txt"
+    browser = folder / "browser.sh"
+    browser.write_text(f'#!/bin/sh\necho "$1" >> "{opened}"\n')
+    browser.chmod(0o755)
+    engine = Engine(
+        SESSION, "--bpm", "123", "--bars", "2", "--prompt", PROMPT, env={**os.environ, "BROWSER": str(browser)}
+    )
+    try:
+        engine.wait_ready()
+        engine.opened = opened
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture(scope="module")
+def panel_url(panel_engine) -> str:
+    """The URL the engine printed at start."""
+    for line in panel_engine.lines:
+        found = re.search(r"flowjam panel .*: (http://127\.0\.0\.1:\d+/[\w-]+/)$", line.strip())
+        if found:
+            return found.group(1)
+    pytest.fail("the engine printed no panel URL:\n" + "".join(panel_engine.lines[:20]))
+
+
+def request(url: str, method: str = "GET", body: bytes | None = None, host: str | None = None):
+    """(status, parsed JSON or the text) of one request to the panel."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    headers = {"Content-Type": "application/json"}
+    if host is not None:
+        headers["Host"] = host
+    connection.request(method, parts.path, body=body, headers=headers)
+    reply = connection.getresponse()
+    data = reply.read().decode()
+    connection.close()
+    kind = reply.getheader("Content-Type", "")
+    return reply.status, json.loads(data) if kind.startswith("application/json") else data
+
+
+def post(panel_url: str, route: str, body) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return request(panel_url + route, "POST", data)
+
+
+def test_panel_is_served_with_its_token_and_refused_without_it(panel_url):
+    status, page = request(panel_url)
+    assert status == 200 and "Prompt A" in page and "<script" in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the page fetches nothing from the network"
+    status, state = request(panel_url + "state")
+    assert status == 200 and state["prompts"]["a"] == PROMPT
+    assert {"prompt_blend", "volume", "denoise", "seed"} <= set(state["knobs"])
+    assert state["knobs"]["volume"]["max"] == 1.0
+    root = panel_url.rsplit("/", 2)[0] + "/"
+    wrong = root + "x" * len(panel_url.rsplit("/", 2)[1]) + "/"
+    for url, method in ((root, "GET"), (wrong, "GET"), (wrong + "state", "GET"), (wrong + "knob", "POST")):
+        status, answer = request(url, method, b'{"name": "volume", "value": 0}' if method == "POST" else None)
+        assert status == 403 and "token" in answer["error"], (url, status, answer)
+    status, answer = request(panel_url + "state", host="evil.example:80")
+    assert status == 403 and "127.0.0.1" in answer["error"]
+
+
+def rendered_loop(host) -> np.ndarray:
+    """One loop of the plugin's output from the host's bar 1 (left channel)."""
+    host.render(LOOP_S)
+    return host.get_audio()[0, : round(2 * BAR_FRAMES)].copy()
+
+
+def distance(audio: np.ndarray, reference: np.ndarray) -> float:
+    return float(np.linalg.norm(audio - reference) / (np.linalg.norm(reference) + 1e-20))
+
+
+def sweep(host, engine) -> None:
+    """Leave the host's playhead at each eighth of the loop in turn until the engine has finished two generations
+    there: it writes ahead of the playhead, so this has every part of the loop written anew, as a playing host
+    does."""
+    for step in range(SWEEP_STEPS):
+        latents = engine.latents()
+        while engine.latents() < latents + 2:
+            host.render(LOOP_S * (step + 0.5) / SWEEP_STEPS)
+            time.sleep(0.05)
+
+
+def settled(host, engine, what: str, timeout_s: float = 180.0) -> np.ndarray:
+    """The rendered loop once it is written anew everywhere and stays within 1e-5 of itself over another sweep."""
+    sweep(host, engine)
+    renders = [rendered_loop(host)]
+
+    def steady() -> bool:
+        sweep(host, engine)
+        renders.append(rendered_loop(host))
+        print(f"{what}: {distance(renders[-1], renders[-2]):.3g} from the render before")
+        return distance(renders[-1], renders[-2]) < 1e-5
+
+    wait_for(steady, timeout_s, what, poll_s=0.0)
+    return renders[-1]
+
+
+def play_prompt(host, engine, panel_url: str, text: str) -> np.ndarray:
+    """Type prompt A in the panel; the loop once the engine plays it and it has settled."""
+    assert post(panel_url, "prompt", {"slot": "a", "text": text}) == (200, {"slot": "a", "text": text})
+    playing = lambda: request(panel_url + "state")[1]["prompts"]["a"] == text  # noqa: E731
+    wait_for(playing, 60, f"the engine to play {text!r}", poll_s=0.1)
+    return settled(host, engine, f"the loop of {text!r}")
+
+
+def test_a_prompt_typed_in_the_panel_changes_what_the_plugin_plays_and_typing_it_back_restores_it(
+    panel_engine, panel_url, vst3, tmp_path
+):
+    host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    host.render(0.5)  # attached: the plugin has given the engine its knobs; from here the panel's are the last word
+    # denoise 1: each generation starts from the same seeded noise, so a prompt's loop settles and can come back
+    assert post(panel_url, "knob", {"name": "denoise", "value": 1.0}) == (200, {"name": "denoise", "value": 1.0})
+    before = settled(host, panel_engine, "the loop of the first prompt")
+    assert np.sqrt(np.mean(before**2)) > 1e-3, "the loop is audible"
+    other = play_prompt(host, panel_engine, panel_url, OTHER_PROMPT)
+    print(f"the typed prompt's loop: {distance(other, before):.3g} (relative L2) from the first prompt's")
+    assert distance(other, before) > 1e-3, f"the typed prompt's loop is only {distance(other, before):.2g} away"
+    back = play_prompt(host, panel_engine, panel_url, PROMPT)
+    print(f"the first prompt typed back: its loop again within {distance(back, before):.3g} (relative L2)")
+    assert distance(back, before) < 1e-5, f"the first prompt's loop again: {distance(back, before):.2g} away"
+
+
+def test_a_knob_turned_in_the_panel_changes_the_output(panel_engine, panel_url, vst3, tmp_path):
+    host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    host.render(0.5)
+    loud = rendered_loop(host)
+    assert np.abs(loud).max() > 1e-2, "the loop is audible"
+    assert post(panel_url, "knob", {"name": "volume", "value": 0.0}) == (200, {"name": "volume", "value": 0.0})
+    wait_for(lambda: not rendered_loop(host)[1024:].any(), 10, "volume 0 from the panel to silence the plugin")
+    assert post(panel_url, "knob", {"name": "volume", "value": 0.8})[0] == 200
+    wait_for(lambda: np.abs(rendered_loop(host)).max() > 1e-2, 10, "volume 0.8 from the panel to bring it back")
+
+
+BAD_BODIES = {
+    "unknown knob": ("knob", {"name": "brightness", "value": 0.5}, "unknown knob 'brightness'"),
+    "out of range": ("knob", {"name": "volume", "value": 2.0}, "volume takes 0..1"),
+    "not a number": ("knob", {"name": "volume", "value": "loud"}, "takes a number"),
+    "too long a prompt": ("prompt", {"slot": "a", "text": "x" * (MAX_PROMPT_CHARS + 1)}, f"at most {MAX_PROMPT_CHARS}"),
+    "an empty prompt A": ("prompt", {"slot": "a", "text": "  "}, "prompt A is empty"),
+    "an unknown slot": ("prompt", {"slot": "c", "text": "pads"}, "one of a, b, negative"),
+    "not JSON": ("prompt", b"slot=a&text=pads", "not JSON"),
+    "missing fields": ("knob", {"value": 0.5}, "send a JSON object"),
+}
+
+
+def test_bad_input_gets_a_400_naming_the_fix_and_the_stream_plays_on(panel_engine, panel_url):
+    knobs = request(panel_url + "state")[1]["knobs"]
+    latents = panel_engine.latents()
+    for case, (route, body, said) in BAD_BODIES.items():
+        status, answer = post(panel_url, route, body)
+        assert status == 400 and said in answer["error"], (case, status, answer)
+    state = request(panel_url + "state")[1]
+    assert {name: spec["value"] for name, spec in state["knobs"].items()} == {
+        name: spec["value"] for name, spec in knobs.items()
+    }, "a refused change changed no knob"
+    assert state["prompts"]["a"] in (PROMPT, OTHER_PROMPT)
+    wait_for(lambda: panel_engine.latents() > latents + 1, 60, "the engine to go on generating")
+    assert panel_engine.process.poll() is None
+
+
+def test_the_plugins_panel_parameter_has_the_engine_open_the_url_in_the_browser(
+    panel_engine, panel_url, vst3, tmp_path
+):
+    host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    host.render(0.2)
+    assert not panel_engine.opened.exists(), "nothing opened before the parameter moved"
+    panel = parameter_index(plugin, "panel")
+    plugin.set_parameter(panel, 1.0)
+    host.render(0.2)
+    wait_for(panel_engine.opened.exists, 10, "the browser script to be run")
+    assert panel_engine.opened.read_text().splitlines() == [panel_url]
+    host.render(0.2)  # the parameter still on: no second window
+    plugin.set_parameter(panel, 0.0)
+    host.render(0.2)
+    plugin.set_parameter(panel, 1.0)
+    host.render(0.2)
+    wait_for(lambda: len(panel_engine.opened.read_text().splitlines()) == 2, 10, "a second turn to open it again")
+    control = ControlBlock(SESSION, create=False)
+    try:
+        assert control.counters[HOST_PANEL_REQUESTS] == 2, "the plugin counted two turns in the control block"
+    finally:
+        control.close()
+
+
+def test_the_pages_script_shows_the_state_and_posts_what_the_player_does(panel_engine, panel_url):
+    """The page's own script under node (tests/panel_page.js: a minimal document, node's fetch) against the panel."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed (apt-get install nodejs)")
+    driver = Path(__file__).with_name("panel_page.js")
+    result = subprocess.run(["node", str(driver), str(PAGE), panel_url], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    state = request(panel_url + "state")[1]
+    assert shown["knobs"][0] == "prompt_blend" and sorted(shown["knobs"]) == sorted(state["knobs"])
+    assert shown["shownPromptA"] == state["prompts"]["a"]
+    assert shown["shownVolume"] == "0.250" and state["knobs"]["volume"]["value"] == 0.25
+    assert shown["afterB"] == "prompt b applied"
+    assert shown["afterEmptyA"].startswith("prompt A is empty") and shown["messageClass"] == ""
+    wait_for(lambda: request(panel_url + "state")[1]["prompts"]["b"] == "glass harmonica", 60, "prompt B to play")
