@@ -140,7 +140,16 @@ class PluginSessions:
 
     def _make(self, name: str) -> None:
         """Session `name` on a lane of the ring; a failure (the ring full) is logged and tried again later."""
-        config = replace(self.config, session_name=name, osc_port=None, midi_port=None, midi_map=None, midi_learn=())
+        panel_port = None if self.config.panel_port is None else 0  # a port of its own: --panel-port is the first's
+        config = replace(
+            self.config,
+            session_name=name,
+            osc_port=None,
+            midi_port=None,
+            midi_map=None,
+            midi_learn=(),
+            panel_port=panel_port,
+        )
         try:
             app = LiveApp(self.session, config, self._knobs(), ticker=self.ticker)
             app.start(lambda: self._await_project(app))  # a failed start stops what it started
