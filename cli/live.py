@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from ..live.app import LiveApp, LiveConfig, parse_host_port
     from ..live.knobs import KnobRegistry
     from ..live.playback import PlaybackError
+    from ..live.plugin_sessions import PluginSessions
     from ..live.runner import RunnerConfig
 
     def knobs() -> KnobRegistry:
@@ -203,8 +204,6 @@ def run(args: argparse.Namespace) -> int:
 
         find_input_port(config.midi_port, config.midi_backend)  # a wrong port or MIDI system fails before loading
     if args.plugin:  # every plugin instance on the machine: a session each, on one ring
-        from ..live.plugin_sessions import PluginSessions
-
         app = PluginSessions(load_session(args), config, knobs)
     else:
         app = LiveApp(load_session(args), config, knobs())
@@ -212,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
     stop_on_signals()
     try:
         app.start()  # inside the try: whatever started before a failure (runner, audio process) is stopped
-        panel = getattr(app.playback, "panel", None)
+        primary = app.primary_app if isinstance(app, PluginSessions) else app
+        panel = getattr(primary.playback, "panel", None)
         if panel is not None:
             sys.stderr.write(
                 f"flowjam panel (prompts and knobs; the plugin's `panel` parameter opens it): {panel.url}\n"
