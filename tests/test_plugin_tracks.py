@@ -92,10 +92,10 @@ def engine():
 
 
 def control_block(session: str) -> ControlBlock | None:
-    """The session's control block, or None once the engine has ended the session."""
+    """The session's control block, or None where the engine has none (ended, or not whole yet: being made)."""
     try:
         return ControlBlock(session, create=False)
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):
         return None
 
 
