@@ -88,7 +88,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--playback", default="process", choices=("process", "thread"), help="where the audio callback runs"
     )
     parser.add_argument("--record", type=Path, help="write exactly what was played to this WAV")
-    parser.add_argument("--session", default="default", help="OSC session name in /flowjam/<session>/...")
+    parser.add_argument(
+        "--session",
+        default="default",
+        help="the session's name, in OSC's /flowjam/<session>/...; with --plugin the first track's (OSC and MIDI "
+        "control it)",
+    )
     parser.add_argument("--osc-port", type=int, default=9000, help="UDP port for OSC control (0: none)")
     parser.add_argument(
         "--osc-host", help="address to bind (default 127.0.0.1); anything but loopback must be asked for"

@@ -117,7 +117,7 @@ class PluginSessions:
             if name in held or app.playback.running:
                 self._held_at[name] = now
             elif name != self.primary and now - self._held_at.get(name, now) > self.grace_s:
-                self.end(name)
+                threading.Thread(target=self.end, args=(name,), name=f"flowjam-end-{name}", daemon=True).start()
 
     def _answer(self, ask: Ask, held: set[str]) -> str:
         """Grant `ask` its session's name ("" for a name no session may have); the session is made next. An instance
@@ -183,7 +183,9 @@ class PluginSessions:
     def end(self, name: str) -> None:
         """Stop session `name` and free its lane (its instance, if any comes back, asks again)."""
         with self._lock:
-            app = self._apps.pop(name)
+            app = self._apps.pop(name, None)
+        if app is None:  # ended already
+            return
         self._held_at.pop(name, None)
         app.stop()
         log.info("plugin session %s ended (%d on the ring)", name, len(self._apps))
@@ -193,9 +195,7 @@ class PluginSessions:
         if self._thread is not None:
             self._thread.join(5.0)
         for name in self.apps:
-            with self._lock:
-                app = self._apps.pop(name)
-            app.stop()
+            self.end(name)
         if self.lobby is not None:
             self.lobby.unlink()
             self.lobby = None

@@ -9,6 +9,7 @@ audio cannot be compared so: the writer patches it at times, and so places, that
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -91,10 +92,10 @@ def engine():
 
 
 def control_block(session: str) -> ControlBlock | None:
-    """The session's control block, or None once the engine has ended the session."""
+    """The session's control block, or None where the engine has none (ended, or not whole yet: being made)."""
     try:
         return ControlBlock(session, create=False)
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):
         return None
 
 
@@ -196,7 +197,10 @@ def test_a_project_of_two_tracks_opened_again_in_another_process_gets_each_its_s
                 block.close()
         return found
 
-    wait_for(lambda: playing() == list(prompts), 60, "each session made again with its saved prompt", poll_s=0.2)
+    deadline = time.monotonic() + 120  # making a session takes seconds, up to ~15 s on a loaded 2-core machine
+    while playing() != list(prompts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert playing() == list(prompts), f"each session made again with its saved prompt: {engine.lines[-1]}"
     wait_for(lambda: set(engine.sessions()) == {PRIMARY, second}, 5, "both sessions on the ring", poll_s=0.2)
     for (_, plugin), state, name in zip(opened, states, names, strict=True):
         plugin.save_state(str(state))

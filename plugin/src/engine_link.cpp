@@ -48,7 +48,12 @@ void EngineLink::askLobby() {
         asked = sessionName;
     }
     std::string granted;
-    if (lobby.keep(asked, granted) && granted != asked) setSession(granted);
+    if (!lobby.keep(asked, granted) || granted == asked) return;
+    std::lock_guard<std::mutex> guard(settingsLock);
+    if (sessionName == asked) {  // not since set by the host (a project's state): the engine's name from now on
+        sessionName = granted;
+        sessionChanged = true;
+    }
 }
 
 void EngineLink::setEngineCommand(const std::string& value) {
