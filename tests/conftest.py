@@ -79,14 +79,18 @@ def jack_server():
 
 
 @pytest.fixture(scope="session")
-def plugin_engine():
+def plugin_engine(tmp_path_factory):
     """`flowjam live --plugin --preset tiny --bpm 123 --bars 2 --click --prompt "ambient pads"` on the plugin tests'
-    session, its loop made; shared by the DAW plugin test modules (a test that kills it starts it again)."""
+    session, its loop made; shared by the DAW plugin test modules (a test that kills it starts it again; one engine at
+    a time: a second one's start starves beside it on a small machine). Its $BROWSER writes down the URLs it opens
+    (`engine.browser_log`)."""
     from daw_host import SESSION, Engine
     from plugin_build import build
 
     build()  # before the engine starts: the compile has both cores
-    engine = Engine(SESSION, "--bpm", "123", "--bars", "2", "--click", "--prompt", "ambient pads")
+    browser_log = tmp_path_factory.mktemp("browser") / "opened.txt"
+    flags = ("--bpm", "123", "--bars", "2", "--click", "--prompt", "ambient pads")
+    engine = Engine(SESSION, *flags, browser_log=browser_log)
     try:
         engine.wait_ready()
         yield engine

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,9 +25,14 @@ _JUCE_CHARS = ".ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+"
 class Engine:
     """`flowjam live --plugin` on the tiny preset, for a session; its status lines are read as they come."""
 
-    def __init__(self, session: str, *flags: str, env: dict[str, str] | None = None):
-        """`env`: the engine's environment (default: this process's)."""
-        self.session, self.env = session, env
+    def __init__(self, session: str, *flags: str, browser_log: Path | None = None):
+        """`browser_log`: the engine's $BROWSER is a script that appends each URL it is asked to open to this file."""
+        self.session, self.browser_log, self.env = session, browser_log, None
+        if browser_log is not None:
+            browser = browser_log.with_name("browser.sh")
+            browser.write_text(f'#!/bin/sh\necho "$1" >> "{browser_log}"\n')
+            browser.chmod(0o755)
+            self.env = {**os.environ, "BROWSER": str(browser)}
         self.command = [sys.executable, "-m", "flowjam", "live", "--plugin", "--preset", "tiny", "--osc-port", "0"]
         self.command += ["--session", session, *flags]
         self.restart()
@@ -43,6 +49,14 @@ class Engine:
     def _read(process: subprocess.Popen, lines: list[str]) -> None:
         for line in process.stderr:
             lines.append(line)
+
+    def panel_url(self) -> str:
+        """The panel's URL as the engine printed it at its start (a new one after each restart)."""
+        for line in list(self.lines):
+            found = re.search(r"flowjam panel .*: (http://127\.0\.0\.1:\d+/[\w-]+/)$", line.strip())
+            if found:
+                return found.group(1)
+        raise AssertionError("the engine printed no panel URL:\n" + "".join(self.lines[:20]))
 
     def latents(self) -> int:
         """Generations finished so far (from the newest status line)."""

@@ -51,6 +51,7 @@ const page = new Function("document", "fetch", "setInterval", script + "\nreturn
   const volume = page.rows.volume;
   volume.input.value = "0.25";
   await volume.input.fire("input");
+  await page.poll();  // the page's next look at the state (its own first poll may have answered after the move)
   const shownVolume = volume.output.textContent;
   elements["prompt-b"].value = "glass harmonica";
   await buttons.find((b) => b.dataset.for === "prompt-b").fire("click");

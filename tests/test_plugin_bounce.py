@@ -1,21 +1,22 @@
 """An offline bounce started as the engine starts: DawDreamer (which renders as fast as it can, and which the plugin
 takes for a bounce by that pace: DPF 1.6 passes it no offline flag) renders the VST3 right after the engine's control
-block appears, before the engine has written its first loop. The plugin holds its blocks back until the loop is
+block appears (the plugin tests' shared engine, killed and started again), before the engine has written its first
+loop. The plugin holds its blocks back until the loop is
 written (2 s a block at most), so the bounced audio has music from its third block on, where it would otherwise
 start with the silence of a loop not yet written."""
 
-import os
 import time
 
 import numpy as np
 import pytest
-from daw_host import BAR_FRAMES, BLOCK, BPM, Engine, plugin_for_session
+from daw_host import BAR_FRAMES, BLOCK, BPM, SESSION, parameter_index, plugin_for_session
 from flowjam.live.plugin_link import (
     ENGINE_LOOP_WRITTEN,
     HEARTBEAT_NS,
     HOST_OFFLINE,
     HOST_WAITED_S,
     HOST_WAITS,
+    STALE_AFTER_S,
     ControlBlock,
 )
 from helpers import wait_for
@@ -23,20 +24,20 @@ from plugin_build import build
 
 daw = pytest.importorskip("dawdreamer", reason="DawDreamer (pip install 'flowjam[test]') hosts the VST3")
 
-SESSION = f"bounce-{os.getpid()}"
 BARS = 4
 UNJUDGED_BLOCKS = 2  # the plugin knows a bounce by its pace once two blocks have come
 
 
 def attach_fresh(session: str) -> ControlBlock:
-    """The engine's control block as soon as it beats (the engine is up; its loop is not yet written)."""
+    """The engine's control block as soon as it beats (the engine is up; its loop is not yet written), not the one a
+    killed engine left behind."""
 
     def beating() -> ControlBlock | None:
         try:
             control = ControlBlock(session, create=False)
         except (FileNotFoundError, ValueError):
             return None
-        if control.counters[HEARTBEAT_NS] == 0:
+        if time.monotonic_ns() - control.counters[HEARTBEAT_NS] > 0.5e9:
             control.close()
             return None
         return control
@@ -51,10 +52,15 @@ def silent_runs(audio: np.ndarray, at_least: int) -> list[tuple[int, int]]:
     return [(int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2]) if b - a >= at_least]
 
 
-def test_an_offline_bounce_started_with_the_engine_waits_for_its_loop_instead_of_bouncing_silence(tmp_path):
+def test_an_offline_bounce_started_with_the_engine_waits_for_its_loop_instead_of_bouncing_silence(
+    plugin_engine, tmp_path
+):
     vst3 = build() / "flowjam.vst3"
     host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
-    engine = Engine(SESSION, "--bpm", str(int(BPM)), "--bars", "2", "--prompt", "ambient pads")
+    plugin.set_parameter(parameter_index(plugin, "click"), 0.5)  # off: what is heard is the loop
+    plugin_engine.kill()
+    time.sleep(STALE_AFTER_S + 0.3)  # its heartbeat goes stale
+    plugin_engine.restart()
     control = None
     try:
         control = attach_fresh(SESSION)
@@ -77,4 +83,4 @@ def test_an_offline_bounce_started_with_the_engine_waits_for_its_loop_instead_of
     finally:
         if control is not None:
             control.close()
-        engine.stop()
+        plugin_engine.wait_ready()

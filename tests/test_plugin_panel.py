@@ -1,5 +1,6 @@
 """The plugin's panel (live/plugin_panel.py) against a real engine (`flowjam live --plugin`, tiny preset) and the VST3 in
-DawDreamer: the engine prints the panel's URL at start; the page and its state are served with the token and refused
+DawDreamer (the plugin tests' shared engine; what a test changes through the panel is set back after it): the engine
+prints the panel's URL at start; the page and its state are served with the token and refused
 without it (or from a foreign Host); a prompt typed in the panel changes what the plugin renders, and typed back
 gives the old loop again; a knob turned there changes the output; bad input gets a 400 naming the fix while the
 stream plays on; the plugin's `panel` parameter has the engine open the URL in the browser $BROWSER names (a script
@@ -7,7 +8,6 @@ here that writes down the URL it was given)."""
 
 import http.client
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daw_host import BAR_FRAMES, BPM, Engine, parameter_index, plugin_for_session
+from daw_host import BAR_FRAMES, BPM, SESSION, parameter_index, plugin_for_session
 from flowjam.engine.params import MAX_PROMPT_CHARS
 from flowjam.live.plugin_link import HOST_PANEL_REQUESTS, ControlBlock
 from flowjam.live.plugin_panel import PAGE
@@ -26,8 +26,7 @@ from plugin_build import build
 
 daw = pytest.importorskip("dawdreamer", reason="DawDreamer (pip install 'flowjam[test]') hosts the VST3")
 
-SESSION = f"panel-{os.getpid()}"
-PROMPT, OTHER_PROMPT = "ambient pads", "distorted drum and bass, loud snare"
+PROMPT, OTHER_PROMPT = "ambient pads", "distorted drum and bass, loud snare"  # PROMPT: the engine's --prompt
 LOOP_S = 2 * 4 * 60 / BPM  # the engine's loop: 2 bars at 123 BPM
 SWEEP_STEPS = 8
 
@@ -37,33 +36,23 @@ def vst3():
     return build() / "flowjam.vst3"
 
 
-@pytest.fixture(scope="module")
-def panel_engine(vst3, tmp_path_factory):
-    """An engine on a session of its own whose $BROWSER is a script that appends the URL it opens to a file."""
-    folder = tmp_path_factory.mktemp("browser")
-    opened = folder / "opened.txt"
-    browser = folder / "browser.sh"
-    browser.write_text(f'#!/bin/sh\necho "$1" >> "{opened}"\n')
-    browser.chmod(0o755)
-    engine = Engine(
-        SESSION, "--bpm", "123", "--bars", "2", "--prompt", PROMPT, env={**os.environ, "BROWSER": str(browser)}
-    )
-    try:
-        engine.wait_ready()
-        engine.opened = opened
-        yield engine
-    finally:
-        engine.stop()
+@pytest.fixture
+def panel_url(plugin_engine) -> str:
+    """The URL the shared engine printed at its start; what a test changed through it is set back afterwards."""
+    url = plugin_engine.panel_url()
+    before = request(url + "state")[1]
+    yield url
+    for slot, text in before["prompts"].items():
+        if text and request(url + "state")[1]["prompts"][slot] != text:
+            post(url, "prompt", {"slot": slot, "text": text})
+    for name, spec in before["knobs"].items():
+        post(url, "knob", {"name": name, "value": spec["value"]})
+    wait_for(lambda: request(url + "state")[1]["prompts"] == before["prompts"], 60, "the prompts set back")
 
 
-@pytest.fixture(scope="module")
-def panel_url(panel_engine) -> str:
-    """The URL the engine printed at start."""
-    for line in panel_engine.lines:
-        found = re.search(r"flowjam panel .*: (http://127\.0\.0\.1:\d+/[\w-]+/)$", line.strip())
-        if found:
-            return found.group(1)
-    pytest.fail("the engine printed no panel URL:\n" + "".join(panel_engine.lines[:20]))
+def quiet_click(plugin) -> None:
+    """The plugin's click off (the shared engine clicks): what is left is the loop."""
+    plugin.set_parameter(parameter_index(plugin, "click"), 0.5)
 
 
 def request(url: str, method: str = "GET", body: bytes | None = None, host: str | None = None):
@@ -148,24 +137,26 @@ def play_prompt(host, engine, panel_url: str, text: str) -> np.ndarray:
 
 
 def test_a_prompt_typed_in_the_panel_changes_what_the_plugin_plays_and_typing_it_back_restores_it(
-    panel_engine, panel_url, vst3, tmp_path
+    plugin_engine, panel_url, vst3, tmp_path
 ):
     host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    quiet_click(plugin)
     host.render(0.5)  # attached: the plugin has given the engine its knobs; from here the panel's are the last word
     # denoise 1: each generation starts from the same seeded noise, so a prompt's loop settles and can come back
     assert post(panel_url, "knob", {"name": "denoise", "value": 1.0}) == (200, {"name": "denoise", "value": 1.0})
-    before = settled(host, panel_engine, "the loop of the first prompt")
+    before = settled(host, plugin_engine, "the loop of the first prompt")
     assert np.sqrt(np.mean(before**2)) > 1e-3, "the loop is audible"
-    other = play_prompt(host, panel_engine, panel_url, OTHER_PROMPT)
+    other = play_prompt(host, plugin_engine, panel_url, OTHER_PROMPT)
     print(f"the typed prompt's loop: {distance(other, before):.3g} (relative L2) from the first prompt's")
     assert distance(other, before) > 1e-3, f"the typed prompt's loop is only {distance(other, before):.2g} away"
-    back = play_prompt(host, panel_engine, panel_url, PROMPT)
+    back = play_prompt(host, plugin_engine, panel_url, PROMPT)
     print(f"the first prompt typed back: its loop again within {distance(back, before):.3g} (relative L2)")
     assert distance(back, before) < 1e-5, f"the first prompt's loop again: {distance(back, before):.2g} away"
 
 
-def test_a_knob_turned_in_the_panel_changes_the_output(panel_engine, panel_url, vst3, tmp_path):
+def test_a_knob_turned_in_the_panel_changes_the_output(panel_url, vst3, tmp_path):
     host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    quiet_click(plugin)
     host.render(0.5)
     loud = rendered_loop(host)
     assert np.abs(loud).max() > 1e-2, "the loop is audible"
@@ -187,9 +178,9 @@ BAD_BODIES = {
 }
 
 
-def test_bad_input_gets_a_400_naming_the_fix_and_the_stream_plays_on(panel_engine, panel_url):
+def test_bad_input_gets_a_400_naming_the_fix_and_the_stream_plays_on(plugin_engine, panel_url):
     knobs = request(panel_url + "state")[1]["knobs"]
-    latents = panel_engine.latents()
+    latents = plugin_engine.latents()
     for case, (route, body, said) in BAD_BODIES.items():
         status, answer = post(panel_url, route, body)
         assert status == 400 and said in answer["error"], (case, status, answer)
@@ -198,35 +189,43 @@ def test_bad_input_gets_a_400_naming_the_fix_and_the_stream_plays_on(panel_engin
         name: spec["value"] for name, spec in knobs.items()
     }, "a refused change changed no knob"
     assert state["prompts"]["a"] in (PROMPT, OTHER_PROMPT)
-    wait_for(lambda: panel_engine.latents() > latents + 1, 60, "the engine to go on generating")
-    assert panel_engine.process.poll() is None
+    wait_for(lambda: plugin_engine.latents() > latents + 1, 60, "the engine to go on generating")
+    assert plugin_engine.process.poll() is None
 
 
 def test_the_plugins_panel_parameter_has_the_engine_open_the_url_in_the_browser(
-    panel_engine, panel_url, vst3, tmp_path
+    plugin_engine, panel_url, vst3, tmp_path
 ):
+    log = plugin_engine.browser_log
+
+    def opened() -> list[str]:
+        return log.read_text().splitlines() if log.exists() else []
+
     host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
     host.render(0.2)
-    assert not panel_engine.opened.exists(), "nothing opened before the parameter moved"
+    earlier = opened()
+    time.sleep(0.2)
+    assert opened() == earlier, "nothing opened before the parameter moved"
     panel = parameter_index(plugin, "panel")
-    plugin.set_parameter(panel, 1.0)
-    host.render(0.2)
-    wait_for(panel_engine.opened.exists, 10, "the browser script to be run")
-    assert panel_engine.opened.read_text().splitlines() == [panel_url]
-    host.render(0.2)  # the parameter still on: no second window
-    plugin.set_parameter(panel, 0.0)
-    host.render(0.2)
-    plugin.set_parameter(panel, 1.0)
-    host.render(0.2)
-    wait_for(lambda: len(panel_engine.opened.read_text().splitlines()) == 2, 10, "a second turn to open it again")
     control = ControlBlock(SESSION, create=False)
     try:
-        assert control.counters[HOST_PANEL_REQUESTS] == 2, "the plugin counted two turns in the control block"
+        presses = int(control.counters[HOST_PANEL_REQUESTS])
+        plugin.set_parameter(panel, 1.0)
+        host.render(0.2)
+        wait_for(lambda: len(opened()) == len(earlier) + 1, 10, "the browser script to be run")
+        assert opened()[-1] == panel_url
+        host.render(0.2)  # the parameter still on: no second window
+        plugin.set_parameter(panel, 0.0)
+        host.render(0.2)
+        plugin.set_parameter(panel, 1.0)
+        host.render(0.2)
+        wait_for(lambda: len(opened()) == len(earlier) + 2, 10, "a second turn to open it again")
+        assert control.counters[HOST_PANEL_REQUESTS] == presses + 2, "the plugin counted two turns in the block"
     finally:
         control.close()
 
 
-def test_the_pages_script_shows_the_state_and_posts_what_the_player_does(panel_engine, panel_url):
+def test_the_pages_script_shows_the_state_and_posts_what_the_player_does(panel_url):
     """The page's own script under node (tests/panel_page.js: a minimal document, node's fetch) against the panel."""
     if shutil.which("node") is None:
         pytest.skip("node is not installed (apt-get install nodejs)")
