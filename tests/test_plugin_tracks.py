@@ -81,7 +81,20 @@ def test_a_session_on_a_shared_ring_makes_the_latents_it_makes_alone(one_torch_t
 
 
 @pytest.fixture(scope="module")
-def engine():
+def own_lobby():
+    """A lobby of this module's own: plugin instances that other modules' tests left alive in this process (a
+    DawDreamer host is freed when Python collects it) ask their old lobby, never this module's engine."""
+    before = os.environ.get("FLOWJAM_LOBBY")
+    os.environ["FLOWJAM_LOBBY"] = f"flowjam-lobby-tracks-{os.getpid()}"
+    yield
+    if before is None:
+        os.environ.pop("FLOWJAM_LOBBY")
+    else:
+        os.environ["FLOWJAM_LOBBY"] = before
+
+
+@pytest.fixture(scope="module")
+def engine(own_lobby):
     build()
     started = Engine(PRIMARY, "--bpm", "123", "--bars", "2", "--prompt", "ambient pads", "--prompt-b", "solo piano")
     try:
