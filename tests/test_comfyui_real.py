@@ -1375,8 +1375,9 @@ def test_the_panel_without_a_stream_is_disabled_backs_off_and_logs_nothing(comfy
     assert "velocity_scale" in result["running"]["enabled"] and "cfg_mode" in result["running"]["enabled"]
     layout = result["runningLayout"]
     assert layout["labels"] == [], f"labels cut off: {layout['labels']}"
-    assert len(layout["meterLines"]) == 2 and not any(line["cut"] for line in layout["meterLines"]), layout
+    assert len(layout["meterLines"]) == 3 and not any(line["cut"] for line in layout["meterLines"]), layout
     assert layout["meterLines"][0]["text"].startswith("tick ") and "playhead" in layout["meterLines"][1]["text"]
+    assert re.match(LOOP_FIELD, layout["meterLines"][2]["text"]), "the third line says what plays (point 23)"
     assert name not in comfy.sessions()
 
 
