@@ -124,6 +124,8 @@ def stream_start(
     grid = stream_grid(bpm, time_signature, bars, sync, click, window[1], source is not None)
     if lm_structure is not None and source is not None:
         raise NodeInputError("Stream: connect either 'source' (a cover) or 'lm_structure', not both")
+    if output(audio_device)[1] == "plugin":
+        check_plugin_output(name, grid)
     running = performances.get(name)
     if running is not None:
         check_grid_requeue(running, grid)
@@ -244,14 +246,33 @@ def check_requeue(
     if output(audio_device) != (app.config.audio_device, app.config.playback_mode):
         raise NodeInputError(
             f"Stream: audio_device {audio_device!r} cannot apply to the running stream {name!r}, which plays on "
-            f"{app.playback.device_name}; stop it (Stream stop), then queue again to start it on the new output"
+            f"{app.playback.stats()['device']}; stop it (Stream stop), then queue again to start it on the new output"
         )
+
+
+PLUGIN_OUTPUT = "plugin"  # audio_device: the flowjam DAW plugin (plugin/, docs/plugin.md) plays the stream
 
 
 def output(audio_device: str) -> tuple[str | None, str]:
     """The Stream node's audio_device -> (LiveConfig.audio_device, LiveConfig.playback_mode)."""
     device = audio_device.strip()
+    if device == PLUGIN_OUTPUT:
+        return None, "plugin"
     return (None if device in ("", "none", "default") else device), ("null" if device == "none" else "process")
+
+
+def check_plugin_output(name: str, grid: StreamGrid) -> None:
+    """A stream for the DAW plugin: its session_id is the name the plugin attaches by, and the DAW is its clock."""
+    from ..live.plugin_link import control_name
+
+    try:
+        control_name(name)
+    except ValueError as error:
+        raise NodeInputError(f"Stream: input 'session_id' with audio_device 'plugin': {error}") from None
+    if grid.sync is not None:
+        raise NodeInputError(
+            "Stream: audio_device 'plugin' plays through the DAW, whose transport is the clock: set sync to off"
+        )
 
 
 def new_stream(
@@ -395,7 +416,8 @@ NODES = (
                 "audio_device",
                 "STRING",
                 "Output device name or index; empty = system default (silent, the panel says so, if there is none); "
-                "none = silent; fixed once the stream plays",
+                "none = silent; plugin = the flowjam DAW plugin, attached by session_id, the DAW's transport the "
+                "clock (docs/plugin.md); fixed once the stream plays",
                 "",
             ),
             knob_param("cfg_mode", CFG_MODE_TOOLTIP),

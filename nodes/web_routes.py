@@ -16,6 +16,7 @@ from typing import Any
 from ..engine.params import KNOB_SPECS, KnobSpec
 from ..live import performances
 from ..live.knobs import KnobError
+from .prompt_types import refuse_text_booleans
 
 log = logging.getLogger("flowjam.web")
 
@@ -196,5 +197,6 @@ def register() -> bool:
         if any(getattr(route, "path", None) == SESSIONS_PATH for route in server.routes):
             return False
         add_routes(server.routes, web.json_response)
+        server.add_on_prompt_handler(refuse_text_booleans)
         StatusPublisher(server.send_sync).start()
         return True

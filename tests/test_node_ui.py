@@ -15,6 +15,7 @@ import torch
 from flowjam.engine.audio.example_song import CHORDS
 from flowjam.live import performances
 from flowjam.live.sync.link import LinkFollower
+from flowjam.nodes.prompt_types import refuse_text_booleans
 from flowjam.nodes.spec import RESULT_UI_KEY, NodeInputError
 from helpers import STREAM_DEFAULTS, TEXT_DEFAULTS, free_udp_port, node, stream, text
 
@@ -170,6 +171,33 @@ def test_a_string_for_a_boolean_widget_is_refused_not_read_as_true(model):
         "Stream: input 'steps' takes a whole number, got '8'"
     )
     assert performances.get("typed_ui") is None, "a refused input starts no stream"
+
+
+def test_a_posted_string_for_a_boolean_is_refused_before_comfyuis_conversion_reads_it_as_true():
+    """ComfyUI's /prompt validation runs bool(value) on a BOOLEAN widget before the node sees it ("false" -> True):
+    the on_prompt handler makes that conversion raise the node's message instead; booleans and links pass."""
+    body = {
+        "prompt": {
+            "1": {"class_type": "FlowjamStream", "inputs": {"endless": "false", "session_id": "x"}},
+            "2": {"class_type": "FlowjamStream", "inputs": {"endless": True}},
+            "3": {"class_type": "FlowjamStream", "inputs": {"endless": ["9", 0]}},
+            "4": {"class_type": "FlowjamStream", "inputs": {"endless": 0}},
+            "5": {"class_type": "SaveAudio", "inputs": {"endless": "false"}},  # not ours: left as posted
+        }
+    }
+    prompt = refuse_text_booleans(body)["prompt"]
+    refused = prompt["1"]["inputs"]["endless"]
+    assert refused == "false" and prompt["1"]["inputs"]["session_id"] == "x"
+    with pytest.raises(ValueError) as raised:
+        bool(refused)  # what ComfyUI's validate_inputs does with a BOOLEAN widget's value
+    assert str(raised.value) == (
+        "Stream: input 'endless' takes true or false (a JSON boolean, not a string), got 'false'"
+    )
+    assert prompt["2"]["inputs"]["endless"] is True and prompt["3"]["inputs"]["endless"] == ["9", 0]
+    with pytest.raises(ValueError, match="got 0"):
+        bool(prompt["4"]["inputs"]["endless"])
+    assert type(prompt["5"]["inputs"]["endless"]) is str
+    assert refuse_text_booleans({"no": "prompt"}) == {"no": "prompt"}
 
 
 def test_a_string_where_a_socket_wants_a_nodes_output_names_the_socket(model):

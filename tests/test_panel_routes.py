@@ -228,7 +228,10 @@ class Routes(list):  # aiohttp's RouteTableDef, as far as the routes use it
 
 server = types.ModuleType("server")
 server.PromptServer = type("PromptServer", (), {})
-server.PromptServer.instance = types.SimpleNamespace(routes=Routes(), send_sync=lambda event, data, sid=None: None)
+on_prompt = []  # ComfyUI's on_prompt handlers, run on every /prompt body before its validation
+server.PromptServer.instance = types.SimpleNamespace(
+    routes=Routes(), send_sync=lambda event, data, sid=None: None, add_on_prompt_handler=on_prompt.append
+)
 web = types.ModuleType("aiohttp.web")
 web.json_response = lambda body, status=200: (status, body)
 aiohttp = types.ModuleType("aiohttp")
@@ -247,6 +250,7 @@ print(json.dumps({
     "routes": [[r.method, r.path] for r in routes],
     "publishers": sum(t.name == "flowjam-status-publisher" for t in threading.enumerate()),
     "status": [answer[0], answer[1]["running"]],
+    "on_prompt": [handler.__name__ for handler in on_prompt],
 }))
 """
 
@@ -265,6 +269,7 @@ def test_the_v1_path_registers_the_routes_and_the_publisher_once_inside_comfyui(
     ], found["routes"]
     assert found["again"] == [False, False] and found["publishers"] == 1, found
     assert found["status"] == [200, False], "the registered route answers like status_for"
+    assert found["on_prompt"] == ["refuse_text_booleans"], "the posted-values check is registered once"
 
 
 # ---- the panel's rows, built in JavaScript from the specs -----------------------------------------------------------

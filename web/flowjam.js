@@ -232,6 +232,10 @@ function onStatusEvent(event) {
   const sessions = event.detail?.sessions ?? {};
   for (const panel of panels) {
     panel.eventAt = Date.now();
+    if (!Object.keys(panel.rows).length && Date.now() - panel.askedAt > FALLBACK_POLL_MS) {
+      panel.askedAt = Date.now(); // no rows yet (the first ask failed, or came before the server answered): the
+      fetchStatus(panel); // events carry no specs, and while they come the fallback poll never asks
+    }
     const status = sessions[streamName(panel.node)];
     if (status) showStatus(panel, status, Object.keys(sessions));
     else showAbsent(panel, Object.keys(sessions));
