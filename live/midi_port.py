@@ -11,7 +11,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,10 +91,12 @@ class MidiInput:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
-    def _on_message(self, message: mido.Message) -> None:
+    def _on_message(self, message: mido.Message, at_s: float | None = None) -> None:
+        """`at_s`: when the message arrived (now_s's clock; None: now)."""
         try:
             if self.clock is not None and message.type in CLOCK_MESSAGES:
-                self.clock.handle(message.type, now_s(), getattr(message, "pos", None))
+                at_s = now_s() if at_s is None else at_s
+                self.clock.handle(message.type, at_s, getattr(message, "pos", None))
             else:
                 self.mapper.handle(message)
         except Exception:
@@ -122,15 +123,50 @@ def find_input_port(port_name: str | None = None, backend: str | None = None) ->
     return _resolve_port(port_name, list_ports(backend), _label(_load_backend(backend)))
 
 
-@dataclass
+POLL_S = 0.001  # how often the reader thread empties python-rtmidi's queue (1 ms: well under a MIDI clock pulse)
+
+
 class _RtMidiPort:
-    name: str
-    client: Any  # rtmidi.MidiIn with its port open
+    """An open python-rtmidi input read by our own thread. No rtmidi callback: JACK's process thread (and ALSA's
+    reader) would then wait for the GIL inside the callback while `close_port` (which holds the GIL) waits for that
+    thread to finish its cycle, a deadlock seen when a port closed under a stream of messages. Queued messages carry
+    the time since the previous one; those read in one poll are dated back by it, the last one is now."""
+
+    def __init__(self, name: str, client: Any, on_event: Callable[[list[int], float], None]):
+        self.name = name
+        self.client = client
+        self._on_event = on_event
+        self._stop = threading.Event()
+        self._last_s = float("-inf")
+        self._reader = threading.Thread(target=self._read, name=f"flowjam midi {name}", daemon=True)
+        self._reader.start()
 
     def close(self) -> None:
-        self.client.cancel_callback()
+        self._stop.set()
+        if self._reader is not threading.current_thread():
+            self._reader.join()
         self.client.close_port()
         self.client.delete()
+
+    def _read(self) -> None:
+        while not self._stop.wait(POLL_S):
+            batch = []
+            while (event := self.client.get_message()) is not None:
+                batch.append(event)
+            if batch:
+                self._deliver(batch, now_s())
+
+    def _deliver(self, batch: list[tuple[list[int], float]], read_s: float) -> None:
+        """Each message at `read_s` less the gaps of the ones queued after it, never before the last one delivered."""
+        later_s = 0.0
+        times = []
+        for _, delta_s in reversed(batch[1:]):
+            times.append(read_s - later_s)
+            later_s += max(delta_s, 0.0)
+        times.append(read_s - later_s)
+        for (data, _), at_s in zip(batch, reversed(times), strict=True):
+            self._last_s = max(at_s, self._last_s)
+            self._on_event(data, self._last_s)
 
 
 def _open_input(
@@ -138,11 +174,11 @@ def _open_input(
     backend: str | None,
     virtual: bool,
     client_name: str,
-    on_message: Callable[[mido.Message], None],
+    on_message: Callable[..., None],
     clock: bool = False,
 ) -> Any:
-    """An open port (`.name`, `.close()`) that calls `on_message` with each message from its own thread; the MIDI
-    clock's messages (24 a beat) only with `clock`."""
+    """An open port (`.name`, `.close()`) that calls `on_message(message, at_s)` with each message from its own
+    thread (mido's backends: `on_message(message)`); the MIDI clock's messages (24 a beat) only with `clock`."""
     mido_backend = _load_backend(backend)
     label = _label(mido_backend)
     if not _is_rtmidi(mido_backend):
@@ -151,17 +187,16 @@ def _open_input(
     # mido's own rtmidi ports name their client only when virtual ("RtMidiIn Client" otherwise): open it here
     from mido import Message
 
-    def on_event(event: tuple[list[int], float], data: Any = None) -> None:
+    def on_event(data: list[int], at_s: float) -> None:
         try:
-            message = Message.from_bytes(event[0])
+            message = Message.from_bytes(data)
         except ValueError:  # a malformed message from the wire
             return
-        on_message(message)
+        on_message(message, at_s)
 
     client = _rtmidi_client(mido_backend, client_name)
     try:
         client.ignore_types(sysex=True, timing=not clock, active_sense=True)  # no clock at 24 ppqn unless followed
-        client.set_callback(on_event)
         if virtual:
             name = wanted or "midi in"
             _rtmidi_call(mido_backend, lambda: client.open_virtual_port(name))
@@ -172,7 +207,7 @@ def _open_input(
     except BaseException:
         client.delete()
         raise
-    return _RtMidiPort(name, client)
+    return _RtMidiPort(name, client, on_event)
 
 
 def _load_backend(backend: str | None) -> Any:

@@ -21,9 +21,9 @@ import numpy as np
 from ..engine.params import KNOB_SPECS, MAX_PROMPT_CHARS
 
 CONTROL_MAGIC = 0x464C4A4D4354524C  # "FLJMCTRL"
-CONTROL_VERSION = 2
+CONTROL_VERSION = 3
 CONTROL_PREFIX = "flowjam-plugin-"
-COUNTERS, REALS, MAX_KNOBS, NAME_BYTES = 16, 16, 64, 128
+COUNTERS, REALS, MAX_KNOBS, NAME_BYTES = 24, 16, 64, 128
 PROMPTS = ("a", "b", "negative")  # the order of the prompt areas
 PROMPT_BYTES = 4 * MAX_PROMPT_CHARS + 1  # one prompt of MAX_PROMPT_CHARS characters in UTF-8, and its NUL
 # Slots of ControlBlock.counters (int64).
@@ -41,6 +41,9 @@ HOST_LOOP_BARS = 12  # the plugin's `bars` parameter: the loop's length in bars 
 ENGINE_LOOP_BARS = 13  # the loop's bars playing now (0: not on a grid)
 ENGINE_CLICK = 14  # 1 where the engine was started with --click (the plugin's `click` parameter at "engine")
 HOST_PANEL_REQUESTS = 15  # the plugin counts each turn of its `panel` parameter to on: the engine opens the panel
+ENGINE_PROMPTS_TAKEN = 16  # the HOST_PROMPTS_SEQ the engine had taken in when it wrote its prompt area: the plugin
+# keeps the prompts it pushed until the engine's answer them (a new session's own prompts, written after the push but
+# before the engine read it, would otherwise go into the DAW project)
 MAX_LOOP_BARS = 64
 # Slots of ControlBlock.reals (float64).
 HOST_BPM, HOST_BEATS_PER_BAR = 0, 1
@@ -189,10 +192,12 @@ class ControlBlock:
     def engine_prompts(self) -> dict[str, str] | None:
         return self._read_prompts("engine", ENGINE_PROMPTS_SEQ)
 
-    def write_engine_prompts(self, prompts: dict[str, str]) -> None:
-        """The engine's prompts now, for the plugin to save in the DAW project."""
+    def write_engine_prompts(self, prompts: dict[str, str], taken_seq: int) -> None:
+        """The engine's prompts now, for the plugin to save in the DAW project; `taken_seq`: the plugin's prompt area
+        (HOST_PROMPTS_SEQ) the engine had taken in before."""
         seq = int(self.counters[ENGINE_PROMPTS_SEQ])
         self.counters[ENGINE_PROMPTS_SEQ] = seq + 1
+        self.counters[ENGINE_PROMPTS_TAKEN] = taken_seq
         for index, slot in enumerate(PROMPTS):
             encoded = prompts.get(slot, "").encode()[: PROMPT_BYTES - 1]
             row = self._prompts["engine"][index]

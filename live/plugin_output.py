@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("flowjam.plugin")
 POLL_S = 0.02  # the longest between two reads of the control block (a host that plays no blocks yet)
 SHORTEST_POLL_S = 0.002  # the shortest: a host at 64 frames is not read every 1.3 ms
+ANSWER_WAIT_S = 30.0  # the longest the engine keeps the plugin's pushed prompts before answering with what plays
 
 
 class PluginOutput:
@@ -66,6 +67,8 @@ class PluginOutput:
         self._panel_requests = 0
         self._host_prompts_seen = 0
         self._captions_written: dict[str, str] | None = None
+        self._taken_written = 0  # the plugin's prompt area the engine's prompts written last answer
+        self._answering: tuple[int, dict[str, str], float] | None = None  # (its seq, prompts on their way, since)
         self.control = ControlBlock(session)
         self.recording = None  # the DAW records the track
         self.error: str | None = None
@@ -149,23 +152,34 @@ class PluginOutput:
             log.warning("no browser to open the panel: open %s yourself, or set $BROWSER", url)
 
     def _exchange_prompts(self) -> None:
-        """The project's prompts in (once per change the plugin made), the engine's out (when they moved)."""
+        """The project's prompts in (once per change the plugin made), the engine's out (when they moved). The engine's
+        prompts answer the plugin's push once they play (or were refused, or ANSWER_WAIT_S passed): until then the
+        plugin keeps the prompts it pushed, and a project saved meanwhile saves those, not the ones still playing."""
         seq = int(self.control.counters[HOST_PROMPTS_SEQ])
         given = self.control.host_prompts() if seq != self._host_prompts_seen else None
         if given is not None and given["a"]:
             self._host_prompts_seen = seq
             playing = self._captions()
+            wanted = {}
             for slot, text in given.items():
                 text = text or (given["a"] if slot == "b" else "")
                 if text != playing.get(slot) and self._on_prompt is not None:
                     try:
                         self._on_prompt(slot, text)
+                        wanted[slot] = text
                     except ValueError as error:
                         log.warning("plugin prompt %s refused: %s", slot, error)
+            self._answering = (seq, wanted, time.monotonic())
         captions = self._captions()
-        if captions != self._captions_written:
-            self.control.write_engine_prompts(captions)
-            self._captions_written = captions
+        taken = self._taken_written
+        if self._answering is not None:
+            answering, wanted, since = self._answering
+            arrived = all(captions.get(slot) == text for slot, text in wanted.items())
+            if arrived or time.monotonic() - since > ANSWER_WAIT_S:
+                taken, self._answering = answering, None
+        if (captions, taken) != (self._captions_written, self._taken_written):
+            self.control.write_engine_prompts(captions, taken)
+            self._captions_written, self._taken_written = captions, taken
 
     @property
     def running(self) -> bool:

@@ -13,13 +13,14 @@ from flowjam.nodes.comfy_v1 import NODE_CLASS_MAPPINGS
 # ---- waiting and ports ----------------------------------------------------------------------------------------------
 
 
-def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.01):
+def wait_for(predicate, timeout_s: float, what, poll_s: float = 0.01):
     """Poll `predicate` until it returns something truthy, and return that; after `timeout_s` the test fails with a
-    message naming `what` it waited for. A predicate that asks a server over HTTP wants a slower `poll_s`."""
+    message naming `what` it waited for (a string, or a callable that says it then). A predicate that asks a server
+    over HTTP wants a slower `poll_s`."""
     deadline = time.monotonic() + timeout_s
     while not (value := predicate()):
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what() if callable(what) else what}")
         time.sleep(poll_s)
     return value
 

@@ -497,3 +497,56 @@ def test_jack_a_midi_clock_gives_the_tempo_and_the_song_position(connected):
     state = follower.state(now_s())
     assert state.playing and 8 + 5.5 < state.beats < 8 + 6.5, state
     assert mapper.stats().received == 0, "clock messages reached the knob mapper"
+
+
+CLOSE_UNDER_FLOOD = """
+import sys, threading, time
+import jack, mido
+from flowjam.live.knobs import KnobRegistry
+from flowjam.live.midi import CCMapping, MidiMapper
+from flowjam.live.sync.midi_clock import MidiClockFollower
+from flowjam.live.midi_port import JACK_BACKEND, MidiInput
+
+sender = mido.Backend(JACK_BACKEND).open_output("out", virtual=True, client_name="fj-flood")
+patchbay = jack.Client("fj-flood-patchbay", no_start_server=True)
+flooding = threading.Event()
+flooding.set()
+
+def flood():
+    value = 0
+    while flooding.is_set():
+        sender.send(mido.Message("control_change", control=7, value=value))
+        sender.send(mido.Message("clock"))
+        value = (value + 1) % 128
+
+threading.Thread(target=flood, daemon=True).start()
+received = 0
+for round_ in range(int(sys.argv[1])):
+    mapper = MidiMapper(KnobRegistry(), [CCMapping("volume", 0, 7)])
+    client_name = f"fj-flooded-{round_}"
+    midi_input = MidiInput(
+        mapper, "in", backend=JACK_BACKEND, virtual=True, client_name=client_name, clock=MidiClockFollower()
+    ).start()
+    patchbay.connect("fj-flood:out", patchbay.get_ports(f"{client_name}:", is_midi=True, is_input=True)[0])
+    deadline = time.monotonic() + 5
+    while mapper.stats().received < 50 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    received += mapper.stats().received
+    midi_input.stop()
+flooding.clear()
+print("received", received, flush=True)
+"""
+
+
+def test_jack_closing_a_port_while_a_controller_floods_it_never_hangs(jack_midi):
+    """Closing an rtmidi port waits for JACK's process cycle; a message callback waiting in that cycle for the GIL
+    (held by the closer) hung the test run in CI. Twenty ports opened, flooded and closed in a child process."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", CLOSE_UNDER_FLOOD, "20"], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("closing MIDI ports under a flood of messages hung for 60 s (a deadlock on the GIL)")
+    assert result.returncode == 0, result.stderr[-2000:]
+    received = int(result.stdout.split()[-1])
+    assert received >= 20 * 50, f"each flooded port should have heard at least 50 CCs; all heard {received}"

@@ -7,7 +7,15 @@ import pytest
 from flowjam.engine.params import KNOB_SPECS
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import LoopBuffer
-from flowjam.live.plugin_link import HOST_BLOCK_FRAMES, HOST_SAMPLE_RATE
+from flowjam.live.plugin_link import (
+    ENGINE_PROMPTS_SEQ,
+    ENGINE_PROMPTS_TAKEN,
+    HOST_BLOCK_FRAMES,
+    HOST_PROMPTS_SEQ,
+    HOST_SAMPLE_RATE,
+    PROMPT_BYTES,
+    PROMPTS,
+)
 from flowjam.live.plugin_output import POLL_S, SHORTEST_POLL_S, PluginOutput
 
 
@@ -43,3 +51,62 @@ def test_a_knob_the_host_moved_reaches_the_registry_at_the_next_read_and_back(ou
     plugin.host_values[index], plugin.host_changes[index] = before, plugin.host_changes[index] + 1
     out.poll()
     assert out.registry.get("velocity_scale") == before
+
+
+class Encoding:
+    """The prompts an engine plays: a prompt given arrives only when `encoded()` says so (the runner encodes it on a
+    thread of its own and applies it at a tick)."""
+
+    def __init__(self):
+        self.playing = {"a": "ambient pads", "b": "ambient pads", "negative": ""}
+        self.on_the_way: dict[str, str] = {}
+
+    def give(self, slot: str, text: str) -> None:
+        self.on_the_way[slot] = text
+
+    def encoded(self) -> None:
+        self.playing.update(self.on_the_way)
+        self.on_the_way.clear()
+
+
+def push_host_prompts(control, prompts: dict[str, str]) -> int:
+    """What the plugin does when a DAW project opens: its prompts into the host area, sequence-locked."""
+    seq = int(control.counters[HOST_PROMPTS_SEQ])
+    control.counters[HOST_PROMPTS_SEQ] = seq + 1
+    for index, slot in enumerate(PROMPTS):
+        encoded = prompts[slot].encode()[: PROMPT_BYTES - 1]
+        row = control._prompts["host"][index]
+        row[: len(encoded)] = list(encoded)
+        row[len(encoded)] = 0
+    control.counters[HOST_PROMPTS_SEQ] = seq + 2
+    return seq + 2
+
+
+def test_the_engines_prompts_answer_a_projects_only_once_they_play():
+    """The plugin keeps the prompts it pushed until the engine's prompt area says it took them in (the project saves
+    the engine's prompts): a new session's own prompts, written while the project's were on their way, saved the
+    session's prompt into a project that had opened with another (seen in CI)."""
+    buffer = LoopBuffer(48_000, 2, 48_000)
+    engine = Encoding()
+    out = PluginOutput(buffer, KnobRegistry(), f"answer-{os.getpid()}", engine.give, lambda: dict(engine.playing))
+    control = out.control
+    try:
+        out.poll()
+        assert control.engine_prompts()["a"] == "ambient pads" and control.counters[ENGINE_PROMPTS_TAKEN] == 0
+        project = {"a": "lofi hip hop", "b": "solo piano", "negative": ""}
+        pushed = push_host_prompts(control, project)
+        for _ in range(3):  # encoding: the engine still plays its own prompts
+            out.poll()
+            assert control.counters[ENGINE_PROMPTS_TAKEN] < pushed, "an answer before the project's prompts play"
+        assert engine.on_the_way == {"a": "lofi hip hop", "b": "solo piano"}
+        engine.encoded()
+        written = int(control.counters[ENGINE_PROMPTS_SEQ])
+        out.poll()
+        assert control.counters[ENGINE_PROMPTS_SEQ] > written
+        assert control.counters[ENGINE_PROMPTS_TAKEN] == pushed
+        assert control.engine_prompts() == project
+    finally:
+        out.control.unlink()
+        out.control.close()
+        buffer.unlink()
+        buffer.close()

@@ -131,9 +131,21 @@ def test_a_knob_turned_in_the_panel_changes_the_output(panel_url, vst3, tmp_path
     loud = rendered_loop(host)
     assert np.abs(loud).max() > 1e-2, "the loop is audible"
     assert post(panel_url, "knob", {"name": "volume", "value": 0.0}) == (200, {"name": "volume", "value": 0.0})
-    wait_for(lambda: not rendered_loop(host)[1024:].any(), 10, "volume 0 from the panel to silence the plugin")
+    heard = []
+
+    def silenced() -> bool:
+        heard.append(float(np.abs(rendered_loop(host)[1024:]).max()))
+        return heard[-1] == 0.0
+
+    wait_for(silenced, 30, lambda: f"volume 0 from the panel to silence the plugin (peaks {heard}, {state(panel_url)})")
     assert post(panel_url, "knob", {"name": "volume", "value": 0.8})[0] == 200
-    wait_for(lambda: np.abs(rendered_loop(host)).max() > 1e-2, 10, "volume 0.8 from the panel to bring it back")
+    wait_for(lambda: np.abs(rendered_loop(host)).max() > 1e-2, 30, "volume 0.8 from the panel to bring it back")
+
+
+def state(panel_url: str) -> str:
+    """The panel's volume and prompt A, for a failure's message."""
+    now = request(panel_url + "state")[1]
+    return f"the panel says volume {now['knobs']['volume']['value']}, prompt A {now['prompts']['a']!r}"
 
 
 BAD_BODIES = {

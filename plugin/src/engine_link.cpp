@@ -78,11 +78,16 @@ std::string EngineLink::prompt(int slot) const {
 }
 
 // The project's prompts to the engine (when set, and again on each new attachment: a restarted engine gets them
-// back), and the engine's prompts back, once it has moved past our push. Both areas are sequence-locked.
+// back), and the engine's prompts back once they answer our newest push (the engine says which of our pushes it had
+// taken in: what it wrote before is older than the project's). Both areas are sequence-locked.
 void EngineLink::exchangePrompts(Attachment& a, bool attachedNow) {
     auto* base = static_cast<char*>(a.control.base);
     int64_t* counters = a.controlCounters;
     std::lock_guard<std::mutex> guard(settingsLock);
+    if (attachedNow) {
+        pushedSeq = 0;
+        enginePromptsSeen = -1;
+    }
     if ((pushPrompts || attachedNow) && !prompts[0].empty()) {
         const int64_t seq = counters[control::HOST_PROMPTS_SEQ];
         __atomic_store_n(&counters[control::HOST_PROMPTS_SEQ], seq + 1, __ATOMIC_SEQ_CST);
@@ -94,17 +99,19 @@ void EngineLink::exchangePrompts(Attachment& a, bool attachedNow) {
         }
         __atomic_store_n(&counters[control::HOST_PROMPTS_SEQ], seq + 2, __ATOMIC_SEQ_CST);
         pushPrompts = false;
-        enginePromptsSeen = __atomic_load_n(&counters[control::ENGINE_PROMPTS_SEQ], __ATOMIC_SEQ_CST);
+        pushedSeq = seq + 2;
         return;
     }
     const int64_t before = __atomic_load_n(&counters[control::ENGINE_PROMPTS_SEQ], __ATOMIC_SEQ_CST);
     if (before == enginePromptsSeen || before % 2 != 0 || before == 0) return;
+    const int64_t taken = __atomic_load_n(&counters[control::ENGINE_PROMPTS_TAKEN], __ATOMIC_SEQ_CST);
     std::string read[3];
     for (int slot = 0; slot < control::PROMPT_COUNT; ++slot) {
         const char* area = base + control::ENGINE_PROMPTS_OFFSET + slot * control::PROMPT_BYTES;
         read[slot].assign(area, strnlen(area, control::PROMPT_BYTES - 1));
     }
     if (__atomic_load_n(&counters[control::ENGINE_PROMPTS_SEQ], __ATOMIC_SEQ_CST) != before) return;  // torn: later
+    if (taken < pushedSeq) return;  // written before the engine took our push in: its answer comes later
     for (int slot = 0; slot < control::PROMPT_COUNT; ++slot) prompts[slot] = read[slot];
     enginePromptsSeen = before;
 }

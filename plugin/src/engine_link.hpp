@@ -68,7 +68,8 @@ private:
     LobbyClient lobby;
     std::string prompts[3];
     bool pushPrompts = false;
-    int64_t enginePromptsSeen = -1;  // the engine's prompt area at its newest read (or at our newest push)
+    int64_t enginePromptsSeen = -1;  // the engine's prompt area at its newest read
+    int64_t pushedSeq = 0;           // the host prompt area's sequence after our newest push to this attachment
     Attachment slots[2];
     int next = 0;
     uint64_t generations = 0;
