@@ -6,17 +6,16 @@ exact silence on the plugin's outputs after its first sound: not attached, or a 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .engine_process import EngineProcess
 from .plugin_link import HOST_BLOCKS, BlockTimes, ControlBlock
 from .sync.band import TimebaseMaster
 from .sync_bench import RATE, PrivateJackServer
@@ -130,44 +129,6 @@ def _engine_command(session: str, bpm: float, bars: int, model_flags: list[str])
     ]
 
 
-class _Engine:
-    """`flowjam live --plugin` in a process of its own; its status lines read as they come."""
-
-    def __init__(self, command: list[str]):
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line)
-
-    def latents(self) -> int:
-        for line in reversed(self.lines):
-            found = re.search(r"latents (\d+)", line)
-            if found:
-                return int(found.group(1))
-        return 0
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while self.latents() < 2:
-            if self.process.poll() is not None:
-                raise RuntimeError("the engine exited:\n" + "".join(self.lines[-20:]))
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the engine made no loop within {READY_TIMEOUT_S:g} s")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
 def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -186,8 +147,8 @@ def soak_plugin(
     server = PrivateJackServer(period)
     engine = jalv = recorder = timebase = control = None
     try:
-        engine = _Engine(_engine_command(session, bpm, bars, model_flags))
-        engine.wait_ready()
+        engine = EngineProcess(_engine_command(session, bpm, bars, model_flags))
+        engine.wait_ready(timeout_s=READY_TIMEOUT_S)
         with tempfile.TemporaryDirectory() as lv2_path:
             (Path(lv2_path) / LV2_BUNDLE.name).symlink_to(LV2_BUNDLE)
             env = {**os.environ, "LV2_PATH": lv2_path, "FLOWJAM_SESSION": session}

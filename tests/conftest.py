@@ -2,6 +2,7 @@
 session with two prompts, the null condition and a source that the stream tests share; the tiny model as ComfyUI's
 Load model node gives it, and the Qwen3 tokenizer. Helper functions live in helpers.py."""
 
+import faulthandler
 import math
 import os
 import shutil
@@ -21,6 +22,18 @@ from safetensors.torch import save_file
 
 JACK_RATE = 48_000
 JACK_PERIOD = 1024
+TEST_LIMIT_S = 900  # one test's setup, call and teardown; the slowest take ~2 minutes on a loaded CI machine
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test that hangs ends the run with every thread's stack instead of holding CI to its limit: faulthandler's
+    watchdog is a C thread, so it fires even when a deadlock holds the GIL (as closing a MIDI port once did)."""
+    faulthandler.dump_traceback_later(TEST_LIMIT_S, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _jack_server_running(env) -> bool:

@@ -3,16 +3,14 @@ DawDreamer (a headless VST3 host) rendering the plugin with a host state that na
 
 import os
 import re
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from flowjam.live.engine_process import EngineProcess
 from flowjam.live.renderer import click_wave
-from helpers import wait_for
 
 RATE, BLOCK, BPM = 48_000, 512, 123.0
 SESSION = f"ci-{os.getpid()}"  # the plugin tests' engine session (tests/conftest.py plugin_engine)
@@ -22,76 +20,26 @@ BAR_FRAMES = 4 * 60 / BPM * RATE
 _JUCE_CHARS = ".ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+"
 
 
-class Engine:
-    """`flowjam live --plugin` on the tiny preset, for a session; its status lines are read as they come."""
+class Engine(EngineProcess):
+    """`flowjam live --plugin` on the tiny preset, for a session."""
 
     def __init__(self, session: str, *flags: str, browser_log: Path | None = None):
         """`browser_log`: the engine's $BROWSER is a script that appends each URL it is asked to open to this file."""
-        self.session, self.browser_log, self.env = session, browser_log, None
+        self.session, self.browser_log, env = session, browser_log, None
         if browser_log is not None:
             browser = browser_log.with_name("browser.sh")
             browser.write_text(f'#!/bin/sh\necho "$1" >> "{browser_log}"\n')
             browser.chmod(0o755)
-            self.env = {**os.environ, "BROWSER": str(browser)}
-        self.command = [sys.executable, "-m", "flowjam", "live", "--plugin", "--preset", "tiny", "--osc-port", "0"]
-        self.command += ["--session", session, *flags]
-        self.restart()
-
-    def restart(self) -> None:
-        """Start the engine (again, after kill()) with the same command."""
-        self.process = subprocess.Popen(
-            self.command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=self.env
-        )
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, args=(self.process, self.lines), daemon=True).start()
-
-    @staticmethod
-    def _read(process: subprocess.Popen, lines: list[str]) -> None:
-        for line in process.stderr:
-            lines.append(line)
-
-    def panel_url(self) -> str:
-        """The panel's URL as the engine printed it at its start (a new one after each restart)."""
-        for line in list(self.lines):
-            found = re.search(r"flowjam panel .*: (http://127\.0\.0\.1:\d+/[\w-]+/)$", line.strip())
-            if found:
-                return found.group(1)
-        raise AssertionError("the engine printed no panel URL:\n" + "".join(self.lines[:20]))
-
-    def latents(self) -> int:
-        """Generations finished so far (from the newest status line)."""
-        for line in reversed(self.lines):
-            found = re.search(r"latents (\d+)", line)
-            if found:
-                return int(found.group(1))
-        return 0
-
-    def sessions(self) -> dict[str, int]:
-        """The sessions on the engine's ring and the generations each finished (from the newest status line)."""
-        for line in reversed(self.lines):
-            found = re.search(r"sessions \d+ on one ring: (.*)$", line.strip())
-            if found:
-                pairs = (re.fullmatch(r"(\S+) latents (\d+)", part) for part in found.group(1).split(", "))
-                return {pair.group(1): int(pair.group(2)) for pair in pairs if pair}
-        return {}
+            env = {**os.environ, "BROWSER": str(browser)}
+        command = [sys.executable, "-m", "flowjam", "live", "--plugin", "--preset", "tiny", "--osc-port", "0"]
+        super().__init__([*command, "--session", session, *flags], env)
 
     def wait_ready(self, latents: int = 2, timeout_s: float = 180.0) -> None:
         """Until the loop is made (its first generations written)."""
-        wait_for(lambda: self.latents() >= latents or self.process.poll() is not None, timeout_s, "the engine's loop")
-        if self.process.poll() is not None:
-            pytest.fail("the engine exited:\n" + "".join(self.lines[-30:]))
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        try:
+            super().wait_ready(latents, timeout_s)
+        except RuntimeError as error:
+            pytest.fail(str(error))
 
 
 def click_onset_near(audio: np.ndarray, index: int) -> int:
