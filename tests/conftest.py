@@ -34,6 +34,21 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+    if item.nodeid == _plugin_engine_users.get("last"):
+        for engine in _plugin_engines:  # its last user is done: it stops generating beside the tests after it
+            engine.stop()
+
+
+_plugin_engine_users: dict[str, str] = {}
+_plugin_engines: list = []
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The last test that uses the plugin tests' shared engine: a generating engine left running took most of a core
+    from every later test (ten times as long for some)."""
+    users = [item.nodeid for item in items if "plugin_engine" in getattr(item, "fixturenames", ())]
+    if users:
+        _plugin_engine_users["last"] = users[-1]
 
 
 def _jack_server_running(env) -> bool:
@@ -104,11 +119,13 @@ def plugin_engine(tmp_path_factory):
     browser_log = tmp_path_factory.mktemp("browser") / "opened.txt"
     flags = ("--bpm", "123", "--bars", "2", "--click", "--prompt", "ambient pads")
     engine = Engine(SESSION, *flags, browser_log=browser_log)
+    _plugin_engines.append(engine)
     try:
         engine.wait_ready()
         yield engine
     finally:
         engine.stop()
+        _plugin_engines.remove(engine)
 
 
 @pytest.fixture(scope="module")
