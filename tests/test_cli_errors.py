@@ -4,6 +4,7 @@ code 2, no traceback and nothing written; outputs are replaced whole or not at a
 
 import argparse
 import errno
+import json
 import os
 import signal
 import socket
@@ -11,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -341,9 +341,36 @@ def outcomes(request, files):
         name: base_arguments(CASES[name], CASES[name].args(files), files.outs / f"case{i}.wav")
         for i, name in enumerate(selected)
     }
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
-        results = dict(zip(arguments, pool.map(run_flowjam, arguments.values())))
-    return {name: (arguments[name], results[name]) for name in arguments}
+    results = run_forked(list(arguments.values()), files.tmp / "streams")
+    return {name: (arguments[name], result) for name, result in zip(arguments, results, strict=True)}
+
+
+def run_forked(commands: list[list[str]], streams: Path, timeout: float = 120) -> list[subprocess.CompletedProcess]:
+    """Each `python -m flowjam ARGS` as a fresh process runs it, forked from one that imported torch and flowjam once
+    (tests/cli_forks.py: a start-up each took most of a case's ~5 s), two at a time."""
+    streams.mkdir(exist_ok=True)
+    jobs = [
+        {"argv": argv, "stdout": str(streams / f"{index}.out"), "stderr": str(streams / f"{index}.err")}
+        for index, argv in enumerate(commands)
+    ]
+    forks = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("cli_forks.py")), str(max(2, os.cpu_count() or 1)), str(timeout)],
+        input=json.dumps(jobs),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=timeout * len(jobs),
+    )
+    codes = json.loads(forks.stdout)
+    return [
+        subprocess.CompletedProcess(
+            ["python", "-m", "flowjam", *job["argv"]],
+            -9 if code is None else code,
+            Path(job["stdout"]).read_text(errors="replace"),
+            Path(job["stderr"]).read_text(errors="replace"),
+        )
+        for job, code in zip(jobs, codes, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("name", CASES)
