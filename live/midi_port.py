@@ -5,6 +5,7 @@ Client" unless the port is virtual); a missing MIDI system or port is one `MidiE
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -157,16 +158,19 @@ class _RtMidiPort:
                 self._deliver(batch, now_s())
 
     def _deliver(self, batch: list[tuple[list[int], float]], read_s: float) -> None:
-        """Each message at `read_s` less the gaps of the ones queued after it, never before the last one delivered."""
-        later_s = 0.0
-        times = []
-        for _, delta_s in reversed(batch[1:]):
-            times.append(read_s - later_s)
-            later_s += max(delta_s, 0.0)
-        times.append(read_s - later_s)
-        for (data, _), at_s in zip(batch, reversed(times), strict=True):
-            self._last_s = max(at_s, self._last_s)
-            self._on_event(data, self._last_s)
+        for (data, _), at_s in zip(batch, arrival_times(batch, read_s, self._last_s), strict=True):
+            self._last_s = at_s
+            self._on_event(data, at_s)
+
+
+def arrival_times(batch: list[tuple[list[int], float]], read_s: float, last_s: float) -> list[float]:
+    """When each (message, delta) of one read arrived: the last one at `read_s`, each before it earlier by the delta
+    (the gap after its predecessor) of the one after it; never before `last_s` (the previous read's last)."""
+    times, at_s = [], read_s
+    for _, delta_s in reversed(batch):
+        times.append(at_s)
+        at_s -= max(delta_s, 0.0)
+    return list(itertools.accumulate(reversed(times), max, initial=last_s))[1:]
 
 
 def _open_input(

@@ -11,7 +11,7 @@ import mido
 import pytest
 from flowjam.live.knobs import KnobError, KnobRegistry
 from flowjam.live.midi import CCMapping, MidiError, MidiMapper, MidiStats
-from flowjam.live.midi_port import ALSA_SEQUENCER, JACK_BACKEND, MidiInput, list_ports
+from flowjam.live.midi_port import ALSA_SEQUENCER, JACK_BACKEND, MidiInput, arrival_times, list_ports
 from helpers import wait_for
 
 
@@ -550,3 +550,10 @@ def test_jack_closing_a_port_while_a_controller_floods_it_never_hangs(jack_midi)
     assert result.returncode == 0, result.stderr[-2000:]
     received = int(result.stdout.split()[-1])
     assert received >= 20 * 50, f"each flooded port should have heard at least 50 CCs; all heard {received}"
+
+
+def test_messages_read_together_are_dated_back_by_the_gaps_between_them():
+    batch = [([0xF8], 0.5), ([0xF8], 0.02), ([0xF8], 0.03)]  # each delta: the gap after the message before it
+    assert arrival_times(batch, 10.0, 0.0) == pytest.approx([9.95, 9.97, 10.0])
+    assert arrival_times(batch, 10.0, 9.96) == pytest.approx([9.96, 9.97, 10.0]), "never before the previous read"
+    assert arrival_times([([0xF8], -1.0)], 3.0, 2.0) == [3.0]
