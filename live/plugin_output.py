@@ -62,8 +62,9 @@ class PluginOutput:
         self.buffer, self.registry, self.session = buffer, registry, session
         self._on_prompt, self._captions, self._written = on_prompt, captions, written
         self.panel: PluginPanel | None = None
+        self._host_lock = threading.Lock()  # the host's changes are taken in by one thread at a time
         if panel_port is not None and on_prompt is not None and captions is not None:
-            self.panel = PluginPanel(registry, on_prompt, captions, panel_port)
+            self.panel = PluginPanel(registry, on_prompt, captions, panel_port, before_change=self.take_host_changes)
         self._panel_requests = 0
         self._host_prompts_seen = 0
         self._captions_written: dict[str, str] | None = None
@@ -125,18 +126,26 @@ class PluginOutput:
         if requests != self._panel_requests:
             self._panel_requests = requests
             self.open_panel()
-        changes = control.host_changes[: len(KNOB_SPECS)].copy()
-        for index in np.flatnonzero(changes != self._seen):
-            self._seen[index] = changes[index]
-            spec = KNOB_SPECS[index]
-            try:
-                self.registry.set(spec.name, float(control.host_values[index]), origin=PLUGIN_ORIGIN)
-            except ValueError as error:  # a host sent a value the knob refuses: keep the old one, say so
-                log.warning("plugin knob %s: %s", spec.name, error)
+        self.take_host_changes()
         for index, spec in enumerate(KNOB_SPECS):
             control.engine_values[index] = self.registry.get(spec.name)
-        if self._captions is not None:
-            self._exchange_prompts()
+
+    def take_host_changes(self) -> None:
+        """The knobs and prompts the host changed since the last round, into the registry and the app; the panel
+        calls this before its own change, so that a change the host made before it is not taken in after it (the
+        plugin gives its project's values within a block of attaching, the round that reads them may come later)."""
+        with self._host_lock:
+            control = self.control
+            changes = control.host_changes[: len(KNOB_SPECS)].copy()
+            for index in np.flatnonzero(changes != self._seen):
+                self._seen[index] = changes[index]
+                spec = KNOB_SPECS[index]
+                try:
+                    self.registry.set(spec.name, float(control.host_values[index]), origin=PLUGIN_ORIGIN)
+                except ValueError as error:  # a host sent a value the knob refuses: keep the old one, say so
+                    log.warning("plugin knob %s: %s", spec.name, error)
+            if self._captions is not None:
+                self._exchange_prompts()
 
     def open_panel(self) -> None:
         """The panel in the browser that $BROWSER (else the desktop's default) names, on a thread of its own: a

@@ -106,10 +106,13 @@ class PluginPanel:
         on_prompt: Callable[[str, str], None],
         captions: Callable[[], dict[str, str]],
         port: int = 0,
+        before_change: Callable[[], None] = lambda: None,
     ):
         """`on_prompt(slot, text)`: the app's prompt setter; `captions()`: the prompts playing now; `port` 0: any free
-        one."""
+        one; `before_change()`: called before each change the panel makes (the plugin's output takes in the host's
+        changes made before it)."""
         self.registry, self._on_prompt, self._captions = registry, on_prompt, captions
+        self._before_change = before_change
         self.token = secrets.token_urlsafe(18)
         self._server = ThreadingHTTPServer((PANEL_HOST, port), _handler(self))
         self._server.daemon_threads = True
@@ -137,6 +140,7 @@ class PluginPanel:
 
     def set_knob(self, body: Any) -> dict[str, Any]:
         name, value = knob_change(self.registry, body)
+        self._before_change()
         try:
             change = self.registry.set(name, value, origin=PANEL_ORIGIN)
         except KnobError as error:
@@ -145,6 +149,7 @@ class PluginPanel:
 
     def set_prompt(self, body: Any) -> dict[str, Any]:
         slot, text = prompt_change(body)
+        self._before_change()
         try:
             self._on_prompt(slot, text)
         except ValueError as error:

@@ -1,7 +1,9 @@
 """The engine's side of the plugin (live/plugin_output.py) through the shared memory a plugin attaches to: a
 knob the host moved reaches the registry at the next read, and the control block is read once per host block."""
 
+import json
 import os
+import urllib.request
 
 import pytest
 from flowjam.engine.params import KNOB_SPECS
@@ -106,6 +108,45 @@ def test_the_engines_prompts_answer_a_projects_only_once_they_play():
         assert control.counters[ENGINE_PROMPTS_TAKEN] == pushed
         assert control.engine_prompts() == project
     finally:
+        out.control.unlink()
+        out.control.close()
+        buffer.unlink()
+        buffer.close()
+
+
+def panel_post(out: PluginOutput, route: str, body: dict) -> int:
+    request = urllib.request.Request(
+        out.panel.url + route, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return answer.status
+
+
+def test_what_the_host_changed_before_a_panel_change_is_taken_in_before_it():
+    """A DAW project's knobs and prompts, given by the plugin within a block of attaching, and a change in the panel a
+    moment later: the panel's is the one that holds, though the round that reads the control block comes after it (a
+    host rendering offline posts within milliseconds; the project's volume came in after the panel's 0, seen in CI)."""
+    buffer = LoopBuffer(48_000, 2, 48_000)
+    engine = Encoding()
+    out = PluginOutput(
+        buffer, KnobRegistry(), f"order-{os.getpid()}", engine.give, lambda: dict(engine.playing), panel_port=0
+    )
+    out.panel.start()
+    control = out.control
+    volume = next(i for i, spec in enumerate(KNOB_SPECS) if spec.name == "volume")
+    try:
+        control.host_values[volume], control.host_changes[volume] = 0.5, control.host_changes[volume] + 1
+        push_host_prompts(control, {"a": "lofi hip hop", "b": "", "negative": ""})
+        assert panel_post(out, "knob", {"name": "volume", "value": 0.0}) == 200
+        assert panel_post(out, "prompt", {"slot": "a", "text": "solo cello"}) == 200
+        out.poll()
+        engine.encoded()
+        out.poll()
+        assert out.registry.get("volume") == 0.0, "the project's volume, given before, came in after the panel's"
+        assert engine.playing["a"] == "solo cello", "the project's prompt, given before, came in after the panel's"
+        assert engine.playing["b"] == "lofi hip hop", "the project's prompts were taken in"
+    finally:
+        out.panel.stop()
         out.control.unlink()
         out.control.close()
         buffer.unlink()

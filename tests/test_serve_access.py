@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 import uvicorn
 from flowjam.__main__ import main
-from flowjam.engine.params import MAX_PROMPT_CHARS, REALTIME_LATENT_INTERVAL_MS
+from flowjam.engine.params import MAX_PROMPT_CHARS
 from flowjam.serve import guard
 from flowjam.serve.access import AccessPolicy
 from flowjam.serve.client import Client, ServerError
@@ -31,6 +31,7 @@ from websockets.sync.client import connect
 
 KEY = "k" * 8 + "-test-server-key-0123456789"
 ALLOWED_ORIGIN = "https://my.app"
+ADMIT_ANY_SPEED_MS = 60_000.0
 
 
 def start_server(host, policy: AccessPolicy):
@@ -45,9 +46,10 @@ def start_server(host, policy: AccessPolicy):
 
 @pytest.fixture(scope="module")
 def ring_host():
-    """Admission on a loose realtime need: these tests are about who gets in, and the 2-core CI machine runs the
-    suite beside the ring (a second session was once refused for a 33 ms tick against 31 ms)."""
-    host = HostOptions(preset="tiny", latent_interval_ms=4 * REALTIME_LATENT_INTERVAL_MS).build()
+    """Admission that never refuses for speed (a latent a minute is the need): these tests are about who gets in, and
+    the 2-core CI machine runs the suite beside the ring (a second session was refused for a 33 ms tick against 31 ms
+    on the real-time need, and for ~126 ms against 125 ms on four times it)."""
+    host = HostOptions(preset="tiny", latent_interval_ms=ADMIT_ANY_SPEED_MS).build()
     yield host
     host.close()
 

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import uvicorn
 from flowjam.__main__ import main
-from flowjam.engine.params import REALTIME_LATENT_INTERVAL_MS as REALTIME_MS
 from flowjam.live.osc import OscConfig
 from flowjam.serve.bridge import Bridge
 from flowjam.serve.client import Client, ServerError
@@ -27,14 +26,16 @@ from flowjam.serve.protocol import SAMPLE_RATE, AudioChunk
 from helpers import JackRecorder, wait_for
 from pythonosc.udp_client import SimpleUDPClient
 
+ADMIT_ANY_SPEED_MS = 60_000.0
 SUBSCRIBER_CHUNKS = 20  # 1 s of slack for a slow reader, so the slow-client test sees drops soon
 
 
 @pytest.fixture(scope="module")
 def server(glow_lora_file):
-    # each session: knob lora/glow. Admission on a loose realtime need: these tests are about the gateway, and the
-    # 2-core CI machine runs the suite beside the ring (a second session was once refused for a 68 ms tick)
-    options = HostOptions(preset="tiny", loras=((str(glow_lora_file), 1.0),), latent_interval_ms=4 * REALTIME_MS)
+    # each session: knob lora/glow. Admission that never refuses for speed (a latent a minute is the need): these
+    # tests are about the gateway, and the 2-core CI machine runs the suite beside the ring (a second session was
+    # refused for a 68 ms tick on the real-time need; the access tests' ring, on four times it, for ~126 ms)
+    options = HostOptions(preset="tiny", loras=((str(glow_lora_file), 1.0),), latent_interval_ms=ADMIT_ANY_SPEED_MS)
     host = options.build()
     router = LocalRouter(host, subscriber_chunks=SUBSCRIBER_CHUNKS)
     sock = listening_socket("127.0.0.1", 0)
