@@ -517,3 +517,52 @@ def test_a_graph_ring_whose_kv_buffers_grow_and_graphs_are_evicted_captures_with
     counters = pipeline.stats()["graphs"]
     assert counters["capture_failures"] == 0, counters["last_failure"]
     assert counters["captures"] > 6 and counters["evictions"] > 0 and counters["replays"] > 0, counters
+
+
+@cuda
+def test_four_plugin_tracks_on_one_ring_make_what_each_makes_alone():
+    """Four DAW tracks are four sessions (runners) on one ring: turbo-2b shapes, bf16, compile-graph, 2-bar loops at
+    123 BPM. From its fourth generation on, a track makes bit for bit the latents it makes alone. Before that the ring
+    ramps up (alone, its first ticks are one slot's rows; beside three others, four): other row counts, other GEMM
+    algorithms, 1 bf16 ulp. On the unfused GEMMs (FLOWJAM_FUSED_KERNELS=0): with our fused kernels, measured per row
+    band or held fused for every row count, the tracks differ by 1 bf16 ulp in most values throughout (H200, probe,
+    2026-11-27): those kernels' rounding depends on the row count."""
+    from flowjam.engine.kernels.ops import forced_path
+    from flowjam.live.knobs import KnobRegistry
+    from flowjam.live.loop_buffer import LoopBuffer
+    from flowjam.live.runner import LiveRunner
+    from flowjam.live.shared_ticker import SharedTicker
+
+    session = Session.load(preset="turbo-2b", device="cuda", dtype=torch.bfloat16)
+    loop_samples = round(2 * 4 * 60 / 123 * session.sample_rate)
+
+    def latents(prompts: tuple[str, ...], ticks: int = 40) -> dict[int, torch.Tensor]:
+        ticker = SharedTicker(session, backend="compile-graph")
+        runners, buffers, made = [], [], {}
+        try:
+            for index, prompt in enumerate(prompts):
+                registry = KnobRegistry()
+                registry.set("denoise", 1.0, origin="test")  # each generation from the seed's noise: a steady loop
+                buffers.append(LoopBuffer(loop_samples, 2, session.sample_rate))
+                runners.append(LiveRunner(session, registry, buffers[-1], prompt, ticker=ticker, name=f"track-{index}"))
+                ticker.register(runners[-1])
+            for _ in range(ticks):
+                ticker.step()
+                if runners[0].latest is not None:
+                    made[runners[0].stats.latents] = runners[0].latest.clone()
+            assert ticker.pipeline.graph_counters.capture_failures == 0
+        finally:
+            for runner in runners:
+                runner.stop()
+            for buffer in buffers:
+                buffer.unlink()
+        return made
+
+    with forced_path(False):
+        alone = latents(("ambient pads",))
+        four = latents(("ambient pads", "solo piano", "distorted drum and bass", "lofi hip hop"))
+    assert len(alone) >= 12 and alone.keys() == four.keys(), "as many generations alone as beside three tracks"
+    differing = [generation for generation in alone if generation > 3 and not alone[generation].equal(four[generation])]
+    assert not differing, f"generations the other tracks changed: {differing} of {len(alone)}"
+    first = float((alone[1].float() - four[1].float()).abs().max())
+    assert first <= 0.0625, f"the first generation differs by {first:.3g} (more than 1 bf16 ulp at |x| < 16)"
