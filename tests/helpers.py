@@ -172,6 +172,38 @@ def wait_ticks(app, count: int = 3) -> None:
     wait_for(lambda: app.runner.stats.ticks >= start + count, 10, f"{count} runner ticks")
 
 
+# ---- several sessions on one ring ----------------------------------------------------------------------------------
+
+
+def track_latents(session, prompts, loop_samples: int, ticks: int, backend: str | None = None):
+    """Every prompt a session (a runner, `denoise` 1: each generation from the seed's noise, a steady loop) on one
+    shared ring stepped `ticks` times -> (the first session's latents by generation, the ring's graph counters)."""
+    from flowjam.live.knobs import KnobRegistry
+    from flowjam.live.loop_buffer import LoopBuffer
+    from flowjam.live.runner import LiveRunner
+    from flowjam.live.shared_ticker import SharedTicker
+
+    ticker = SharedTicker(session, backend=backend)
+    runners, buffers, made = [], [], {}
+    try:
+        for index, prompt in enumerate(prompts):
+            registry = KnobRegistry()
+            registry.set("denoise", 1.0, origin="test")
+            buffers.append(LoopBuffer(loop_samples, 2, session.sample_rate))
+            runners.append(LiveRunner(session, registry, buffers[-1], prompt, ticker=ticker, name=f"track-{index}"))
+            ticker.register(runners[-1])
+        for _ in range(ticks):
+            ticker.step()
+            if runners[0].latest is not None:
+                made[runners[0].stats.latents] = runners[0].latest.clone()
+    finally:
+        for runner in runners:
+            runner.stop()
+        for buffer in buffers:
+            buffer.unlink()
+    return made, ticker.pipeline.graph_counters
+
+
 # ---- graph-replayed streams on a GPU ------------------------------------------------------------------------------
 
 

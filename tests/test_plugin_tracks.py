@@ -18,13 +18,9 @@ import torch
 from daw_host import BAR_FRAMES, Engine, plugin_for_session, saved_state
 from flowjam.engine.params import KNOB_SPECS
 from flowjam.engine.session import Session
-from flowjam.live.knobs import KnobRegistry
-from flowjam.live.loop_buffer import LoopBuffer
 from flowjam.live.plugin_link import ControlBlock
 from flowjam.live.plugin_sessions import GRACE_S, pick_session
-from flowjam.live.runner import LiveRunner
-from flowjam.live.shared_ticker import SharedTicker
-from helpers import wait_for
+from helpers import track_latents, wait_for
 from plugin_build import build
 
 PRIMARY = f"tracks-{os.getpid()}"  # the engine's --session: the first instance's; the second gets PRIMARY-2
@@ -47,27 +43,8 @@ def test_a_session_on_a_shared_ring_makes_the_latents_it_makes_alone(one_torch_t
     session = Session.load(None, preset="tiny")
     loop_samples = round(2 * BAR_FRAMES)
 
-    def latents(prompts: tuple[str, ...], ticks: int = 22) -> dict[int, torch.Tensor]:
-        """The first session's latents by generation, with every prompt a session on one ring."""
-        ticker = SharedTicker(session)
-        runners, buffers, made = [], [], {}
-        try:
-            for index, prompt in enumerate(prompts):
-                registry = KnobRegistry()
-                registry.set("denoise", 1.0, origin="test")  # each generation from the seed's noise: a steady loop
-                buffers.append(LoopBuffer(loop_samples, 2, session.sample_rate))
-                runners.append(LiveRunner(session, registry, buffers[-1], prompt, ticker=ticker, name=f"track-{index}"))
-                ticker.register(runners[-1])
-            for _ in range(ticks):
-                ticker.step()
-                if runners[0].latest is not None:
-                    made[runners[0].stats.latents] = runners[0].latest.clone()
-        finally:
-            for runner in runners:
-                runner.stop()
-            for buffer in buffers:
-                buffer.unlink()
-        return made
+    def latents(prompts: tuple[str, ...]) -> dict[int, torch.Tensor]:
+        return track_latents(session, prompts, loop_samples, ticks=22)[0]
 
     alone, shared = latents(("ambient pads",)), latents(("ambient pads", "solo piano"))
     assert len(alone) > 3 and alone.keys() == shared.keys(), "as many generations alone as on the shared ring"

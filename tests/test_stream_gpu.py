@@ -8,7 +8,13 @@ import pytest
 import torch
 from flowjam.engine.session import Session
 from flowjam.engine.stream import DCW, StreamPipeline
-from helpers import assert_a_tick_replays_without_host_sync, assert_close_latents, no_host_sync, stream_latents
+from helpers import (
+    assert_a_tick_replays_without_host_sync,
+    assert_close_latents,
+    no_host_sync,
+    stream_latents,
+    track_latents,
+)
 
 if not torch.cuda.is_available():
     print("\nSKIPPED tests/test_stream_gpu.py: no CUDA device (run it on the GPU machine)", file=sys.stderr)
@@ -528,39 +534,14 @@ def test_four_plugin_tracks_on_one_ring_make_what_each_makes_alone():
     band or held fused for every row count, the tracks differ by 1 bf16 ulp in most values throughout (H200, probe,
     2026-11-27): those kernels' rounding depends on the row count."""
     from flowjam.engine.kernels.ops import forced_path
-    from flowjam.live.knobs import KnobRegistry
-    from flowjam.live.loop_buffer import LoopBuffer
-    from flowjam.live.runner import LiveRunner
-    from flowjam.live.shared_ticker import SharedTicker
 
     session = Session.load(preset="turbo-2b", device="cuda", dtype=torch.bfloat16)
     loop_samples = round(2 * 4 * 60 / 123 * session.sample_rate)
-
-    def latents(prompts: tuple[str, ...], ticks: int = 40) -> dict[int, torch.Tensor]:
-        ticker = SharedTicker(session, backend="compile-graph")
-        runners, buffers, made = [], [], {}
-        try:
-            for index, prompt in enumerate(prompts):
-                registry = KnobRegistry()
-                registry.set("denoise", 1.0, origin="test")  # each generation from the seed's noise: a steady loop
-                buffers.append(LoopBuffer(loop_samples, 2, session.sample_rate))
-                runners.append(LiveRunner(session, registry, buffers[-1], prompt, ticker=ticker, name=f"track-{index}"))
-                ticker.register(runners[-1])
-            for _ in range(ticks):
-                ticker.step()
-                if runners[0].latest is not None:
-                    made[runners[0].stats.latents] = runners[0].latest.clone()
-            assert ticker.pipeline.graph_counters.capture_failures == 0
-        finally:
-            for runner in runners:
-                runner.stop()
-            for buffer in buffers:
-                buffer.unlink()
-        return made
-
+    prompts = ("ambient pads", "solo piano", "distorted drum and bass", "lofi hip hop")
     with forced_path(False):
-        alone = latents(("ambient pads",))
-        four = latents(("ambient pads", "solo piano", "distorted drum and bass", "lofi hip hop"))
+        alone, counters_alone = track_latents(session, prompts[:1], loop_samples, ticks=40, backend="compile-graph")
+        four, counters_four = track_latents(session, prompts, loop_samples, ticks=40, backend="compile-graph")
+    assert counters_alone.capture_failures == counters_four.capture_failures == 0
     assert len(alone) >= 12 and alone.keys() == four.keys(), "as many generations alone as beside three tracks"
     differing = [generation for generation in alone if generation > 3 and not alone[generation].equal(four[generation])]
     assert not differing, f"generations the other tracks changed: {differing} of {len(alone)}"
