@@ -25,13 +25,12 @@ from flowjam.serve.gateway import LocalRouter, listening_socket, make_app
 from flowjam.serve.guard import server_config
 from flowjam.serve.host import HostOptions
 from flowjam.serve.protocol import AudioChunk
-from helpers import free_tcp_port, wait_for
+from helpers import ADMIT_ANY_SPEED_MS, free_tcp_port, wait_for
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 KEY = "k" * 8 + "-test-server-key-0123456789"
 ALLOWED_ORIGIN = "https://my.app"
-ADMIT_ANY_SPEED_MS = 60_000.0
 
 
 def start_server(host, policy: AccessPolicy):

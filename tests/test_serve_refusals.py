@@ -22,10 +22,9 @@ from flowjam.serve.gateway import LocalRouter, listening_socket, make_app
 from flowjam.serve.guard import MAX_JSON_DEPTH
 from flowjam.serve.host import RingHost, SessionSpec
 from flowjam.serve.protocol import AudioChunk
-from helpers import wait_for
+from helpers import ADMIT_ANY_SPEED_MS, wait_for
 
 SECRET = "alice-secret-jam"  # another player's session: no answer to anyone else may hold this name
-LOOSE_MS = 60_000.0  # a realtime need any ring keeps
 TIGHT_MS = 0.01  # a realtime need no ring keeps
 
 
@@ -63,7 +62,9 @@ def test_no_refusal_names_another_players_session(session, monkeypatch):
     behind, a full host, a bad knob, bad JSON; and the owner's own depth refused with the ring's numbers."""
     monkeypatch.setattr(admission_module, "SETTLE_S", 0.2)  # a tiny ring settles at once: judge it without waiting
     host = RingHost(session, latent_interval_ms=TIGHT_MS)  # every lane needs what no tick gives
-    host.admission.target_ms = LOOSE_MS  # so a create passes the measured check and meets the ring's prediction
+    host.admission.target_ms = (
+        ADMIT_ANY_SPEED_MS  # so a create passes the measured check and meets the ring's prediction
+    )
     with served(host) as url:
         owner = Client(url, timeout_s=30.0)
         owner.create("lofi piano", name=SECRET, seconds=2.0, knobs={"depth": 1})  # nothing measured yet: let in
@@ -110,7 +111,7 @@ def test_creates_take_turns_so_two_are_never_let_in_on_one_measurement(session, 
     """With a session measured over the target playing, creates at once are each measured again, one at a time,
     and refused: none is let in on the measurement another create saw."""
     monkeypatch.setattr(admission_module, "SETTLE_S", 0.2)
-    host = RingHost(session, latent_interval_ms=LOOSE_MS)
+    host = RingHost(session, latent_interval_ms=ADMIT_ANY_SPEED_MS)
     outcomes: list[str] = []
 
     def create(name: str) -> None:
@@ -136,7 +137,7 @@ def test_creates_take_turns_so_two_are_never_let_in_on_one_measurement(session, 
 
 
 def test_a_depth_change_answers_what_the_ring_applied(session):
-    host = RingHost(session, latent_interval_ms=LOOSE_MS)
+    host = RingHost(session, latent_interval_ms=ADMIT_ANY_SPEED_MS)
     try:
         host.create("jam", SessionSpec("lofi", seconds=2.0, knobs={"depth": 2}))
         assert host.set_knobs("jam", {"depth": 3}) == {"depth": 3}
@@ -150,7 +151,7 @@ def test_a_depth_change_answers_what_the_ring_applied(session):
 
 def test_json_nested_past_the_limit_is_a_400_and_the_stream_goes_on(session):
     deep = "[" * 8000 + "]" * 8000
-    with served(RingHost(session, latent_interval_ms=LOOSE_MS)) as url:
+    with served(RingHost(session, latent_interval_ms=ADMIT_ANY_SPEED_MS)) as url:
         status, answer = http("POST", f"{url}/sessions", deep)  # no credentials needed to reach the parser
         assert status == 400 and f"at most {MAX_JSON_DEPTH}" in answer["error"], (status, answer)
         client = Client(url, timeout_s=30.0)
@@ -167,7 +168,7 @@ def test_json_nested_past_the_limit_is_a_400_and_the_stream_goes_on(session):
 
 
 def test_a_loop_of_too_many_bars_is_refused_in_bars_with_the_real_limit(session):
-    host = RingHost(session, latent_interval_ms=LOOSE_MS)
+    host = RingHost(session, latent_interval_ms=ADMIT_ANY_SPEED_MS)
     try:
         with pytest.raises(ValueError, match=r"bars 600 at 123 BPM.* loop of 1170\.73 s.* use bars 307 or less"):
             host.create("long", SessionSpec("lofi", bpm=123, bars=600))

@@ -7,6 +7,7 @@ import torch
 from flowjam.engine.bench.ticks import random_lora
 from flowjam.engine.lora import lora_set
 from flowjam.engine.stream import MAX_LANES, RealtimeNeed, StreamPipeline
+from helpers import ADMIT_ANY_SPEED_MS
 
 SECONDS = 10.0  # T = 250 frames, as the stream tests: batch-size-invariant CPU GEMMs
 TICKS = 14
@@ -74,7 +75,7 @@ def test_a_shared_knob_reaches_its_own_session_only(session, prompts):
 def test_admission_refuses_a_session_the_measured_ticks_could_not_keep_in_real_time(session, prompts):
     a, _, null = prompts
     ring = StreamPipeline(session.models.acestep.decoder, depth=1)
-    need = RealtimeNeed(steps=8, rows_per_slot=2, latent_interval_ms=60_000.0)
+    need = RealtimeNeed(steps=8, rows_per_slot=2, latent_interval_ms=ADMIT_ANY_SPEED_MS)
     first = ring.add_lane("first", depth=2, need=need)  # nothing measured yet: admitted
     play(ring, [first], {"first": lambda t: session.make_request(a, SECONDS, seed=t, cfg_mode="full", negative=null)})
     measured = ring.predicted_tick_ms(8)
@@ -91,7 +92,7 @@ def test_admission_refuses_a_session_the_measured_ticks_could_not_keep_in_real_t
             tight, [kept], {"kept": lambda t: session.make_request(a, SECONDS, seed=t, cfg_mode="full", negative=null)}
         )
         for index in range(6):
-            tight.add_lane(f"extra{index}", depth=8, need=RealtimeNeed(8, 2, latent_interval_ms=60_000.0))
+            tight.add_lane(f"extra{index}", depth=8, need=RealtimeNeed(8, 2, latent_interval_ms=ADMIT_ANY_SPEED_MS))
 
 
 def test_sessions_are_named_bounded_and_ended_cleanly(session, prompts):
@@ -119,13 +120,15 @@ def test_sessions_are_named_bounded_and_ended_cleanly(session, prompts):
 def test_a_session_cannot_deepen_past_what_the_ring_keeps_in_real_time(session, prompts):
     a, _, null = prompts
     ring = StreamPipeline(session.models.acestep.decoder, depth=1)
-    me = ring.add_lane("me", depth=2, need=RealtimeNeed(steps=8, rows_per_slot=2, latent_interval_ms=60_000.0))
+    me = ring.add_lane(
+        "me", depth=2, need=RealtimeNeed(steps=8, rows_per_slot=2, latent_interval_ms=ADMIT_ANY_SPEED_MS)
+    )
     play(ring, [me], {"me": lambda t: session.make_request(a, SECONDS, seed=t, cfg_mode="full", negative=null)})
     at_12, at_24 = ring.predicted_tick_ms(12), ring.predicted_tick_ms(24)
     assert at_24 > at_12 > 0
     # a tick within (at_12 + at_24) / 2 every latent of 8 steps at depth 2 (4 ticks): 12 rows fit, 24 do not
     ring.add_lane("tight", depth=2, need=RealtimeNeed(8, 2, latent_interval_ms=4 * (at_12 + at_24) / 2))
-    other = ring.add_lane("other", depth=1, need=RealtimeNeed(8, 2, latent_interval_ms=60_000.0))
+    other = ring.add_lane("other", depth=1, need=RealtimeNeed(8, 2, latent_interval_ms=ADMIT_ANY_SPEED_MS))
     other.set_depth(2)  # 12 rows: every need kept
     with pytest.raises(ValueError, match=r"depth 8 for session 'other' refused: .* 24 rows .* session 'tight'"):
         other.set_depth(8)
