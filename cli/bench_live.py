@@ -50,7 +50,7 @@ def first_touch_verdict(summaries) -> int:
     slow = [s.knob for s in summaries if not s.first_touch_ratio <= FIRST_TOUCH_BOUND]
     ratios = ", ".join(f"{s.knob} {s.first_touch_ratio:.2f}x" for s in summaries)
     verdict = f"FAILED: {', '.join(slow)}" if slow else "passed"
-    print(f"first touch -> ear over the later touches' median: {ratios} (bound {FIRST_TOUCH_BOUND:g}x): {verdict}")
+    print(f"first touch -> ear over the later touches': {ratios} (bound {FIRST_TOUCH_BOUND:g}x): {verdict}")
     return 1 if slow else 0
 
 

@@ -116,8 +116,9 @@ def report_sessions(r, count: int, args: argparse.Namespace) -> None:
     for s, touch_settle_s in zip(r.knobs, r.touch_settle_s):
         print(
             f"    {s.knob:>15} ({s.kind}): knob -> tick {s.tick_ms_median:.1f} / {s.tick_ms_p95:.1f} ms, -> ear "
-            f"{s.ear_ms_median:.1f} / {s.ear_ms_p95:.1f} ms (median / p95; first touch {s.first_touch_ear_ms:.1f}, "
-            f"graphs settled {settled(touch_settle_s)} after it)"
+            f"{s.ear_ms_median:.1f} / {s.ear_ms_p95:.1f} ms (median / p95; first touch {s.first_touch_ear_ms:.1f} "
+            f"in its slowest session, the later turns' slowest {s.later_touch_ear_ms:.1f} (median); graphs settled "
+            f"{settled(touch_settle_s)} after it)"
         )
     if r.refused:
         print(f"    refused: {r.refused}")

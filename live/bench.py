@@ -71,17 +71,22 @@ class LatencySummary:
     ear_ms_p95: float
     first_touch_ear_ms: float  # the knob's first move off its default, before the trials (see measure_latency)
     first_touch_plan_ticks: int  # ticks after the first move that still made new tick plans (settle_plans)
+    later_touch_ear_ms: float | None = None  # what the first touch is held against, where not `ear_ms_median`
 
     @property
     def first_touch_ratio(self) -> float:
-        """The first touch's knob -> ear over the later touches' median: how much slower a knob's first move is heard."""
-        return self.first_touch_ear_ms / self.ear_ms_median
+        """The first touch's knob -> ear over its later touches' (their median, or `later_touch_ear_ms`): how much
+        slower a knob's first move is heard."""
+        later = self.ear_ms_median if self.later_touch_ear_ms is None else self.later_touch_ear_ms
+        return self.first_touch_ear_ms / later
 
 
 FIRST_TOUCH_BOUND = 1.5  # a knob's first move is heard within this many times its later moves' median
 
 
-def summarize_latency(knob: str, kind: str, records, first_touch, plan_ticks: int = 0) -> LatencySummary:
+def summarize_latency(
+    knob: str, kind: str, records, first_touch, plan_ticks: int = 0, later_touch_ear_ms: float | None = None
+) -> LatencySummary:
     ticks = sorted(r.knob_to_tick_ms for r in records)
     ears = sorted(r.knob_to_ear_ms for r in records)
     written = statistics.median(r.knob_to_written_ms for r in records)
@@ -100,6 +105,7 @@ def summarize_latency(knob: str, kind: str, records, first_touch, plan_ticks: in
         p95(ears),
         first_touch.knob_to_ear_ms,
         plan_ticks,
+        later_touch_ear_ms,
     )
 
 

@@ -106,7 +106,10 @@ def measure_sessions(
     """Start `sessions` sessions on `host` (admission control may refuse some: the host learns its tick cost from
     the sessions before), wait for every loop to be written and the ring's tick graphs to settle, then turn each knob
     of KNOB_TRIALS on every session at once: a first touch (reported apart; the ring settles again after it, as
-    the knob's new plans are captured), then `trials` times, following each change to the ear. The latent interval
+    the knob's new plans are captured), then `trials` times, following each change to the ear. A turn's figure is
+    its slowest session's, so the first touch is held against the later turns' (their median), like for like: against
+    the median of every session's later touches, the slowest of several sessions would miss even where the first
+    touch costs nothing more. The latent interval
     is timed over each knob's trials: a shared knob keeps every slot's work, a per-request one restarts it.
     `lora`: a LoRA of the host that session i plays at its own strength 0.5 + 0.1 i. The sessions are ended at the
     end."""
@@ -140,10 +143,11 @@ def measure_sessions(
             first = max(_turn(host, runners, knob, values[1], ticks), key=lambda record: record.knob_to_ear_ms)
             touch_settle_s.append(_settle(host, touched))
             started, ring_ticks = time.perf_counter(), host.ticker.ticks
-            flat = [
-                record for trial in range(trials) for record in _turn(host, runners, knob, values[trial % 2], ticks)
-            ]
-            summaries.append(summarize_latency(knob, runners[0].registry.specs[knob].kind.value, flat, first))
+            turns = [_turn(host, runners, knob, values[trial % 2], ticks) for trial in range(trials)]
+            flat = [record for turn in turns for record in turn]
+            slowest = statistics.median(max(r.knob_to_ear_ms for r in turn) for turn in turns)
+            kind = runners[0].registry.specs[knob].kind.value
+            summaries.append(summarize_latency(knob, kind, flat, first, later_touch_ear_ms=slowest))
             cycle_ms = (time.perf_counter() - started) * 1000.0 / max(1, host.ticker.ticks - ring_ticks)
             interval_ms = max(_latent_interval_ms(r, started) for r in runners)
             intervals.append(interval_ms)

@@ -144,7 +144,7 @@ def test_new_prompt_lengths_reuse_their_groups_static_kv_memory(session):
 
 def test_bench_host_sections_time_each_step_of_a_tick_and_leave_the_pipeline_as_it_was():
     """`bench tick --profile`'s host table: every section a graph-backend tick runs is timed once per tick (the tick's
-    three graphs, gather, forward and advance, three times), and the wrapped methods are the originals again
+    graphs, gather, forward and its one lane's advance, three times), and the wrapped methods are the originals again
     afterwards (a later tick pays no timer)."""
     from flowjam.engine.bench.host_sections import SECTIONS, host_sections
     from flowjam.engine.bench.ticks import TickFixture, TickRun
@@ -154,7 +154,7 @@ def test_bench_host_sections_time_each_step_of_a_tick_and_leave_the_pipeline_as_
     run = TickRun(fixture, depth=4, steps=8, cfg="full", backend="graph")
     run.warm_up()
     report = host_sections(run.tick, lambda: None, ticks=6)
-    sections = {"StreamPipeline.submit": 1, "TickBatch.of": 1, "GraphStep.run": 1, "GraphStep._home": 1}
+    sections = {"StreamPipeline.submit": 1, "TickBatch.of": 1, "GraphStep.run": 1, "GraphStep.advance_plans": 1}
     for section, calls in {**sections, "TickGraphs.run": 3}.items():
         line = next((line for line in report.splitlines() if section in line), None)
         assert line is not None, f"{section} missing from:\n{report}"

@@ -22,14 +22,15 @@ SECTIONS: tuple[tuple[type, str], ...] = (
     (TickBatch, "of"),
     (GraphStep, "run"),
     (GraphStep, "_home"),
-    (GraphStep, "plan"),
+    (GraphStep, "shapes"),
+    (GraphStep, "advance_plans"),
     (TickGraphs, "run"),
     (torch.cuda.CUDAGraph, "replay"),
     (StreamPipeline, "_gpu_events"),
     (StreamPipeline, "_record"),
 )
-"""The host steps timed (nested ones are inside their callers' times: `GraphStep.run` holds `_home`, `plan` and
-`TickGraphs.run`, which holds the replay)."""
+"""The host steps timed (nested ones are inside their callers' times: `GraphStep.run` holds `_home`, `shapes`,
+`advance_plans` and `TickGraphs.run`, which holds the replay)."""
 
 
 @contextlib.contextmanager

@@ -2,19 +2,21 @@
 eager tick, through static tensors at fixed addresses. A slot's tensors live at the static tensors of its rank by
 age in its lane (its home): copied there when it starts and moved up when an older slot finishes, so a ring in its
 steady rhythm replays the same two or three graphs whichever places its slots hold. Each tick copies in only what
-changes (times, embeddings, LoRA strengths, a changed condition's K/V) and the plan (`GraphStep.plan`) says which
-captured graph, if any, the tick replays.
+changes (times, embeddings, LoRA strengths, a changed condition's K/V) and the plans (`GraphStep.shapes`,
+`GraphStep.advance_plans`) say which captured graphs, if any, the tick replays.
 
-A tick is three graphs: the gather (each slot's model input and context into static row tensors, in batch order), the
-forward (the DiT over those rows into a static velocity tensor) and the advance (each slot's guidance and solver step).
-The forward, a thousand kernels and ~100 ms of host time to capture, is keyed by its kernels' shapes alone (frames,
-rows, condition groups, K/V lengths, LoRA structure), so one graph serves every arrangement of slots in their homes;
-what changes the arrangement (a session joining, a ring's rhythm after a per-request knob) or a slot's step alone (a
-shared knob's first move, a slot's place in its schedule) makes new gather or advance plans, whose captures record a
-few dozen to a few hundred small kernels in milliseconds."""
+A tick is a gather graph (each slot's model input and context into static row tensors, in batch order), a forward
+graph (the DiT over those rows into a static velocity tensor) and one advance graph per lane (its slots' guidance and
+solver steps). The forward, a thousand kernels and ~100 ms of host time to capture, is keyed by its kernels' shapes
+alone (frames, rows, condition groups, K/V lengths, LoRA structure), so one graph serves every arrangement of slots in
+their homes; what changes the arrangement (a session joining, a ring's rhythm after a per-request knob) makes new
+gather plans, and a lane's own slots' steps and shared curves (a shared knob's first move, a slot's place in its
+schedule) make new advance plans of that lane alone: one session's first touch captures a few dozen small kernels a
+tick for its own lane, not the advance of every session in the ring."""
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -40,7 +42,7 @@ class TickWork(NamedTuple):
 
     gather: Callable[[TickBatch, Times], tuple[torch.Tensor, torch.Tensor]]  # -> rows' model inputs, contexts
     forward: Callable[..., torch.Tensor]  # (x, context, temb, modulation, groups, LoRA rows) -> velocities
-    advance: Callable[[TickBatch, torch.Tensor, Times], list[StepResult]]  # (batch, velocities, times)
+    advance: Callable[[TickBatch, torch.Tensor, Times, list[Slot]], list[StepResult]]  # (..., velocities, times, slots)
 
 
 class GraphStep:
@@ -70,7 +72,7 @@ class GraphStep:
         """The same device work through static tensors: plain PyTorch the first time a plan comes, captured the
         second, one graph replay after that (a gather's, a forward's and an advance's). Host work here is copies:
         times, embeddings, strengths, changed K/V. `embeddings`: each batch row's (temb, modulation). Returns whether
-        the tick was three replays (a steady tick, not a first run or a capture: a cost to learn from)."""
+        the tick was all replays (a steady tick, not a first run or a capture: a cost to learn from)."""
         static, active = self.static, batch.slots
         copies = self._home(active)
         hidden = embeddings[0][0].shape[-1]
@@ -98,7 +100,7 @@ class GraphStep:
         for slot, state in zip(active, states):
             if uses_step_noise(state):
                 slot.step_noise.copy_(draw_step_noise(slot))
-        plan = self.plan(batch, states, lanes, lora_rows is not None)
+        shapes = self.shapes(batch, lora_rows is not None)
         first = active[0]
         x_rows = static.get("x_rows", (len(batch.rows), *first.x.shape[1:]), first.x.dtype)
         context_rows = static.get("context_rows", (len(batch.rows), *first.context.shape[1:]), first.context.dtype)
@@ -112,10 +114,9 @@ class GraphStep:
         def forward_step() -> None:
             velocities.copy_(work.forward(x_rows, context_rows, temb, modulation, groups, lora_rows))
 
-        def advance_step() -> tuple[tuple[bool, bool], ...]:
-            results = work.advance(batch, velocities, times)
+        def advance_step(slots: list[Slot]) -> tuple[tuple[bool, bool], ...]:
             facts = []
-            for slot, result in zip(active, results):
+            for slot, result in zip(slots, work.advance(batch, velocities, times, slots)):
                 slot.x.copy_(result.x)
                 facts.append(
                     (
@@ -126,14 +127,16 @@ class GraphStep:
             return tuple(facts)
 
         replays = self.graphs.counters.replays
-        kernels = self.forward_shapes(batch, plan[0], groups)
-        self.graphs.run(self.gather_plan(batch, plan[0]), gather_step, shapes=("gather", kernels))
+        kernels = self.forward_shapes(batch, shapes, groups)
+        self.graphs.run(self.gather_plan(batch, shapes), gather_step, shapes=("gather", kernels))
         self.graphs.run(kernels, forward_step, shapes=kernels)
-        advanced = self.graphs.run(("advance", *plan), advance_step, shapes=plan[0:1])
-        for slot, (has_running, has_cached) in zip(active, advanced):
-            slot.running = self._static_state(slot, "running") if has_running else None
-            slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
-        return self.graphs.counters.replays == replays + 3
+        plans = self.advance_plans(batch, states, lanes)
+        for slots, plan, plan_shapes in plans:
+            advanced = self.graphs.run(plan, functools.partial(advance_step, slots), shapes=plan_shapes)
+            for slot, (has_running, has_cached) in zip(slots, advanced):
+                slot.running = self._static_state(slot, "running") if has_running else None
+                slot.cached_negative = self._static_state(slot, "cached_negative") if has_cached else None
+        return self.graphs.counters.replays == replays + 2 + len(plans)
 
     def _stale(self, static: torch.Tensor, *sources: Any) -> bool:
         """Whether `static` does not hold `sources` (tensors, by identity and version: one edited in place is new;
@@ -272,33 +275,53 @@ class GraphStep:
         """A lane's shared curve copied into its static tensor (at full length), where a captured tick reads it."""
         return self.static.put(("shared", lane.base, name), curve, (1, frames, 1))
 
-    def plan(self, batch: TickBatch, states: list[SlotState], lanes: Iterable[Lane], per_row_loras: bool) -> tuple:
-        """Everything that shapes a tick's device work besides tensor values: the graph's key, (shapes, slots'
-        facts, shared curves), where shapes decide the DiT's kernels and sizes. `states`: each slot's (`Slot.state`),
-        in `batch.slots` order."""
-        slots = tuple(
-            (
-                slot.home,
+    def shapes(self, batch: TickBatch, per_row_loras: bool) -> tuple:
+        """What decides the gather's and the forward's kernels and sizes: frames, rows (their homes, negatives and
+        weights), condition groups and K/V lengths, the decoder's LoRA structure, per-row LoRA strengths or not."""
+        row_kinds = tuple((row.slot.home, row.negative, row.weight is not None) for row in batch.rows)
+        layout = batch.layout
+        kv_lengths = tuple(c.length for c in layout.conditions)
+        frames = batch.slots[0].x.shape[1]
+        structure = self.decoder.structure_version  # LoRAs attached or detached: the layers themselves changed
+        return frames, row_kinds, layout.order, layout.counts, kv_lengths, structure, per_row_loras
+
+    def advance_plans(
+        self, batch: TickBatch, states: list[SlotState], lanes: Iterable[Lane]
+    ) -> list[tuple[list[Slot], tuple, tuple]]:
+        """Each lane's advance this tick: (its slots, the graph's key, the key's shapes). The key is everything that
+        shapes the lane's advance besides tensor values: the velocity rows its slots read (where they sit among the
+        batch's rows), each slot's home and facts, the lane's shared curves; its shapes, the same without the
+        homes, rows' places and shared curves (a plan at shapes that ran before is captured at once). `states`: each
+        slot's (`Slot.state`), in `batch.slots` order."""
+        position = {index: p for p, index in enumerate(batch.layout.order)}
+        rows_of: dict[int, list[tuple[int, bool, bool]]] = {}
+        for i, row in enumerate(batch.rows):
+            rows_of.setdefault(id(row.slot), []).append((position[i], row.negative, row.weight is not None))
+        by_lane: dict[int, list[tuple[Slot, tuple]]] = {}
+        for slot, state in zip(batch.slots, states):
+            facts = (
                 self._step_facts(slot, state),
                 slot.t > 0,
                 slot.t_next > 0,
                 self._options(slot),
                 slot.running is not None,
                 slot.cached_negative is not None,
+                len(rows_of[id(slot)]),
             )
-            for slot, state in zip(batch.slots, states)
-        )
-        row_kinds = tuple((row.slot.home, row.negative, row.weight is not None) for row in batch.rows)
-        layout = batch.layout
-        kv_lengths = tuple(c.length for c in layout.conditions)
+            by_lane.setdefault(slot.lane.base, []).append((slot, facts))
         frames = batch.slots[0].x.shape[1]
-        shared = tuple(
-            (lane.base, tuple(sorted((name, tuple(curve.shape)) for name, curve in lane.shared.items())))
-            for lane in lanes
-        )
-        structure = self.decoder.structure_version  # LoRAs attached or detached: the layers themselves changed
-        shapes = (frames, row_kinds, layout.order, layout.counts, kv_lengths, structure, per_row_loras)
-        return shapes, slots, shared
+        plans = []
+        for lane in lanes:
+            held = by_lane.get(lane.base)
+            if not held:
+                continue
+            slots = [slot for slot, _ in held]
+            facts = tuple(f for _, f in held)
+            places = tuple((slot.home, tuple(rows_of[id(slot)])) for slot in slots)
+            shared = tuple(sorted((name, tuple(curve.shape)) for name, curve in lane.shared.items()))
+            plan_shapes = ("advance", frames, facts)
+            plans.append((slots, (*plan_shapes, places, shared), plan_shapes))
+        return plans
 
     @staticmethod
     def gather_plan(batch: TickBatch, shapes: tuple) -> tuple:

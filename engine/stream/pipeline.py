@@ -374,7 +374,7 @@ class StreamPipeline:
         if lora_rows is not None:
             lora_rows = lora_rows.to(self._device_dtype()[0])
         velocities = self._forward(*self._gather(batch, times), temb, modulation, groups, lora_rows)
-        for slot, result in zip(batch.slots, self._advance(batch, velocities, times)):
+        for slot, result in zip(batch.slots, self._advance(batch, velocities, times, batch.slots)):
             slot.x, slot.running, slot.cached_negative = result.x, result.running, result.cached_negative
 
     def _gather(self, batch: TickBatch, times: dict[int, tuple[Any, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -401,13 +401,14 @@ class StreamPipeline:
             return self.decoder_forward(x, temb, modulation, context, groups)
 
     def _advance(
-        self, batch: TickBatch, velocities: torch.Tensor, times: dict[int, tuple[Any, Any]]
+        self, batch: TickBatch, velocities: torch.Tensor, times: dict[int, tuple[Any, Any]], slots: list[Slot]
     ) -> list[StepResult]:
-        """Each slot's guidance and solver step from the rows' `velocities` (in `batch.layout.order`)."""
+        """The guidance and solver step of each of `slots` (the batch's, or one lane's) from the rows' `velocities`
+        (in `batch.layout.order`)."""
         rows = batch.rows
         position = {index: p for p, index in enumerate(batch.layout.order)}
         results = []
-        for slot in batch.slots:
+        for slot in slots:
             own = [
                 RowVelocity(velocities[position[i]], row.negative, row.weight)
                 for i, row in enumerate(rows)
