@@ -1,7 +1,7 @@
 """The graph backend's tick (`engine/stream/tick_graph.py` captures and replays it): the same device work as the
 eager tick, through static tensors at fixed addresses. A slot's tensors live at the static tensors of its rank by
 age in its lane (its home): copied there when it starts and moved up when an older slot finishes, so a ring in its
-steady rhythm replays the same two or three graphs whichever places its slots hold. Each tick copies in only what
+steady rhythm replays the same few plans whichever places its slots hold. Each tick copies in only what
 changes (times, embeddings, LoRA strengths, a changed condition's K/V) and the plans (`GraphStep.shapes`,
 `GraphStep.advance_plans`) say which captured graphs, if any, the tick replays.
 
@@ -290,9 +290,10 @@ class GraphStep:
     ) -> list[tuple[list[Slot], tuple, tuple]]:
         """Each lane's advance this tick: (its slots, the graph's key, the key's shapes). The key is everything that
         shapes the lane's advance besides tensor values: the velocity rows its slots read (where they sit among the
-        batch's rows), each slot's home and facts, the lane's shared curves; its shapes, the same without the
-        homes, rows' places and shared curves (a plan at shapes that ran before is captured at once). `states`: each
-        slot's (`Slot.state`), in `batch.slots` order."""
+        batch's rows, and how many rows there are: each row count has a velocity tensor of its own), each slot's home
+        and facts, the lane's shared curves; its shapes, the same without the homes, rows and shared curves (a plan
+        at shapes that ran before is captured at once). `states`: each slot's (`Slot.state`), in `batch.slots`
+        order."""
         position = {index: p for p, index in enumerate(batch.layout.order)}
         rows_of: dict[int, list[tuple[int, bool, bool]]] = {}
         for i, row in enumerate(batch.rows):
@@ -320,7 +321,7 @@ class GraphStep:
             places = tuple((slot.home, tuple(rows_of[id(slot)])) for slot in slots)
             shared = tuple(sorted((name, tuple(curve.shape)) for name, curve in lane.shared.items()))
             plan_shapes = ("advance", frames, facts)
-            plans.append((slots, (*plan_shapes, places, shared), plan_shapes))
+            plans.append((slots, (*plan_shapes, len(batch.rows), places, shared), plan_shapes))
         return plans
 
     @staticmethod
