@@ -117,8 +117,8 @@ LOOPBACK_MULTICAST = "ip link set lo up && ip link set lo multicast on && ip rou
 def bench_sync(args: argparse.Namespace) -> int:
     from ..engine.audio.files import SAMPLE_RATE
     from ..live.sync.grid import Grid
+    from ..live.sync_bench import MISSED_SEARCH_S, check_jack_tools
     from ..live.sync_bench import bench_sync as run_sync
-    from ..live.sync_bench import check_jack_tools
 
     check_bpm_flag("--bpm", args.bpm)
     check_bpm_flag("--tempo-change", args.tempo_change)
@@ -148,6 +148,14 @@ def bench_sync(args: argparse.Namespace) -> int:
         f"  bar-start phase error over {r.bars_heard} bars: median {r.median_ms:.3f} ms, max {r.max_ms:.3f} ms "
         f"(target 2 / 5); {r.bars_missed} bars without a click after the start"
     )
+    for bar in r.missed:
+        click = "none" if bar.click_offset_ms is None else f"one {bar.click_offset_ms:+.1f} ms off"
+        late = (
+            "no late block" if bar.late_block_s is None else f"the nearest late block {bar.late_block_s:+.2f} s from it"
+        )
+        print(f"    bar {bar.index} at {bar.at_s:.2f} s without a click: within {MISSED_SEARCH_S:g} s, {click}; {late}")
+    if r.late_at_s:
+        print("  late blocks at (s from the recording's start): " + ", ".join(f"{t:.2f}" for t in r.late_at_s))
     clock = "-" if r.clock_bpm is None else f"{r.clock_bpm:.3f} BPM ({r.clock_bpm - r.bpm:+.3f})"
     print(
         f"  clock tempo as followed: {clock}; phase corrections {r.corrections}; underruns {r.underruns} ({r.gaps} gaps, "

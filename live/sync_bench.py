@@ -25,6 +25,20 @@ RATE = 48_000
 PROMPT = "steady drum machine groove, techno"
 
 
+@dataclass(frozen=True)
+class MissedBar:
+    """A bar line with no click within the measured window, and what was near it: what tells a dropped click from a
+    shifted one, and whether the output came late then."""
+
+    index: int  # of the bar lines the band played
+    at_s: float  # from the start of the recording
+    click_offset_ms: float | None  # the click found searching MISSED_SEARCH_S either side instead; None: none there
+    late_block_s: float | None  # the nearest late block's time from the bar line (negative: before it); None: none
+
+
+MISSED_SEARCH_S = 0.5  # how far either side of a missed bar line its click is looked for
+
+
 @dataclass
 class SyncReport:
     kind: str
@@ -43,6 +57,8 @@ class SyncReport:
     change_bars_late: int | None = None  # the bar line after the tempo change the new tempo's loop began on
     tempo_settled_s: float | None = None  # from the change until the followed tempo stays within 0.05 BPM of it
     switches: int = 0
+    missed: list[MissedBar] = field(default_factory=list)
+    late_at_s: list[float] = field(default_factory=list)  # when the output's late-block count rose (50 ms polls)
 
     @property
     def median_ms(self) -> float:
@@ -157,10 +173,15 @@ def bench_sync(
         conn.send(("go", _flowjam_output(period)))
         started = last_report = time.monotonic()
         tempi: list[tuple[float, float]] = []  # (sync clock, the followed tempo), every 50 ms
+        late_at: list[float] = []  # sync clock times the late-block count rose at
+        late_seen = app.buffer.late_blocks
         while not conn.poll(0.05):
             state = app.following.lock.state
             if state is not None and state.bpm is not None:
                 tempi.append((now_s(), state.bpm))
+            late_now = app.buffer.late_blocks
+            late_at += [now_s()] * (late_now - late_seen)
+            late_seen = late_now
             if time.monotonic() - last_report >= 30.0:
                 last_report = time.monotonic()
                 report(f"{last_report - started:5.0f} s  {app.status_line()}")
@@ -184,6 +205,9 @@ def bench_sync(
     errors = bar_errors(audio, first_frame, bar_frames, click_wave(RATE)[:, 0], int(0.05 * RATE))
     heard = np.flatnonzero(~np.isnan(errors))
     missed = 0 if heard.size == 0 else int(np.isnan(errors[heard[0] : heard[-1] + 1]).sum())
+    recording_s = recorded_until_s - audio.shape[0] / RATE  # the sync clock at the recording's first frame
+    late_s = [at - recording_s for at in late_at]
+    missed_bars = [] if heard.size == 0 else _missed_bars(audio, first_frame, bar_frames, heard, late_s)
     tempi = [(at, bpm) for at, bpm in tempi if at <= recorded_until_s]  # the band plays on unwatched after it
     late, steady, settled = None, heard, None
     if changed_s is not None and tempo_change is not None:  # from when on the followed tempo stays within 0.05 BPM
@@ -214,4 +238,25 @@ def bench_sync(
         corrections=int(sync.get("corrections", 0)),
         runner_errors=int(status.get("errors", 0)),
         latency_ms=latency_s * 1000.0,
+        missed=missed_bars,
+        late_at_s=late_s,
     )
+
+
+def _missed_bars(
+    audio: np.ndarray, first_frame: int, bar_frames: np.ndarray, heard: np.ndarray, late_s: list[float]
+) -> list[MissedBar]:
+    """Each bar line between the first and the last heard one with no click near it, with a wider search for its
+    click and the nearest late block (times from the recording's start)."""
+    found = set(heard.tolist())
+    indices = [i for i in range(int(heard[0]), int(heard[-1]) + 1) if i not in found]
+    if not indices:
+        return []
+    wide = bar_errors(audio, first_frame, bar_frames[indices], click_wave(RATE)[:, 0], int(MISSED_SEARCH_S * RATE))
+    missed = []
+    for index, offset in zip(indices, wide):
+        at_s = (bar_frames[index] - first_frame) / RATE
+        nearest = min((t - at_s for t in late_s), key=abs, default=None)
+        click = None if np.isnan(offset) else float(offset) / RATE * 1000.0
+        missed.append(MissedBar(index, at_s, click, nearest))
+    return missed

@@ -1,0 +1,33 @@
+"""`bench sync`'s account of a bar without a click: whether its click came but too far off, or never came, and the
+late block nearest it, found in a recording the way the bench finds them."""
+
+import numpy as np
+from flowjam.live.renderer import click_wave
+from flowjam.live.sync_bench import RATE, _missed_bars
+
+BAR = 2 * RATE  # a 2-second bar
+
+
+def recording(offsets: dict[int, float | None], bars: int = 8) -> np.ndarray:
+    """Clicks on every bar line of `bars`, bar i's `offsets[i]` seconds off its line (None: no click)."""
+    click = click_wave(RATE)[:, 0]
+    audio = np.zeros((bars + 1) * BAR, dtype=np.float32)
+    for bar in range(bars):
+        offset = offsets.get(bar, 0.0)
+        if offset is not None:
+            at = bar * BAR + round(offset * RATE)
+            audio[at : at + click.shape[0]] += click
+    return audio
+
+
+def test_a_missed_bar_tells_a_click_pushed_off_from_one_never_played_and_names_the_late_block_near_it():
+    audio = recording({3: 0.120, 5: None})
+    bar_frames = np.arange(8) * BAR + 1_000.0  # JACK frames; the recording starts at frame 1,000
+    heard = np.array([0, 1, 2, 4, 6, 7])
+    missed = _missed_bars(audio, 1_000, bar_frames, heard, late_s=[5.9, 9.5])
+    assert [bar.index for bar in missed] == [3, 5]
+    pushed, dropped = missed
+    assert pushed.at_s == 6.0 and abs(pushed.click_offset_ms - 120.0) < 0.1
+    assert abs(pushed.late_block_s - (-0.1)) < 1e-9
+    assert dropped.at_s == 10.0 and dropped.click_offset_ms is None and abs(dropped.late_block_s - (-0.5)) < 1e-9
+    assert _missed_bars(audio, 1_000, bar_frames, np.arange(8), late_s=[]) == []
