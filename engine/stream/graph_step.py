@@ -33,6 +33,7 @@ from .pinned import PinnedStaging
 from .tick_graph import StaticTensors, TickGraphs
 
 CLOCKS_KEPT = 64  # distinct sets of the slots' times kept on the device
+HOMES = (MAX_LANES + 1) * MAX_DEPTH  # every slot's home: a lane's base (MAX_DEPTH apart) and its rank by age
 
 Times = dict[int, tuple[Any, Any]]  # each slot's (t, t_next), by id of the slot
 
@@ -83,11 +84,11 @@ class GraphStep:
         if copies:  # what the homes and the rows' embeddings need this tick, in one launch
             targets, sources = zip(*copies)
             torch._foreach_copy_(list(targets), list(sources))
-        clock = tuple((slot.t, slot.t_next) for slot in active)
-        times_device = static.get("times", ((MAX_LANES + 1) * MAX_DEPTH, 2), torch.float32)
+        clock = tuple((slot.home, slot.t, slot.t_next) for slot in active)
+        times_device = static.get("times", (HOMES, 2), torch.float32)
         if self._stale(times_device, *clock):
-            times_device[: len(active)].copy_(self._clock_on_device(clock))
-        times = {id(slot): self._time_views(times_device, i) for i, slot in enumerate(active)}
+            times_device.copy_(self._clock_on_device(clock))
+        times = {id(slot): self._time_views(times_device, slot.home) for slot in active}
         layout = batch.layout
         kvs = [self._static_kv(g, c, own) for g, (c, own) in enumerate(zip(layout.conditions, layout.kv_strengths))]
         groups = layout.groups(kvs)
@@ -159,20 +160,25 @@ class GraphStep:
                 views = self._row_views[id(static)] = static.split(1)
             copies.extend(zip(views, rows))
 
-    def _clock_on_device(self, clock: tuple[tuple[float, float], ...]) -> torch.Tensor:
-        """The slots' (t, t_next) as a device tensor, kept by value: a steady ring's clocks repeat every few ticks,
-        and a copy from the device costs less host time than one from the host."""
+    def _clock_on_device(self, clock: tuple[tuple[int, float, float], ...]) -> torch.Tensor:
+        """The slots' (t, t_next) in the rows of their homes (`clock`: each slot's (home, t, t_next)) as a device
+        tensor, kept by value: a steady ring's clocks repeat every few ticks, and a copy from the device costs less
+        host time than one from the host. By home, not by place in the batch: a lane's advance graph reads its own
+        slots' rows whatever the lanes before it hold."""
         tensor = self._clocks.get(clock)
         if tensor is None:
-            tensor = self._clocks[clock] = self._staging.to_device(torch.tensor(clock, dtype=torch.float32))
+            rows = [(0.0, 0.0)] * HOMES
+            for home, t, t_next in clock:
+                rows[home] = (t, t_next)
+            tensor = self._clocks[clock] = self._staging.to_device(torch.tensor(rows, dtype=torch.float32))
             if len(self._clocks) > CLOCKS_KEPT:
                 self._clocks.popitem(last=False)
         self._clocks.move_to_end(clock)
         return tensor
 
     def _time_views(self, times_device: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(t, t_next) of the static times' `row`, as [1, 1, 1] views made once per row (the times tensor is one
-        static tensor for the pipeline's life)."""
+        """(t, t_next) of the static times' `row` (a home's), as [1, 1, 1] views made once per row (the times tensor
+        is one static tensor for the pipeline's life)."""
         views = self._times.get(row)
         if views is None:
             views = self._times[row] = (times_device[row, 0].view(1, 1, 1), times_device[row, 1].view(1, 1, 1))
