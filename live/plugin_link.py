@@ -13,6 +13,7 @@ the same numbers."""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 
@@ -21,7 +22,7 @@ import numpy as np
 from ..engine.params import KNOB_SPECS, MAX_PROMPT_CHARS
 
 CONTROL_MAGIC = 0x464C4A4D4354524C  # "FLJMCTRL"
-CONTROL_VERSION = 3
+CONTROL_VERSION = 4
 CONTROL_PREFIX = "flowjam-plugin-"
 COUNTERS, REALS, MAX_KNOBS, NAME_BYTES = 24, 16, 64, 128
 PROMPTS = ("a", "b", "negative")  # the order of the prompt areas
@@ -44,6 +45,8 @@ HOST_PANEL_REQUESTS = 15  # the plugin counts each turn of its `panel` parameter
 ENGINE_PROMPTS_TAKEN = 16  # the HOST_PROMPTS_SEQ the engine had taken in when it wrote its prompt area: the plugin
 # keeps the prompts it pushed until the engine's answer them (a new session's own prompts, written after the push but
 # before the engine read it, would otherwise go into the DAW project)
+ENGINE_ID = 17  # random, nonzero, fixed for the block's life: a plugin attaching again to the same engine (after its
+# heartbeat went stale: a stall, a swap storm) keeps what the engine has; only a new engine is given the project's knobs
 MAX_LOOP_BARS = 64
 # Slots of ControlBlock.reals (float64).
 HOST_BPM, HOST_BEATS_PER_BAR = 0, 1
@@ -166,6 +169,7 @@ class ControlBlock:
             for index, spec in enumerate(KNOB_SPECS):
                 self.host_values[index] = self.engine_values[index] = spec.default
             self.counters[[VERSION, KNOB_COUNT]] = (CONTROL_VERSION, len(KNOB_SPECS))
+            self.counters[ENGINE_ID] = secrets.randbits(62) + 1
             self.counters[MAGIC] = CONTROL_MAGIC  # last: a plugin attaching now sees a whole block
         elif self.counters[MAGIC] != CONTROL_MAGIC:
             self.close()

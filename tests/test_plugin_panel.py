@@ -10,8 +10,10 @@ here that writes down the URL it was given)."""
 
 import http.client
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 import urllib.parse
@@ -21,7 +23,7 @@ import numpy as np
 import pytest
 from daw_host import BAR_FRAMES, BPM, SESSION, parameter_index, plugin_for_session, saved_state
 from flowjam.engine.params import MAX_PROMPT_CHARS
-from flowjam.live.plugin_link import HOST_PANEL_REQUESTS, ControlBlock
+from flowjam.live.plugin_link import HOST_BLOCKS, HOST_PANEL_REQUESTS, STALE_AFTER_S, ControlBlock
 from flowjam.live.plugin_panel import PAGE
 from helpers import wait_for
 from plugin_build import build
@@ -140,6 +142,43 @@ def test_a_knob_turned_in_the_panel_changes_the_output(panel_url, vst3, tmp_path
     wait_for(silenced, 30, lambda: f"volume 0 from the panel to silence the plugin (peaks {heard}, {state(panel_url)})")
     assert post(panel_url, "knob", {"name": "volume", "value": 0.8})[0] == 200
     wait_for(lambda: np.abs(rendered_loop(host)).max() > 1e-2, 30, "volume 0.8 from the panel to bring it back")
+
+
+def test_a_panel_knob_holds_when_the_engine_stalls_and_the_plugin_attaches_to_it_again(
+    plugin_engine, panel_url, vst3, tmp_path
+):
+    """An engine that stalls past the plugin's patience (a swap storm, a debugger: its heartbeat goes stale for a
+    second) is the same engine when it comes back: the plugin attaches to it again without giving it the project's
+    knobs a second time, so the volume the player set in the panel holds (the project still says 0.8)."""
+    host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    quiet_click(plugin)
+    host.render(0.5)
+    control = ControlBlock(SESSION, create=False)
+    try:
+        assert post(panel_url, "knob", {"name": "volume", "value": 0.0})[0] == 200
+        wait_for(lambda: not rendered_loop(host)[1024:].any(), 30, "the panel's volume 0 to silence the plugin")
+        os.kill(plugin_engine.process.pid, signal.SIGSTOP)
+        try:
+            time.sleep(STALE_AFTER_S + 0.5)
+            blocks = int(control.counters[HOST_BLOCKS])
+            host.render(0.1)
+            assert int(control.counters[HOST_BLOCKS]) == blocks, "the plugin let go of the stalled engine"
+        finally:
+            os.kill(plugin_engine.process.pid, signal.SIGCONT)
+
+        def attached_again() -> bool:
+            before = int(control.counters[HOST_BLOCKS])
+            host.render(0.05)
+            return int(control.counters[HOST_BLOCKS]) > before
+
+        wait_for(attached_again, 10, "the plugin to attach to the engine again (its blocks counted)")
+        time.sleep(0.3)  # the engine's next control rounds: a project volume given again would be taken in now
+        peaks = [float(np.abs(rendered_loop(host)).max()) for _ in range(2)]
+        assert peaks == [0.0, 0.0], f"the project's volume came back over the panel's 0 ({state(panel_url)})"
+        assert "volume 0.0" in state(panel_url)
+    finally:
+        post(panel_url, "knob", {"name": "volume", "value": 0.8})
+        control.close()
 
 
 def state(panel_url: str) -> str:

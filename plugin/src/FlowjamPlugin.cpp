@@ -257,11 +257,14 @@ protected:
             render_attach(state, attached->view);
             wasPlaying = -1;
         }
-        if (attached->generation != knobGeneration) {  // a new engine: the project's values win
-            knobGeneration = attached->generation;
-            for (int i = 0; i < KNOB_COUNT; ++i) dirty[i].store(true);
+        if (attached->generation != loopGeneration) {  // attached again: its loop buffer may be new, set its click
+            loopGeneration = attached->generation;
             loopDirty.store(true);
-            waitLeftNs = kWaitPerEngineNs;
+            if (attached->engineId != knobEngine) {  // a new engine: the project's values win
+                knobEngine = attached->engineId;     // (the same one back after a stall keeps the player's changes)
+                for (int i = 0; i < KNOB_COUNT; ++i) dirty[i].store(true);
+                waitLeftNs = kWaitPerEngineNs;
+            }
         }
         const LoopView& view = attached->view;
         publishTransport(*attached, frames);
@@ -417,7 +420,8 @@ private:
     HostPace pace;
     int64_t waitLeftNs = kWaitPerEngineNs;
     std::atomic<bool> loopDirty{true};
-    uint64_t renderGeneration = 0, knobGeneration = 0;  // the attachment the renderer and the knobs were set for
+    uint64_t renderGeneration = 0, loopGeneration = 0;  // the attachment the renderer and the loop were set for
+    int64_t knobEngine = 0;                               // the engine (ENGINE_ID) the project's knobs were given to
     int wasPlaying = -1;
     const int volumeIndex;
 

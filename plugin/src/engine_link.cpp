@@ -77,18 +77,19 @@ std::string EngineLink::prompt(int slot) const {
     return prompts[slot];
 }
 
-// The project's prompts to the engine (when set, and again on each new attachment: a restarted engine gets them
-// back), and the engine's prompts back once they answer our newest push (the engine says which of our pushes it had
-// taken in: what it wrote before is older than the project's). Both areas are sequence-locked.
-void EngineLink::exchangePrompts(Attachment& a, bool attachedNow) {
+// The project's prompts to the engine (when set, and again on attaching to a new engine: a restarted engine gets them
+// back; the same engine back after a stall keeps what it plays), and the engine's prompts back once they answer our
+// newest push (the engine says which of our pushes it had taken in: what it wrote before is older than the
+// project's). Both areas are sequence-locked.
+void EngineLink::exchangePrompts(Attachment& a, bool newEngine) {
     auto* base = static_cast<char*>(a.control.base);
     int64_t* counters = a.controlCounters;
     std::lock_guard<std::mutex> guard(settingsLock);
-    if (attachedNow) {
+    if (newEngine) {
         pushedSeq = 0;
         enginePromptsSeen = -1;
     }
-    if ((pushPrompts || attachedNow) && !prompts[0].empty()) {
+    if ((pushPrompts || newEngine) && !prompts[0].empty()) {
         const int64_t seq = counters[control::HOST_PROMPTS_SEQ];
         __atomic_store_n(&counters[control::HOST_PROMPTS_SEQ], seq + 1, __ATOMIC_SEQ_CST);
         for (int slot = 0; slot < control::PROMPT_COUNT; ++slot) {
@@ -153,6 +154,7 @@ bool EngineLink::attach(Attachment& a) {
         bufferName[sizeof(bufferName) - 1] = '\0';
         if (bufferName[0] != '\0' && map_shared(bufferName, a.loop) && loop_view(a.loop.base, a.loop.bytes, a.view)) {
             a.generation = ++generations;
+            a.engineId = a.controlCounters[control::ENGINE_ID];
             return true;
         }
         unmap_shared(a.loop);
@@ -189,7 +191,8 @@ void EngineLink::watch() {
             Attachment& slot = slots[next];
             if (attach(slot)) {
                 next = 1 - next;
-                exchangePrompts(slot, true);
+                exchangePrompts(slot, slot.engineId != promptsEngine);
+                promptsEngine = slot.engineId;
                 current.store(&slot);
             } else {
                 const std::string start = engineCommand();

@@ -25,6 +25,7 @@ struct Attachment {
     int64_t* blockTimes = nullptr;  // the plugin's time per block (block_times.hpp)
     LoopView view;
     uint64_t generation = 0;  // counts attachments: the audio thread resets its renderer on a new one
+    int64_t engineId = 0;     // the control block's ENGINE_ID: the same engine attached again keeps its knobs
 };
 
 class EngineLink {
@@ -57,7 +58,7 @@ private:
     bool fresh(const Attachment& attachment) const;
     bool attach(Attachment& attachment);
     void retire();
-    void exchangePrompts(Attachment& attachment, bool attachedNow);
+    void exchangePrompts(Attachment& attachment, bool newEngine);
 
     mutable std::mutex settingsLock;
     void askLobby();
@@ -69,7 +70,8 @@ private:
     std::string prompts[3];
     bool pushPrompts = false;
     int64_t enginePromptsSeen = -1;  // the engine's prompt area at its newest read
-    int64_t pushedSeq = 0;           // the host prompt area's sequence after our newest push to this attachment
+    int64_t pushedSeq = 0;           // the host prompt area's sequence after our newest push to this engine
+    int64_t promptsEngine = 0;       // the engine (ENGINE_ID) the project's prompts were given to
     Attachment slots[2];
     int next = 0;
     uint64_t generations = 0;

@@ -58,7 +58,7 @@ constexpr int START_FADE_FRAMES = 32;
 // The plugin's control block (live/plugin_link.py).
 namespace control {
 constexpr int64_t MAGIC_VALUE = 0x464c4a4d4354524c;
-constexpr int64_t VERSION_VALUE = 3;
+constexpr int64_t VERSION_VALUE = 4;
 constexpr const char* PREFIX = "flowjam-plugin-";
 constexpr int COUNTERS = 24, REALS = 16;
 constexpr int MAX_KNOBS = 64, NAME_BYTES = 128;
@@ -89,6 +89,7 @@ constexpr int ENGINE_LOOP_BARS = 13;
 constexpr int ENGINE_CLICK = 14;
 constexpr int HOST_PANEL_REQUESTS = 15;
 constexpr int ENGINE_PROMPTS_TAKEN = 16;
+constexpr int ENGINE_ID = 17;
 constexpr int HOST_BPM = 0;
 constexpr int HOST_BEATS_PER_BAR = 1;
 constexpr int HOST_BARS = 2;
