@@ -110,6 +110,7 @@ class BlockRenderer:
         self.start_ramp = ((np.arange(START_FADE_FRAMES, dtype=np.float32) + 1) / START_FADE_FRAMES)[:, None]
         self.click = click_wave(buffer.sample_rate)
         self.click_left = 0  # samples of a click begun in an earlier block still to play
+        self.click_shift: tuple[int, int] | None = None  # (region, shift) the last block's clicks were placed at
         self.applied = self.where()  # (region, shift) the last block was read at
         self.device_clock = DeviceClock(buffer.sample_rate)
 
@@ -182,18 +183,23 @@ class BlockRenderer:
     def add_clicks(self, out: np.ndarray, frames: int, position: int) -> None:
         """The metronome: a click from every bar start of the loop position in this block (bar starts at whole
         multiples of CLICK_BAR frames from each start of the cycle: the loop, or for endless play one bar; rounded
-        to the frame)."""
+        to the frame). Where the phase lock moved the loop (its shift) by less than half a bar since the last block,
+        a bar start it jumped over clicks at the block's start, and one it moved back over (clicked already) not
+        again; a jump of the frames played (a host's transport, blocks made up after an xrun) is no correction."""
         if self.click_left:
             done = self.click.shape[0] - self.click_left
             take = min(frames, self.click_left)
             out[:take] += self.click[done : done + take]
             self.click_left -= take
+        before, self.click_shift = self.click_shift, self.applied
         bar = float(self.reals[CLICK_BAR])
         if bar <= 0.0:
             return
         cycle = float(self.reals[CLICK_CYCLE]) or float(self.counters[LENGTHS[self.applied[0]]])
         start = position % cycle
-        index = int(np.ceil(start / bar - 1e-9))
+        moved = self.applied[1] - before[1] if before is not None and before[0] == self.applied[0] else 0
+        low = -moved if abs(moved) < 0.5 * bar else 0  # the block's bar starts click from this offset on
+        index = max(0, int(np.ceil((start + low) / bar - 1e-9)))
         while True:
             at = round(index * bar)
             if at >= cycle - 0.5 * bar:  # the next bar start is the cycle's start again: count from there
@@ -202,9 +208,11 @@ class BlockRenderer:
             offset = round(at - start)
             if offset >= frames:
                 return
-            take = min(frames - offset, self.click.shape[0])
-            out[offset : offset + take] += self.click[:take]
-            self.click_left = self.click.shape[0] - take
+            if offset >= low:
+                offset = max(offset, 0)
+                take = min(frames - offset, self.click.shape[0])
+                out[offset : offset + take] += self.click[:take]
+                self.click_left = self.click.shape[0] - take
             index += 1
 
     def apply_transport(self, out: np.ndarray, frames: int, played: int) -> None:

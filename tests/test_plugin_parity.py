@@ -116,3 +116,17 @@ def test_plugin_core_equals_the_renderer_through_a_phase_correction_and_a_region
     twins.both(lambda b: b.counters.__setitem__(4, bar_line - 2 * BLOCK - 5))
     twins.blocks(5)
     assert twins.buffers[1].active == 1, "the switch took place"
+
+
+def test_plugin_core_equals_the_renderer_through_phase_corrections_across_bar_starts(twins):
+    """A bar start the phase lock jumps over clicks at the next block's start, one it moves back over does not click
+    again: the same in both, sample for sample."""
+    twins.both(lambda b: b.set_click(BAR / 2))
+    twins.both(lambda b: b.counters.__setitem__(4, round(BAR / 2) - 700))  # PLAYED: a bar start 700 frames ahead
+    twins.blocks(1)
+    twins.both(lambda b: b.set_shift(300))  # jumps over it
+    twins.blocks(2)
+    twins.both(lambda b: b.counters.__setitem__(4, 2 * round(BAR / 2) - 700 - 300 - BLOCK))
+    twins.blocks(2)  # the next bar start played in the second block
+    twins.both(lambda b: b.set_shift(-100))  # moves back over it
+    twins.blocks(2)

@@ -105,12 +105,16 @@ void add_clicks(RenderState& s, const LoopView& view, float* out, int frames, in
         add_click(s, out, 0, done, take);
         s.clickLeft -= take;
     }
+    const int64_t moved = s.clickRegion == s.appliedRegion ? s.appliedShift - s.clickShift : 0;
+    s.clickRegion = s.appliedRegion;
+    s.clickShift = s.appliedShift;
     const double bar = view.reals[real::CLICK_BAR];
     if (bar <= 0.0) return;
     double cycle = view.reals[real::CLICK_CYCLE];
     if (cycle == 0.0) cycle = static_cast<double>(view.counters[counter::LENGTHS[s.appliedRegion]]);
     double start = py_fmod(static_cast<double>(position), cycle);
-    int64_t index = static_cast<int64_t>(std::ceil(start / bar - 1e-9));
+    const int64_t low = std::abs(static_cast<double>(moved)) < 0.5 * bar ? -moved : 0;
+    int64_t index = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((start + low) / bar - 1e-9)));
     while (true) {
         int64_t at = py_round(static_cast<double>(index) * bar);
         if (static_cast<double>(at) >= cycle - 0.5 * bar) {
@@ -118,11 +122,14 @@ void add_clicks(RenderState& s, const LoopView& view, float* out, int frames, in
             start = start - cycle;
             at = 0;
         }
-        const int64_t offset = py_round(static_cast<double>(at) - start);
+        int64_t offset = py_round(static_cast<double>(at) - start);
         if (offset >= frames) return;
-        const int64_t take = std::min<int64_t>(frames - offset, clickFrames);
-        add_click(s, out, static_cast<int>(offset), 0, take);
-        s.clickLeft = clickFrames - take;
+        if (offset >= low) {
+            offset = std::max<int64_t>(offset, 0);
+            const int64_t take = std::min<int64_t>(frames - offset, clickFrames);
+            add_click(s, out, static_cast<int>(offset), 0, take);
+            s.clickLeft = clickFrames - take;
+        }
         index += 1;
     }
 }
@@ -223,6 +230,7 @@ void render_prepare(RenderState& s, int blocksize, int channels, int sampleRate)
 void render_attach(RenderState& s, const LoopView& view) {
     s.heard = false;
     s.clickLeft = 0;
+    s.clickRegion = -1;
     s.appliedRegion = view.counters[counter::ACTIVE];
     s.appliedShift = view.counters[counter::SHIFTS[s.appliedRegion]];
 }

@@ -21,6 +21,7 @@ struct RenderState {
     int blocksize = 0, channels = 0;
     std::vector<float> unitRamp, gainCurve, fadeSteps, fadeCurve, rise, fall, before, startRamp, click;
     int64_t clickLeft = 0;
+    int64_t clickRegion = -1, clickShift = 0;  // the region and shift the last block's clicks were placed at
     bool heard = false;
     int64_t appliedRegion = 0, appliedShift = 0;
 };
