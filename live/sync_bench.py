@@ -204,7 +204,6 @@ def bench_sync(
         bar_frames -= latency_s * RATE
     errors = bar_errors(audio, first_frame, bar_frames, click_wave(RATE)[:, 0], int(0.05 * RATE))
     heard = np.flatnonzero(~np.isnan(errors))
-    missed = 0 if heard.size == 0 else int(np.isnan(errors[heard[0] : heard[-1] + 1]).sum())
     recording_s = recorded_until_s - audio.shape[0] / RATE  # the sync clock at the recording's first frame
     late_s = [at - recording_s for at in late_at]
     missed_bars = [] if heard.size == 0 else _missed_bars(audio, first_frame, bar_frames, heard, late_s)
@@ -225,7 +224,7 @@ def bench_sync(
         kind=kind,
         bpm=bpm,
         bars_heard=int(heard.size),
-        bars_missed=missed,
+        bars_missed=len(missed_bars),
         errors_ms=(errors[steady] / RATE * 1000.0).tolist(),
         tempo_change=tempo_change,
         change_bars_late=late,

@@ -3,6 +3,7 @@ forward (`Layout`: each condition's rows contiguous) and the LoRA strengths each
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,14 @@ class Layout:
             tuple(len(indices) for indices in by_condition.values()),
             tuple(strengths for _, strengths in conditions),
         )
+
+    @functools.cached_property
+    def positions(self) -> tuple[int, ...]:
+        """The inverse of `order`: `positions[i]` is the batch position of row i (made once per tick's layout)."""
+        positions = [0] * len(self.order)
+        for p, index in enumerate(self.order):
+            positions[index] = p
+        return tuple(positions)
 
     def groups(self, kvs: list[CrossKV]) -> list[CrossGroup]:
         """Each condition's cross K/V with the batch positions of its rows."""

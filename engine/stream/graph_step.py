@@ -300,7 +300,7 @@ class GraphStep:
         and facts, the lane's shared curves; its shapes, the same without the homes, rows and shared curves (a plan
         at shapes that ran before is captured at once). `states`: each slot's (`Slot.state`), in `batch.slots`
         order."""
-        position = {index: p for p, index in enumerate(batch.layout.order)}
+        position = batch.layout.positions
         rows_of: dict[int, list[tuple[int, bool, bool]]] = {}
         for i, row in enumerate(batch.rows):
             rows_of.setdefault(id(row.slot), []).append((position[i], row.negative, row.weight is not None))

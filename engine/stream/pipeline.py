@@ -406,7 +406,7 @@ class StreamPipeline:
         """The guidance and solver step of each of `slots` (the batch's, or one lane's) from the rows' `velocities`
         (in `batch.layout.order`)."""
         rows = batch.rows
-        position = {index: p for p, index in enumerate(batch.layout.order)}
+        position = batch.layout.positions
         results = []
         for slot in slots:
             own = [
