@@ -1,9 +1,10 @@
 """`flowjam bench plugin`: the DAW plugin (its LV2 in jalv on a JACK dummy server) beside a generating engine: the
-plugin's time per block in the host's audio thread, xruns and gaps."""
+plugin's time per block in the host's audio thread, xruns, gaps, and host automation's way to the engine."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 from .flags import CommandError, check_bpm_flag
 
@@ -46,6 +47,27 @@ def bench_plugin(args: argparse.Namespace) -> int:
         f"  JACK xruns {r.xruns}; the plugin's callback could cause {r.plugin_xruns} (its slowest block against half a "
         f"period)\n"
         f"  engine latents {r.engine_latents} (it generated throughout)\n"
+        f"{automation_line(r)}\n"
         f"verdict: {'passed' if r.passed else 'FAILED'} (judged by gaps and the xruns the plugin can cause)"
     )
     return 0 if r.passed else 1
+
+
+def automation_line(r) -> str:
+    """Host automation's way to the engine: set in jalv -> the plugin's block -> taken in by the engine."""
+    from ..live.plugin_soak import AUTOMATE_EVERY_S, AUTOMATE_KNOB
+
+    if not r.automation:
+        return "  host automation: no knob set was taken in (the run was shorter than one set)"
+    host, engine = (sorted(leg) for leg in zip(*r.automation))
+    total = sorted(a + b for a, b in r.automation)
+
+    def figures(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f} / {values[int(0.95 * (len(values) - 1))]:.1f} / {values[-1]:.1f} ms"
+
+    return (
+        f"  host automation ({AUTOMATE_KNOB} set in jalv every {AUTOMATE_EVERY_S:g} s, {len(total)} sets; median / p95 "
+        f"/ max): set -> the plugin's block {figures(host)}, block -> engine {figures(engine)}, in all "
+        f"{figures(total)} (one period: {r.period_us / 1000:.1f} ms); from the engine on, a knob's way to the ear is "
+        f"`live`'s (bench latency)"
+    )

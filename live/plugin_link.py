@@ -1,10 +1,12 @@
 """The plugin's control block: a small shared-memory segment per session, named `flowjam-plugin-<session>`, that
 the engine creates and a DAW plugin instance (plugin/) attaches to by that name. The plugin writes the host's
 transport (tempo, metre, bar position, play state) every block and the knob values the host changed; the engine
-writes a heartbeat, the name of the loop buffer to play and its own knob values (shown back to the host).
+writes a heartbeat, the name of the loop buffer to play and its own knob values (shown back to the host: each knob's
+ENGINE_CHANGES counts the values the engine came to by itself, OSC, MIDI or the panel, not the host's own).
 
 Layout (native byte order, every field 8-byte aligned, one writer each): int64 COUNTERS, float64 REALS, float64
-HOST_VALUES and int64 HOST_CHANGES (one per knob of KNOB_SPECS, the plugin's), float64 ENGINE_VALUES (the engine's),
+HOST_VALUES and int64 HOST_CHANGES (one per knob of KNOB_SPECS, the plugin's), float64 ENGINE_VALUES and int64
+ENGINE_CHANGES (the engine's),
 then the loop buffer's name as NUL-terminated UTF-8, then the prompts (A, B, negative) as NUL-terminated UTF-8: the
 host's (a DAW project's, given back to the engine when it opens) and the engine's (saved in the project), then int64
 BLOCK_TIMES (the plugin's: its slowest block's time and a histogram of its blocks' times, see `block_time_bin`). A prompt
@@ -22,7 +24,7 @@ import numpy as np
 from ..engine.params import KNOB_SPECS, MAX_PROMPT_CHARS
 
 CONTROL_MAGIC = 0x464C4A4D4354524C  # "FLJMCTRL"
-CONTROL_VERSION = 4
+CONTROL_VERSION = 5
 CONTROL_PREFIX = "flowjam-plugin-"
 COUNTERS, REALS, MAX_KNOBS, NAME_BYTES = 24, 16, 64, 128
 PROMPTS = ("a", "b", "negative")  # the order of the prompt areas
@@ -47,6 +49,8 @@ ENGINE_PROMPTS_TAKEN = 16  # the HOST_PROMPTS_SEQ the engine had taken in when i
 # before the engine read it, would otherwise go into the DAW project)
 ENGINE_ID = 17  # random, nonzero, fixed for the block's life: a plugin attaching again to the same engine (after its
 # heartbeat went stale: a stall, a swap storm) keeps what the engine has; only a new engine is given the project's knobs
+HOST_CHANGES_NS = 18  # the plugin's CLOCK_MONOTONIC at the start of the block with its newest knob changes
+ENGINE_HOST_CHANGES_TAKEN = 19  # host knob changes the engine took in (ENGINE_HOST_LAG_MS: the newest one's lag)
 MAX_LOOP_BARS = 64
 # Slots of ControlBlock.reals (float64).
 HOST_BPM, HOST_BEATS_PER_BAR = 0, 1
@@ -55,6 +59,7 @@ ENGINE_LOOP_WRITTEN = 8  # 1.0 once the loop playing holds the stream's audio (0
 HOST_OFFLINE = 9  # 1.0 while the plugin finds the host rendering faster than real time (a bounce)
 HOST_WAITS = 10  # blocks the plugin held back in offline renders until the engine wrote the loop
 HOST_WAITED_S = 11  # seconds those blocks waited, in all
+ENGINE_HOST_LAG_MS = 12  # the newest host knob change: its block's start -> the engine took it in (what `live` lacks)
 BLOCK_TIME_BINS = 128  # the histogram of the plugin's block times: quarter octaves of nanoseconds (to ~8.6 s)
 BLOCK_TIME_MAX_NS = 0  # BLOCK_TIMES[0]: the slowest block's nanoseconds; the bins follow from index 1
 PLUGIN_ORIGIN = "plugin"  # a knob change from the plugin's parameter (the plugin applied volume to the gain itself)
@@ -73,7 +78,8 @@ def _offsets() -> dict[str, int]:
     host_values = reals + 8 * REALS
     host_changes = host_values + 8 * MAX_KNOBS
     engine_values = host_changes + 8 * MAX_KNOBS
-    name = engine_values + 8 * MAX_KNOBS
+    engine_changes = engine_values + 8 * MAX_KNOBS
+    name = engine_changes + 8 * MAX_KNOBS
     host_prompts = name + NAME_BYTES
     prompt_area = 8 * ((len(PROMPTS) * PROMPT_BYTES + 7) // 8)
     engine_prompts = host_prompts + prompt_area
@@ -83,6 +89,7 @@ def _offsets() -> dict[str, int]:
         "host_values": host_values,
         "host_changes": host_changes,
         "engine_values": engine_values,
+        "engine_changes": engine_changes,
         "name": name,
         "host_prompts": host_prompts,
         "engine_prompts": engine_prompts,
@@ -155,6 +162,7 @@ class ControlBlock:
         self.host_values = np.ndarray((MAX_KNOBS,), np.float64, buf, OFFSETS["host_values"])
         self.host_changes = np.ndarray((MAX_KNOBS,), np.int64, buf, OFFSETS["host_changes"])
         self.engine_values = np.ndarray((MAX_KNOBS,), np.float64, buf, OFFSETS["engine_values"])
+        self.engine_changes = np.ndarray((MAX_KNOBS,), np.int64, buf, OFFSETS["engine_changes"])
         self._name = np.ndarray((NAME_BYTES,), np.uint8, buf, OFFSETS["name"])
         self._prompts = {
             area: np.ndarray((len(PROMPTS), PROMPT_BYTES), np.uint8, buf, OFFSETS[f"{area}_prompts"])
@@ -166,6 +174,7 @@ class ControlBlock:
             self.counters[:] = 0
             self.reals[:] = 0.0
             self.host_changes[:] = 0
+            self.engine_changes[:] = 0
             for index, spec in enumerate(KNOB_SPECS):
                 self.host_values[index] = self.engine_values[index] = spec.default
             self.counters[[VERSION, KNOB_COUNT]] = (CONTROL_VERSION, len(KNOB_SPECS))
@@ -228,7 +237,8 @@ class ControlBlock:
         self.counters[HEARTBEAT_NS] = now_ns
 
     def close(self) -> None:
-        self.counters = self.reals = self.host_values = self.host_changes = self.engine_values = self._name = None
+        self.counters = self.reals = self.host_values = self.host_changes = self.engine_values = None
+        self.engine_changes = self._name = None
         self._block_times = None
         self._prompts = {}
         self._shm.close()

@@ -22,10 +22,13 @@ from .knobs import KnobRegistry
 from .loop_buffer import BLOCK, RUNNING, LoopBuffer
 from .plugin_link import (
     ENGINE_CLICK,
+    ENGINE_HOST_CHANGES_TAKEN,
+    ENGINE_HOST_LAG_MS,
     ENGINE_LOOP_BARS,
     ENGINE_LOOP_WRITTEN,
     HOST_BLOCK_FRAMES,
     HOST_BLOCKS,
+    HOST_CHANGES_NS,
     HOST_PANEL_REQUESTS,
     HOST_PLAYING,
     HOST_PROMPTS_SEQ,
@@ -74,6 +77,7 @@ class PluginOutput:
         self.recording = None  # the DAW records the track
         self.error: str | None = None
         self._seen = np.zeros(len(KNOB_SPECS), np.int64)
+        self._shown = self.control.engine_values[: len(KNOB_SPECS)].copy()  # the engine's values as last written
         self._blocks = (0, time.monotonic())  # the plugin's block count and when it last moved
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -127,8 +131,7 @@ class PluginOutput:
             self._panel_requests = requests
             self.open_panel()
         self.take_host_changes()
-        for index, spec in enumerate(KNOB_SPECS):
-            control.engine_values[index] = self.registry.get(spec.name)
+        self._show_engine_values()
 
     def take_host_changes(self) -> None:
         """The knobs and prompts the host changed since the last round, into the registry and the app; the panel
@@ -136,16 +139,39 @@ class PluginOutput:
         plugin gives its project's values within a block of attaching, the round that reads them may come later)."""
         with self._host_lock:
             control = self.control
+            block_ns = int(control.counters[HOST_CHANGES_NS])
+            sent_at = block_ns / 1e9 if block_ns > 0 else None
             changes = control.host_changes[: len(KNOB_SPECS)].copy()
-            for index in np.flatnonzero(changes != self._seen):
+            changed = np.flatnonzero(changes != self._seen)
+            for index in changed:
                 self._seen[index] = changes[index]
                 spec = KNOB_SPECS[index]
-                try:
-                    self.registry.set(spec.name, float(control.host_values[index]), origin=PLUGIN_ORIGIN)
+                try:  # sent at the block's start: perf_counter and the plugin's clock are both CLOCK_MONOTONIC
+                    self.registry.set(
+                        spec.name, float(control.host_values[index]), origin=PLUGIN_ORIGIN, sent_at=sent_at
+                    )
                 except ValueError as error:  # a host sent a value the knob refuses: keep the old one, say so
                     log.warning("plugin knob %s: %s", spec.name, error)
+            if len(changed) and sent_at is not None:
+                control.reals[ENGINE_HOST_LAG_MS] = (time.perf_counter() - sent_at) * 1000.0
+                control.counters[ENGINE_HOST_CHANGES_TAKEN] += 1
             if self._captions is not None:
                 self._exchange_prompts()
+
+    def _show_engine_values(self) -> None:
+        """The engine's knob values out, for the host to show: a value the engine came to by itself (OSC, MIDI, the
+        panel) counts a change the plugin passes on to the host. Not one the host holds already (its own change taken
+        in), nor one made while a change of the host's is still on its way in (the host's is newer: it wins)."""
+        control = self.control
+        with self._host_lock:
+            taken = control.host_changes[: len(KNOB_SPECS)] == self._seen
+        for index, spec in enumerate(KNOB_SPECS):
+            value = self.registry.get(spec.name)
+            if value == self._shown[index]:
+                continue
+            self._shown[index] = control.engine_values[index] = value
+            if taken[index] and value != control.host_values[index]:
+                control.engine_changes[index] += 1
 
     def open_panel(self) -> None:
         """The panel in the browser that $BROWSER (else the desktop's default) names, on a thread of its own: a

@@ -1,7 +1,10 @@
 """`flowjam bench plugin`: the LV2 plugin in jalv (a real LV2 host) on a private JACK dummy server rolled by a
 timebase master, beside `flowjam live --plugin` generating, for minutes: the plugin's time per block in the host's
-audio thread (counted by the plugin itself into its control block), the JACK server's xruns, and gaps (cycles of
-exact silence on the plugin's outputs after its first sound: not attached, or a loop not written)."""
+audio thread (counted by the plugin itself into its control block), the JACK server's xruns, gaps (cycles of
+exact silence on the plugin's outputs after its first sound: not attached, or a loop not written), and host automation:
+a shared knob set in jalv every AUTOMATE_EVERY_S, timed from the set to the plugin's block that carried it and from
+that block to the engine taking it in (what a knob of `live` does not pass through; the rest of its way to the ear is
+the same runner's)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .engine_process import EngineProcess
-from .plugin_link import HOST_BLOCKS, BlockTimes, ControlBlock
+from .plugin_link import (
+    ENGINE_HOST_CHANGES_TAKEN,
+    ENGINE_HOST_LAG_MS,
+    HOST_BLOCKS,
+    HOST_CHANGES_NS,
+    BlockTimes,
+    ControlBlock,
+)
 from .sync.band import TimebaseMaster
 from .sync_bench import RATE, PrivateJackServer
 
@@ -24,6 +34,8 @@ LV2_BUNDLE = Path(__file__).resolve().parent.parent / "plugin" / "build" / "flow
 LV2_URI = "urn:flowjam:plugin"
 PROMPT = "ambient pads, warm synth"
 READY_TIMEOUT_S = 300.0  # the engine's first writes (its model loads, its loop is made)
+AUTOMATE_EVERY_S = 2.0  # host automation: the knob set in jalv this often, between AUTOMATE_VALUES
+AUTOMATE_KNOB, AUTOMATE_VALUES = "velocity_scale", (1.3, 0.7)
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,7 @@ class PluginSoakReport:
     gaps: int  # of those, cycles of exact silence on both outputs after the plugin's first sound
     xruns: int  # the JACK server's, over the whole run
     engine_latents: int  # generations the engine finished (it kept generating beside the host)
+    automation: tuple[tuple[float, float], ...] = ()  # per knob set in jalv: (set -> its block, block -> engine) ms
 
     @property
     def period_us(self) -> float:
@@ -108,6 +121,36 @@ class _Recorder:
         self.client.close()
 
 
+class _Automation:
+    """Host automation in jalv: AUTOMATE_KNOB set through its console every AUTOMATE_EVERY_S, each set timed to the
+    plugin's block that gave it to the engine (the block's start, HOST_CHANGES_NS) and on to the engine taking it in
+    (ENGINE_HOST_LAG_MS). perf_counter, the plugin's clock and the engine's are all CLOCK_MONOTONIC."""
+
+    def __init__(self, jalv: subprocess.Popen, control: ControlBlock):
+        self.jalv, self.control = jalv, control
+        self.timed: list[tuple[float, float]] = []
+        self._sets = 0
+        self._set_at: float | None = None
+        self._taken = int(control.counters[ENGINE_HOST_CHANGES_TAKEN])
+        self._next = time.perf_counter() + AUTOMATE_EVERY_S
+
+    def step(self) -> None:
+        now = time.perf_counter()
+        taken = int(self.control.counters[ENGINE_HOST_CHANGES_TAKEN])
+        if self._set_at is not None and taken != self._taken:
+            block_s = int(self.control.counters[HOST_CHANGES_NS]) / 1e9
+            self.timed.append(((block_s - self._set_at) * 1000.0, float(self.control.reals[ENGINE_HOST_LAG_MS])))
+            self._set_at = None
+        self._taken = taken
+        if self._set_at is None and now >= self._next:
+            value = AUTOMATE_VALUES[self._sets % len(AUTOMATE_VALUES)]
+            self._sets += 1
+            self._next = now + AUTOMATE_EVERY_S
+            self._set_at = time.perf_counter()  # before jalv can read it: its block starts after this
+            self.jalv.stdin.write(f"{AUTOMATE_KNOB} = {value}\n".encode())
+            self.jalv.stdin.flush()
+
+
 def _engine_command(session: str, bpm: float, bars: int, model_flags: list[str]) -> list[str]:
     return [
         sys.executable,
@@ -172,9 +215,11 @@ def soak_plugin(
             recorder.recording = True
             timebase.transport_start()
             started = last = time.monotonic()
+            automation = _Automation(jalv, control)
             while (now := time.monotonic()) - started < seconds:
                 if jalv.poll() is not None:
                     raise RuntimeError(f"jalv exited (status {jalv.returncode}) after {now - started:.0f} s")
+                automation.step()
                 if now - last >= 30.0:
                     last = now
                     b = control.block_times()
@@ -183,7 +228,7 @@ def soak_plugin(
                         f"{b.max_us:.1f} us; {recorder.xruns} xruns, {recorder.gaps} gaps; engine latents "
                         f"{engine.latents()}"
                     )
-                time.sleep(min(1.0, max(0.0, seconds - (now - started))))
+                time.sleep(min(0.005, max(0.0, seconds - (now - started))))
             timebase.transport_stop()
             recorder.recording = False
             return PluginSoakReport(
@@ -195,6 +240,7 @@ def soak_plugin(
                 gaps=recorder.gaps,
                 xruns=recorder.xruns,
                 engine_latents=engine.latents(),
+                automation=tuple(automation.timed),
             )
     finally:
         if control is not None:

@@ -121,7 +121,11 @@ def test_vst3_state_saved_in_one_process_gives_the_engine_its_session_back_in_an
         wait_for(lambda: engine_session(control)[0] == "solo piano", 30, "another project's prompt on the engine")
         host, plugin = plugin_for_session(daw, vst3, SESSION, saved)
         host.render(0.5)
-        wait_for(lambda: engine_session(control) == ("ambient pads", 1234, 12), 30, "the saved session on the engine")
+        wait_for(
+            lambda: engine_session(control) == ("ambient pads", 1234, 12),
+            30,
+            lambda: f"the saved session on the engine {engine_session(control)}",
+        )
     finally:
         control.close()
 

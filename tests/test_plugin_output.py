@@ -3,6 +3,7 @@ knob the host moved reaches the registry at the next read, and the control block
 
 import json
 import os
+import time
 import urllib.request
 
 import pytest
@@ -10,9 +11,12 @@ from flowjam.engine.params import KNOB_SPECS
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import LoopBuffer
 from flowjam.live.plugin_link import (
+    ENGINE_HOST_CHANGES_TAKEN,
+    ENGINE_HOST_LAG_MS,
     ENGINE_PROMPTS_SEQ,
     ENGINE_PROMPTS_TAKEN,
     HOST_BLOCK_FRAMES,
+    HOST_CHANGES_NS,
     HOST_PROMPTS_SEQ,
     HOST_SAMPLE_RATE,
     PROMPT_BYTES,
@@ -53,6 +57,49 @@ def test_a_knob_the_host_moved_reaches_the_registry_at_the_next_read_and_back(ou
     plugin.host_values[index], plugin.host_changes[index] = before, plugin.host_changes[index] + 1
     out.poll()
     assert out.registry.get("velocity_scale") == before
+
+
+def test_a_knob_the_engine_changed_by_itself_is_counted_for_the_host_to_show_and_the_hosts_own_is_not(output):
+    """The engine's own change (OSC, MIDI, the panel: here the registry set as they set it) counts one engine change
+    of that knob, its value beside it; the host's change taken in counts none (the host holds it already), and an
+    engine change made while a host change is on its way in counts none either (the host's is newer and wins)."""
+    out, plugin = output
+    index = next(i for i, spec in enumerate(KNOB_SPECS) if spec.name == "velocity_scale")
+    out.poll()
+    counted = int(plugin.engine_changes[index])
+    out.registry.set("velocity_scale", 1.3, origin="osc")
+    out.poll()
+    assert plugin.engine_changes[index] == counted + 1 and plugin.engine_values[index] == pytest.approx(1.3)
+    out.poll()
+    assert plugin.engine_changes[index] == counted + 1, "a value shown once is not counted again"
+    plugin.host_values[index], plugin.host_changes[index] = 0.6, plugin.host_changes[index] + 1
+    out.poll()
+    assert out.registry.get("velocity_scale") == pytest.approx(0.6) == plugin.engine_values[index]
+    assert plugin.engine_changes[index] == counted + 1, "the host's own change is not shown back as the engine's"
+    plugin.host_values[index], plugin.host_changes[index] = 0.9, plugin.host_changes[index] + 1
+    out.registry.set("velocity_scale", 1.5, origin="panel")  # before a round takes the host's 0.9 in
+    out._show_engine_values()
+    assert plugin.engine_changes[index] == counted + 1, "the host's change on its way in wins over the engine's"
+    out.poll()
+    assert out.registry.get("velocity_scale") == pytest.approx(0.9) and plugin.engine_changes[index] == counted + 1
+
+
+def test_a_host_change_is_timed_from_the_plugins_block_to_the_engine_taking_it_in(output):
+    """The plugin stamps the block that carries a host change (CLOCK_MONOTONIC, as perf_counter); the engine takes
+    it in with that time as the change's sending time and writes the lag for the host's benches."""
+    out, plugin = output
+    index = next(i for i, spec in enumerate(KNOB_SPECS) if spec.name == "velocity_scale")
+    taken = int(plugin.counters[ENGINE_HOST_CHANGES_TAKEN])
+    block_ns = time.monotonic_ns() - 5_000_000  # a block that began 5 ms ago
+    plugin.counters[HOST_CHANGES_NS] = block_ns
+    plugin.host_values[index], plugin.host_changes[index] = 1.2, plugin.host_changes[index] + 1
+    out.poll()
+    assert plugin.counters[ENGINE_HOST_CHANGES_TAKEN] == taken + 1
+    assert 5.0 <= plugin.reals[ENGINE_HOST_LAG_MS] < 1000.0
+    change = next(c for c in out.registry.changes_since(0) if c.name == "velocity_scale")
+    assert change.sent_at == pytest.approx(block_ns / 1e9) and change.received_at - change.sent_at >= 0.005
+    out.poll()
+    assert plugin.counters[ENGINE_HOST_CHANGES_TAKEN] == taken + 1, "no host change, no lag counted"
 
 
 class Encoding:

@@ -144,6 +144,32 @@ def test_a_knob_turned_in_the_panel_changes_the_output(panel_url, vst3, tmp_path
     wait_for(lambda: np.abs(rendered_loop(host)).max() > 1e-2, 30, "volume 0.8 from the panel to bring it back")
 
 
+def test_a_knob_turned_in_the_panel_is_shown_in_the_host(panel_url, vst3, tmp_path):
+    """The engine's own knob change (the panel's here; OSC's and MIDI's take the same path) is shown in the host: the
+    VST3 takes the engine's value and asks the host to move its parameter (DPF sends it as the processor's output
+    change), so the parameter's text the host shows reads the engine's value after the next blocks, and the engine
+    keeps playing it (the plugin does not send its project's value back). Red before: the host showed the project's
+    seed. DawDreamer's `get_parameter` is the value its own automation holds, which it does not move."""
+    host, plugin = plugin_for_session(daw, vst3, SESSION, tmp_path / "state")
+    seed = parameter_index(plugin, "seed")
+    host.render(0.5)
+    before = plugin.get_parameter_text(seed)
+    try:
+        assert post(panel_url, "knob", {"name": "seed", "value": 4321})[0] == 200
+
+        def shown() -> bool:
+            host.render(0.05)
+            return plugin.get_parameter_text(seed) == "4321"
+
+        wait_for(
+            shown, 10, lambda: f"the host to show the panel's seed 4321 (it shows {plugin.get_parameter_text(seed)})"
+        )
+        host.render(0.5)
+        assert request(panel_url + "state")[1]["knobs"]["seed"]["value"] == 4321, "the engine plays the panel's seed"
+    finally:
+        post(panel_url, "knob", {"name": "seed", "value": int(before)})
+
+
 def test_a_panel_knob_holds_when_the_engine_stalls_and_the_plugin_attaches_to_it_again(
     plugin_engine, panel_url, vst3, tmp_path
 ):

@@ -1,5 +1,5 @@
 """`flowjam bench plugin`: the LV2 in jalv on a JACK dummy server beside `flowjam live --plugin`, the plugin counting
-its own time per block into its control block; and the block-time bins the plugin counts in (C++) are the ones
+its own time per block into its control block and a knob set in jalv timed to the engine; and the block-time bins the plugin counts in (C++) are the ones
 the engine reads them with (Python)."""
 
 import ctypes
@@ -57,6 +57,16 @@ def test_bench_plugin_times_every_block_the_lv2_plays_in_jalv_beside_a_generatin
     rolled = re.search(r"transport rolled (\d+) cycles: (\d+) gaps", out)
     assert rolled and int(rolled.group(1)) > 400, out
     assert re.search(r"engine latents (\d+)", out), out
+    automated = re.search(
+        r"(\d+) sets; median / p95 / max\): set -> the plugin's block ([\d.]+) / [\d.]+ / ([\d.]+) ms, block -> "
+        r"engine ([\d.]+) / [\d.]+ / ([\d.]+) ms",
+        out,
+    )
+    assert automated and int(automated.group(1)) >= 3, (
+        f"host automation set in jalv every 2 s reached the engine: {out}"
+    )
+    assert 0 <= float(automated.group(2)) <= float(automated.group(3)), out
+    assert 0 <= float(automated.group(4)) <= float(automated.group(5)), out
     verdict_passed = "verdict: passed" in out
     assert result.returncode == (0 if verdict_passed else 1), out
 

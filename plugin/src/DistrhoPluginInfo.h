@@ -19,6 +19,7 @@
 #define DISTRHO_PLUGIN_WANT_TIMEPOS 1
 #define DISTRHO_PLUGIN_WANT_STATE 1
 #define DISTRHO_PLUGIN_WANT_FULL_STATE 1
+#define DISTRHO_PLUGIN_WANT_PARAMETER_VALUE_CHANGE_REQUEST 1  // the engine's own knob changes shown in the host
 #define DISTRHO_PLUGIN_LV2_CATEGORY "lv2:GeneratorPlugin"
 #define DISTRHO_PLUGIN_VST3_CATEGORIES "Instrument|Generator|Stereo"
 #define DISTRHO_PLUGIN_CLAP_FEATURES "instrument", "stereo"

@@ -262,13 +262,17 @@ protected:
             loopDirty.store(true);
             if (attached->engineId != knobEngine) {  // a new engine: the project's values win
                 knobEngine = attached->engineId;     // (the same one back after a stall keeps the player's changes)
-                for (int i = 0; i < KNOB_COUNT; ++i) dirty[i].store(true);
+                for (int i = 0; i < KNOB_COUNT; ++i) {
+                    dirty[i].store(true);
+                    engineChangesSeen[i] = attached->engineChanges[i];  // what it changed before is not shown
+                }
                 waitLeftNs = kWaitPerEngineNs;
             }
         }
         const LoopView& view = attached->view;
         publishTransport(*attached, frames);
-        publishKnobs(*attached);
+        publishKnobs(*attached, started);
+        showEngineKnobs(*attached);
         publishLoop(*attached);
         attached->controlCounters[control::HOST_PANEL_REQUESTS] += panelPresses.exchange(0);
         attached->controlReals[control::HOST_OFFLINE] = offline ? 1.0 : 0.0;
@@ -397,13 +401,32 @@ private:
         a.view.reals[real::CLICK_CYCLE] = 0.0;
     }
 
-    // The knobs the host changed since the last block: to the engine (its next tick), volume to the gain at once.
-    void publishKnobs(Attachment& a) {
+    // The knobs the host changed since the last block: to the engine (its next tick), volume to the gain at once;
+    // `blockNs`, the block's start, tells the engine how long they took to reach it.
+    void publishKnobs(Attachment& a, int64_t blockNs) {
+        bool published = false;
         for (int i = 0; i < KNOB_COUNT; ++i) {
             if (!dirty[i].exchange(false)) continue;
             a.hostValues[i] = values[i];
+            if (!published) a.controlCounters[control::HOST_CHANGES_NS] = blockNs;
+            published = true;
             a.hostChanges[i] += 1;
             if (i == volumeIndex) a.view.reals[real::GAIN] = values[i];
+        }
+    }
+
+    // The knobs the engine changed by itself (OSC, MIDI, the panel): the plugin's values, and a change request to the
+    // host where its format lets a plugin ask (VST3, VST2, LV2 hosts with the change-request feature; DPF's CLAP
+    // drops it). A change the host made that is still on its way to the engine wins: it is the newer.
+    void showEngineKnobs(Attachment& a) {
+        for (int i = 0; i < KNOB_COUNT; ++i) {
+            const int64_t changes = a.engineChanges[i];
+            if (changes == engineChangesSeen[i]) continue;
+            engineChangesSeen[i] = changes;
+            const float value = static_cast<float>(a.engineValues[i]);
+            if (dirty[i].load() || values[i] == value) continue;
+            values[i] = value;
+            requestParameterValueChange(static_cast<uint32_t>(i), value);
         }
     }
 
@@ -411,6 +434,7 @@ private:
     RenderState state;
     std::vector<float> interleaved;
     float values[KNOB_COUNT];
+    int64_t engineChangesSeen[KNOB_COUNT] = {};  // the engine's change counts shown so far
     std::atomic<bool> dirty[KNOB_COUNT];
     std::atomic<bool> connected{false};
     float loopBars = 0.0f, click = kClickEngine;

@@ -143,6 +143,8 @@ bool EngineLink::attach(Attachment& a) {
     a.controlReals = reinterpret_cast<double*>(base + control::REALS_OFFSET);
     a.hostValues = reinterpret_cast<double*>(base + control::HOST_VALUES_OFFSET);
     a.hostChanges = reinterpret_cast<int64_t*>(base + control::HOST_CHANGES_OFFSET);
+    a.engineValues = reinterpret_cast<const double*>(base + control::ENGINE_VALUES_OFFSET);
+    a.engineChanges = reinterpret_cast<const int64_t*>(base + control::ENGINE_CHANGES_OFFSET);
     a.blockTimes = reinterpret_cast<int64_t*>(base + control::BLOCK_TIMES_OFFSET);
     const bool valid = a.control.bytes >= static_cast<uint64_t>(control::SIZE_OFFSET) &&
                        a.controlCounters[control::MAGIC] == control::MAGIC_VALUE &&

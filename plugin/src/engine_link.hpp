@@ -22,6 +22,8 @@ struct Attachment {
     double* controlReals = nullptr;
     double* hostValues = nullptr;
     int64_t* hostChanges = nullptr;
+    const double* engineValues = nullptr;    // the engine's knob values
+    const int64_t* engineChanges = nullptr;  // per knob, the values the engine came to by itself (not the host's)
     int64_t* blockTimes = nullptr;  // the plugin's time per block (block_times.hpp)
     LoopView view;
     uint64_t generation = 0;  // counts attachments: the audio thread resets its renderer on a new one
