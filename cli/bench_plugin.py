@@ -55,6 +55,7 @@ def bench_plugin(args: argparse.Namespace) -> int:
 
 def automation_line(r) -> str:
     """Host automation's way to the engine: set in jalv -> the plugin's block -> taken in by the engine."""
+    from ..live.bench import p95
     from ..live.plugin_soak import AUTOMATE_EVERY_S, AUTOMATE_KNOB
 
     if not r.automation:
@@ -63,7 +64,7 @@ def automation_line(r) -> str:
     total = sorted(a + b for a, b in r.automation)
 
     def figures(values: list[float]) -> str:
-        return f"{statistics.median(values):.1f} / {values[int(0.95 * (len(values) - 1))]:.1f} / {values[-1]:.1f} ms"
+        return f"{statistics.median(values):.1f} / {p95(values):.1f} / {values[-1]:.1f} ms"
 
     return (
         f"  host automation ({AUTOMATE_KNOB} set in jalv every {AUTOMATE_EVERY_S:g} s, {len(total)} sets; median / p95 "

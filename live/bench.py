@@ -84,16 +84,17 @@ class LatencySummary:
 FIRST_TOUCH_BOUND = 1.5  # a knob's first move is heard within this many times its later moves' median
 
 
+def p95(values: list[float]) -> float:
+    """The 95th percentile of sorted `values` (the nearest rank at or below)."""
+    return values[min(len(values) - 1, int(0.95 * len(values)))]
+
+
 def summarize_latency(
     knob: str, kind: str, records, first_touch, plan_ticks: int = 0, later_touch_ear_ms: float | None = None
 ) -> LatencySummary:
     ticks = sorted(r.knob_to_tick_ms for r in records)
     ears = sorted(r.knob_to_ear_ms for r in records)
     written = statistics.median(r.knob_to_written_ms for r in records)
-
-    def p95(values):
-        return values[min(len(values) - 1, int(0.95 * len(values)))]
-
     return LatencySummary(
         knob,
         kind,

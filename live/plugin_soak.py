@@ -36,6 +36,7 @@ PROMPT = "ambient pads, warm synth"
 READY_TIMEOUT_S = 300.0  # the engine's first writes (its model loads, its loop is made)
 AUTOMATE_EVERY_S = 2.0  # host automation: the knob set in jalv this often, between AUTOMATE_VALUES
 AUTOMATE_KNOB, AUTOMATE_VALUES = "velocity_scale", (1.3, 0.7)
+AWAIT_POLL_S = 0.002  # how often a set on its way to the engine is looked for (its time is the engine's, not this)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ class _Automation:
         self._taken = int(control.counters[ENGINE_HOST_CHANGES_TAKEN])
         self._next = time.perf_counter() + AUTOMATE_EVERY_S
 
-    def step(self) -> None:
+    def step(self) -> float:
+        """Set the knob when due, time a set the engine took in; -> seconds until it needs looking at again."""
         now = time.perf_counter()
         taken = int(self.control.counters[ENGINE_HOST_CHANGES_TAKEN])
         if self._set_at is not None and taken != self._taken:
@@ -149,6 +151,7 @@ class _Automation:
             self._set_at = time.perf_counter()  # before jalv can read it: its block starts after this
             self.jalv.stdin.write(f"{AUTOMATE_KNOB} = {value}\n".encode())
             self.jalv.stdin.flush()
+        return AWAIT_POLL_S if self._set_at is not None else max(0.0, self._next - time.perf_counter())
 
 
 def _engine_command(session: str, bpm: float, bars: int, model_flags: list[str]) -> list[str]:
@@ -219,7 +222,7 @@ def soak_plugin(
             while (now := time.monotonic()) - started < seconds:
                 if jalv.poll() is not None:
                     raise RuntimeError(f"jalv exited (status {jalv.returncode}) after {now - started:.0f} s")
-                automation.step()
+                wait_s = automation.step()
                 if now - last >= 30.0:
                     last = now
                     b = control.block_times()
@@ -228,7 +231,7 @@ def soak_plugin(
                         f"{b.max_us:.1f} us; {recorder.xruns} xruns, {recorder.gaps} gaps; engine latents "
                         f"{engine.latents()}"
                     )
-                time.sleep(min(0.005, max(0.0, seconds - (now - started))))
+                time.sleep(min(wait_s, 1.0, max(0.0, seconds - (now - started))))
             timebase.transport_stop()
             recorder.recording = False
             return PluginSoakReport(
