@@ -34,6 +34,7 @@ class MissedBar:
     at_s: float  # from the start of the recording
     click_offset_ms: float | None  # the click found searching MISSED_SEARCH_S either side instead; None: none there
     late_block_s: float | None  # the nearest late block's time from the bar line (negative: before it); None: none
+    nearby: tuple[str, ...] = ()  # what the lock, the clock and the recorder did within a bar of it (s from it)
 
 
 MISSED_SEARCH_S = 0.5  # how far either side of a missed bar line its click is looked for
@@ -59,6 +60,9 @@ class SyncReport:
     switches: int = 0
     missed: list[MissedBar] = field(default_factory=list)
     late_at_s: list[float] = field(default_factory=list)  # when the output's late-block count rose (50 ms polls)
+    unrecorded_cycles: int = (
+        0  # cycles the band's recorder missed (silence in the recording: the bench's, not flowjam's)
+    )
 
     @property
     def median_ms(self) -> float:
@@ -111,24 +115,6 @@ class PrivateJackServer:
             self.process.kill()
 
 
-def _flowjam_output(period: int) -> str:
-    """The first output port of flowjam's PortAudio client."""
-    import jack
-
-    client = jack.Client("flowjam-bench-probe", no_start_server=True)
-    try:
-        ports = [
-            p.name
-            for p in client.get_ports(is_audio=True, is_output=True)
-            if not p.name.startswith(("system:", "flowjam-band:"))
-        ]
-    finally:
-        client.close()
-    if not ports:
-        raise RuntimeError("flowjam's output is not on the JACK server")
-    return sorted(ports)[0]
-
-
 def bench_sync(
     session,
     kind: str,
@@ -170,12 +156,19 @@ def bench_sync(
         app.registry.set("volume", 0.1, origin="bench")  # the clicks stand out of the loop
         app.start()
         wait_until(lambda: app.runner.stats.writes > 0, 120, "flowjam's first write")
-        conn.send(("go", _flowjam_output(period)))
+        conn.send(("go",))
         started = last_report = time.monotonic()
         tempi: list[tuple[float, float]] = []  # (sync clock, the followed tempo), every 50 ms
         late_at: list[float] = []  # sync clock times the late-block count rose at
         late_seen = app.buffer.late_blocks
+        events: list[tuple[float, str]] = []  # (sync clock, what the lock or the clock follower did)
+        watched = _watched(app)
         while not conn.poll(0.05):
+            now_watched = _watched(app)
+            events += [
+                (now_s(), f"{name} {now_watched[name]}") for name in watched if now_watched[name] != watched[name]
+            ]
+            watched = now_watched
             state = app.following.lock.state
             if state is not None and state.bpm is not None:
                 tempi.append((now_s(), state.bpm))
@@ -185,7 +178,7 @@ def bench_sync(
             if time.monotonic() - last_report >= 30.0:
                 last_report = time.monotonic()
                 report(f"{last_report - started:5.0f} s  {app.status_line()}")
-        _, path, first_frame, bar_frames, changed_at, changed_s, recorded_until_s = conn.recv()
+        _, path, first_frame, bar_frames, changed_at, changed_s, recorded_until_s, unrecorded = conn.recv()
         status, latency_s = app.status(), app.buffer.latency_s
         gaps, late_blocks = app.buffer.gaps, app.buffer.late_blocks
         switched_s = None if app.following is None else app.following.tempo_switch.switched_at_s
@@ -206,7 +199,9 @@ def bench_sync(
     heard = np.flatnonzero(~np.isnan(errors))
     recording_s = recorded_until_s - audio.shape[0] / RATE  # the sync clock at the recording's first frame
     late_s = [at - recording_s for at in late_at]
-    missed_bars = [] if heard.size == 0 else _missed_bars(audio, first_frame, bar_frames, heard, late_s)
+    events += [(recording_s + at / RATE, f"the band's recorder missed {frames} frames") for at, frames in unrecorded]
+    events = [(at - recording_s, what) for at, what in events]
+    missed_bars = [] if heard.size == 0 else _missed_bars(audio, first_frame, bar_frames, heard, late_s, events)
     tempi = [(at, bpm) for at, bpm in tempi if at <= recorded_until_s]  # the band plays on unwatched after it
     late, steady, settled = None, heard, None
     if changed_s is not None and tempo_change is not None:  # from when on the followed tempo stays within 0.05 BPM
@@ -239,14 +234,33 @@ def bench_sync(
         latency_ms=latency_s * 1000.0,
         missed=missed_bars,
         late_at_s=late_s,
+        unrecorded_cycles=len(unrecorded),
     )
 
 
+def _watched(app: LiveApp) -> dict[str, object]:
+    """What a missed click is looked up against: the lock's starts and corrections, the loop's shift and transport,
+    the clock follower's own counts."""
+    lock = app.following.lock
+    return {
+        "starts": lock.starts,
+        "corrections": lock.corrections,
+        "shift": app.buffer.shift,
+        "playing": app.buffer.playing,
+        **app.following.clock.counts(),
+    }
+
+
 def _missed_bars(
-    audio: np.ndarray, first_frame: int, bar_frames: np.ndarray, heard: np.ndarray, late_s: list[float]
+    audio: np.ndarray,
+    first_frame: int,
+    bar_frames: np.ndarray,
+    heard: np.ndarray,
+    late_s: list[float],
+    events: list[tuple[float, str]],
 ) -> list[MissedBar]:
     """Each bar line between the first and the last heard one with no click near it, with a wider search for its
-    click and the nearest late block (times from the recording's start)."""
+    click, the nearest late block and the `events` within a bar of it (times from the recording's start)."""
     found = set(heard.tolist())
     indices = [i for i in range(int(heard[0]), int(heard[-1]) + 1) if i not in found]
     if not indices:
@@ -257,5 +271,7 @@ def _missed_bars(
         at_s = (bar_frames[index] - first_frame) / RATE
         nearest = min((t - at_s for t in late_s), key=abs, default=None)
         click = None if np.isnan(offset) else float(offset) / RATE * 1000.0
-        missed.append(MissedBar(index, at_s, click, nearest))
+        bar_s = float(bar_frames[index] - bar_frames[index - 1] if index else bar_frames[1] - bar_frames[0]) / RATE
+        nearby = tuple(f"{at - at_s:+.3f} s {what}" for at, what in events if abs(at - at_s) <= bar_s)
+        missed.append(MissedBar(index, at_s, click, nearest, nearby))
     return missed

@@ -1,5 +1,6 @@
-"""`bench sync`'s account of a bar without a click: whether its click came but too far off, or never came, and the
-late block nearest it, found in a recording the way the bench finds them."""
+"""`bench sync`'s account of a bar without a click: whether its click came but too far off, or never came, the late
+block nearest it and what the lock, the clock and the band's recorder did within a bar of it, found in a recording
+the way the bench finds them."""
 
 import numpy as np
 from flowjam.live.renderer import click_wave
@@ -24,10 +25,13 @@ def test_a_missed_bar_tells_a_click_pushed_off_from_one_never_played_and_names_t
     audio = recording({3: 0.120, 5: None})
     bar_frames = np.arange(8) * BAR + 1_000.0  # JACK frames; the recording starts at frame 1,000
     heard = np.array([0, 1, 2, 4, 6, 7])
-    missed = _missed_bars(audio, 1_000, bar_frames, heard, late_s=[5.9, 9.5])
+    events = [(4.5, "corrections 3"), (9.2, "the band's recorder missed 512 frames"), (13.0, "starts 2")]
+    missed = _missed_bars(audio, 1_000, bar_frames, heard, late_s=[5.9, 9.5], events=events)
     assert [bar.index for bar in missed] == [3, 5]
     pushed, dropped = missed
     assert pushed.at_s == 6.0 and abs(pushed.click_offset_ms - 120.0) < 0.1
     assert abs(pushed.late_block_s - (-0.1)) < 1e-9
     assert dropped.at_s == 10.0 and dropped.click_offset_ms is None and abs(dropped.late_block_s - (-0.5)) < 1e-9
-    assert _missed_bars(audio, 1_000, bar_frames, np.arange(8), late_s=[]) == []
+    assert pushed.nearby == ("-1.500 s corrections 3",), "what the lock and the band did within a bar of it"
+    assert dropped.nearby == ("-0.800 s the band's recorder missed 512 frames",)
+    assert _missed_bars(audio, 1_000, bar_frames, np.arange(8), late_s=[], events=events) == []

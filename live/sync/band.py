@@ -39,6 +39,7 @@ class Recorder:
         self.written = 0
         self.frame_at_start: int | None = None
         self.recording = False
+        self.missed: list[tuple[int, int]] = []  # (recording frame, frames) of the cycles this recorder missed
 
     def process(self, frames: int) -> None:
         if not self.recording:
@@ -49,6 +50,8 @@ class Recorder:
         at = frame - self.frame_at_start
         if at + frames > self.audio.shape[0]:
             return
+        if self.written and at > self.written:  # cycles went by without this callback: silence there, not flowjam's
+            self.missed.append((self.written, at - self.written))
         self.audio[at : at + frames] = self.port.get_array()
         self.written = at + frames
 
@@ -212,8 +215,22 @@ def _cycle_pair(client) -> tuple[int, float, int]:
             return before, position.usecs / 1e6, position.frame
 
 
+def _flowjam_output(client) -> str:
+    """The first audio output on the server that is neither the system's nor the band's: flowjam's. Looked up by the
+    band's own client (a client opened only to look would join and leave the graph while flowjam plays)."""
+    ports = sorted(
+        port.name
+        for port in client.get_ports(is_audio=True, is_output=True)
+        if not port.name.startswith(("system:", f"{client.name}:"))
+    )
+    if not ports:
+        raise RuntimeError("flowjam's output is not on the JACK server")
+    return ports[0]
+
+
 def play_band(plan: BandPlan, conn) -> None:
-    """The band's process: clock + recorder; on "go" (with flowjam's output port) it starts its clock and records."""
+    """The band's process: clock + recorder; on "go" it connects flowjam's output to its recorder, starts its clock
+    and records."""
     import jack
 
     client = jack.Client("flowjam-band", no_start_server=True)
@@ -238,8 +255,8 @@ def play_band(plan: BandPlan, conn) -> None:
         client.transport_stop()
         client.transport_frame = 0
     conn.send(("ready", None if sender is None else sender.port.name))
-    _, output = conn.recv()
-    client.connect(output, recorder.port)
+    conn.recv()
+    client.connect(_flowjam_output(client), recorder.port)
     recorder.recording = True
     wait_until(lambda: recorder.frame_at_start is not None, 5, "the recording to start")
     bar_s = plan.beats_per_bar * 60.0 / plan.bpm
@@ -295,7 +312,16 @@ def play_band(plan: BandPlan, conn) -> None:
     with tempfile.NamedTemporaryFile(suffix=".npy", delete=False) as file:
         np.save(file, recorder.audio[: recorder.written])
     conn.send(
-        ("done", file.name, recorder.frame_at_start, bar_frames.tolist(), changed_at, changed_s, recorded_until_s)
+        (
+            "done",
+            file.name,
+            recorder.frame_at_start,
+            bar_frames.tolist(),
+            changed_at,
+            changed_s,
+            recorded_until_s,
+            recorder.missed,
+        )
     )
     conn.recv()
     client.deactivate()

@@ -28,6 +28,7 @@ class FollowedClock:
     midi_follower: MidiClockFollower | None = None
     at_output: bool = False
     beats_per_bar: Callable[[], int | None] = field(default=lambda: None)
+    counts: Callable[[], dict[str, int]] = field(default=dict)  # what the follower met (a bench tells them)
 
 
 def open_clock(kind: str, beats_per_bar: int, bpm: float | None, midi_port: str | None, midi_backend: str | None):
@@ -54,7 +55,15 @@ def open_clock(kind: str, beats_per_bar: int, bpm: float | None, midi_port: str 
             from .jack_midi import JackMidiClock
 
             port = JackMidiClock(follower, midi_port)
-            return FollowedClock(kind, follower.state, port.close)
+
+            def counts() -> dict[str, int]:
+                return {
+                    "missed cycles": port.missed_cycles,
+                    "pauses": follower.pauses,
+                    "recounts": follower.recounts,
+                }
+
+            return FollowedClock(kind, follower.state, port.close, counts=counts)
         return FollowedClock(kind, follower.state, lambda: None, midi_follower=follower)
     raise ValueError(f"unknown clock {kind!r}: --sync takes one of {', '.join(SYNC_SOURCES)}")
 

@@ -37,6 +37,8 @@ MISCOUNT_PULSES = 3  # pulses off the line that tell a new tempo, or (a whole nu
 BUNCHED = 0.25  # a pulse this many periods after the one before, from a steady clock, was sent late (bunched)
 FIRST_CHECK_PULSES = 3 * RECENT_PULSES  # a line's first beat checked for lost pulses once two more beats are fitted
 MAX_TEMPO_RATIO = 4.0  # pulses off the line at a pace beyond this ratio to the old are bunched, not a new tempo
+ANCHOR_REACH_GROWTH, ANCHOR_REACH_SLACK = 1.5, 0.02  # a line no steadier than this to the anchor's reach keeps it
+ONE_TEMPO = 5e-4  # two lines whose periods differ by less than this fraction are of one tempo (0.06 BPM at 120)
 
 
 class MidiClockFollower:
@@ -57,6 +59,10 @@ class MidiClockFollower:
         self._lost_s = 0.0  # seconds of messages the port says it lost since the last pulse
         self._first: list[tuple[float, int]] | None = []  # the line's first beat of pulses; None once checked
         self._line_pulses = 0  # pulses fitted since the line (re)started
+        self._anchor: tuple[float, float, float] | None = None  # the newest steady line and its reach: what a
+        # miscount is told against
+        self.pauses = 0  # silences of GAP_PULSES periods or more: the tempo line began afresh (no tempo until fitted)
+        self.recounts = 0  # pulses counted again: lost on the way, or miscounted
 
     def lost(self, seconds: float) -> None:
         """The port lost `seconds` of messages since the last one (a JACK client that missed a process cycle never
@@ -119,11 +125,13 @@ class MidiClockFollower:
             if lost_s > 0.0:  # pulses went by unheard (as many as the lost stretch can hold): the song went on
                 unheard = max(0, min(round(gap_s / line[0]) - 1, math.floor(lost_s / line[0]) + 1))
                 self._index += unheard
+                self.recounts += unheard > 0
                 gap_s -= unheard * line[0]
             periods = gap_s / line[0]
             if periods > GAP_PULSES:
+                self.pauses += 1
                 self._pulses.clear()  # the clock paused (many DAWs stop it with the transport): a new line from here
-                self._held, self._suspect, periods = None, None, None
+                self._held, self._suspect, self._anchor, periods = None, None, None, None
                 self._restart_line()
             else:
                 self._resolve_lost(gap_s)
@@ -147,6 +155,34 @@ class MidiClockFollower:
         if kept is not None:
             self._pulses = deque(kept)  # a new tempo, measured from its own pulses
             self._first, self._line_pulses = list(kept[:RECENT_PULSES]), len(kept)
+        else:
+            self._reanchor()
+
+    def _reanchor(self) -> None:
+        """A storm of missed cycles on both sides (pulses lost in the port's, pulses sent late and bunched after the
+        sender's) can leave the count whole pulses off whatever each pulse was taken for, and the pulses after it on
+        a line of their own: a pulse off for good. The song's tempo line tells it: once the pulses are steady again
+        over FIRST_CHECK_PULSES, their line is held against the last steady line before; of one tempo, a step of whole
+        pulses between the two is a miscount, and the pulses are counted again by it. Otherwise (a new tempo, or no
+        steady line yet) this line becomes the one later lines are held against, unless its pulses sit further off it
+        than the anchor's did (a storm's late pulses still in the window)."""
+        reach = self._reach
+        if self._line_pulses < FIRST_CHECK_PULSES or reach is None or reach >= LOST_PULSE_REACH:
+            return
+        line = _fit(self._pulses)
+        anchor = self._anchor
+        if line is None:
+            return
+        if anchor is not None and abs(line[0] / anchor[0] - 1.0) < ONE_TEMPO:
+            at = self._pulses[-1][0]
+            step = (at - line[1]) / line[0] - (at - anchor[1]) / anchor[0]
+            whole = round(step)
+            if whole and abs(step - whole) < LOST_PULSE_SLACK:
+                self._recount_from(self._pulses[0][1], -whole)
+                return
+            if reach > ANCHOR_REACH_GROWTH * anchor[2] + ANCHOR_REACH_SLACK:
+                return
+        self._anchor = (*line, reach)
 
     def _restart_line(self) -> None:
         self._first, self._line_pulses = [], 0
@@ -183,6 +219,7 @@ class MidiClockFollower:
             at, index = self._pulses.pop()
             self._pulses.append((at, index + self._suspect[0]))
             self._index += self._suspect[0]
+            self.recounts += 1
         self._suspect = None
 
     def _new_tempo(self) -> list[tuple[float, int]] | None:
@@ -243,6 +280,7 @@ class MidiClockFollower:
         clock's. A Start heard among them moves with them (the song began at its pulse, whatever it is counted)."""
         self._pulses = deque((at, i + by if i >= index else i) for at, i in self._pulses)
         self._index += by
+        self.recounts += 1
         if self._origin >= index:
             self._origin += by
 
