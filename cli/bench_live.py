@@ -161,6 +161,13 @@ def bench_sync(args: argparse.Namespace) -> int:
         print(f"    bar {bar.index} at {bar.at_s:.2f} s without a click: within {MISSED_SEARCH_S:g} s, {click}; {late}")
         for event in bar.nearby:
             print(f"      {event}")
+    for bar in r.far:
+        late = (
+            "no late block" if bar.late_block_s is None else f"the nearest late block {bar.late_block_s:+.2f} s from it"
+        )
+        print(f"    bar {bar.index} at {bar.at_s:.2f} s heard {bar.error_ms:+.2f} ms off its line; {late}")
+        for event in bar.nearby:
+            print(f"      {event}")
     if r.late_at_s:
         print("  late blocks at (s from the recording's start): " + ", ".join(f"{t:.2f}" for t in r.late_at_s))
     clock = "-" if r.clock_bpm is None else f"{r.clock_bpm:.3f} BPM ({r.clock_bpm - r.bpm:+.3f})"

@@ -38,6 +38,18 @@ class MissedBar:
 
 
 MISSED_SEARCH_S = 0.5  # how far either side of a missed bar line its click is looked for
+FAR_MS = 5.0  # a click further than this from its bar line is shown with what happened near it
+
+
+@dataclass(frozen=True)
+class FarBar:
+    """A bar whose click was heard more than FAR_MS off its line, and what was near it."""
+
+    index: int
+    at_s: float  # from the start of the recording
+    error_ms: float
+    late_block_s: float | None  # the nearest late block's time from the bar line; None: none
+    nearby: tuple[str, ...]  # what the lock, the clock and the band's recorder did within a bar of it
 
 
 @dataclass
@@ -59,6 +71,7 @@ class SyncReport:
     tempo_settled_s: float | None = None  # from the change until the followed tempo stays within 0.05 BPM of it
     switches: int = 0
     missed: list[MissedBar] = field(default_factory=list)
+    far: list[FarBar] = field(default_factory=list)
     late_at_s: list[float] = field(default_factory=list)  # when the output's late-block count rose (50 ms polls)
     unrecorded_cycles: int = (
         0  # cycles the band's recorder missed (silence in the recording: the bench's, not flowjam's)
@@ -202,6 +215,12 @@ def bench_sync(
     events += [(recording_s + at / RATE, f"the band's recorder missed {frames} frames") for at, frames in unrecorded]
     events = [(at - recording_s, what) for at, what in events]
     missed_bars = [] if heard.size == 0 else _missed_bars(audio, first_frame, bar_frames, heard, late_s, events)
+    far = []
+    for index in heard.tolist():
+        error_ms = float(errors[index]) / RATE * 1000.0
+        if abs(error_ms) > FAR_MS:
+            at_s, nearest, nearby = _near(bar_frames, index, first_frame, late_s, events)
+            far.append(FarBar(index, at_s, error_ms, nearest, nearby))
     tempi = [(at, bpm) for at, bpm in tempi if at <= recorded_until_s]  # the band plays on unwatched after it
     late, steady, settled = None, heard, None
     if changed_s is not None and tempo_change is not None:  # from when on the followed tempo stays within 0.05 BPM
@@ -233,6 +252,7 @@ def bench_sync(
         runner_errors=int(status.get("errors", 0)),
         latency_ms=latency_s * 1000.0,
         missed=missed_bars,
+        far=far,
         late_at_s=late_s,
         unrecorded_cycles=len(unrecorded),
     )
@@ -268,10 +288,18 @@ def _missed_bars(
     wide = bar_errors(audio, first_frame, bar_frames[indices], click_wave(RATE)[:, 0], int(MISSED_SEARCH_S * RATE))
     missed = []
     for index, offset in zip(indices, wide):
-        at_s = (bar_frames[index] - first_frame) / RATE
-        nearest = min((t - at_s for t in late_s), key=abs, default=None)
+        at_s, nearest, nearby = _near(bar_frames, index, first_frame, late_s, events)
         click = None if np.isnan(offset) else float(offset) / RATE * 1000.0
-        bar_s = float(bar_frames[index] - bar_frames[index - 1] if index else bar_frames[1] - bar_frames[0]) / RATE
-        nearby = tuple(f"{at - at_s:+.3f} s {what}" for at, what in events if abs(at - at_s) <= bar_s)
         missed.append(MissedBar(index, at_s, click, nearest, nearby))
     return missed
+
+
+def _near(
+    bar_frames: np.ndarray, index: int, first_frame: int, late_s: list[float], events: list[tuple[float, str]]
+) -> tuple[float, float | None, tuple[str, ...]]:
+    """Bar `index`'s time from the recording's start, the nearest late block's time from it, and the `events` within
+    a bar of it (their times from it)."""
+    at_s = (bar_frames[index] - first_frame) / RATE
+    nearest = min((t - at_s for t in late_s), key=abs, default=None)
+    bar_s = float(bar_frames[index] - bar_frames[index - 1] if index else bar_frames[1] - bar_frames[0]) / RATE
+    return at_s, nearest, tuple(f"{at - at_s:+.3f} s {what}" for at, what in events if abs(at - at_s) <= bar_s)

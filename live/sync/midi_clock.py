@@ -11,7 +11,8 @@ the line restarts with those pulses (the new tempo is measured from there, not a
 sit a whole number of periods off the line at its tempo were miscounted (a loss unseen, a late pulse taken for a
 loss: an xrun's doing on a loaded machine), and are counted again from the line, so the beat is never a pulse off
 for good; pulses lost in a line's first beat, before its tempo and jitter are known, are counted once two more beats
-have fitted it (`_recount_first`).
+have fitted it (`_recount_first`); and whatever a storm of missed cycles left, a steady line sitting whole pulses off
+the last steady line of its tempo is counted again by that step (`_reanchor`).
 Position: beats since the song's start, from the line (smoothed, not the last pulse's arrival); Start sets it to 0,
 Song Position Pointer (in sixteenths) sets it while stopped, Continue plays on from it.
 """
@@ -125,7 +126,8 @@ class MidiClockFollower:
             if lost_s > 0.0:  # pulses went by unheard (as many as the lost stretch can hold): the song went on
                 unheard = max(0, min(round(gap_s / line[0]) - 1, math.floor(lost_s / line[0]) + 1))
                 self._index += unheard
-                self.recounts += unheard > 0
+                if unheard:
+                    self.recounts += 1
                 gap_s -= unheard * line[0]
             periods = gap_s / line[0]
             if periods > GAP_PULSES:
