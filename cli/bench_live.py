@@ -153,19 +153,21 @@ def bench_sync(args: argparse.Namespace) -> int:
     if r.errors_ms:
         chunks = [r.errors_ms[i : i + 15] for i in range(0, len(r.errors_ms), 15)]
         print("  median error by stretch of bars (ms): " + ", ".join(f"{statistics.median(c):+.2f}" for c in chunks))
-    for bar in r.missed:
-        click = "none" if bar.click_offset_ms is None else f"one {bar.click_offset_ms:+.1f} ms off"
-        late = (
+
+    def late(bar) -> str:
+        return (
             "no late block" if bar.late_block_s is None else f"the nearest late block {bar.late_block_s:+.2f} s from it"
         )
-        print(f"    bar {bar.index} at {bar.at_s:.2f} s without a click: within {MISSED_SEARCH_S:g} s, {click}; {late}")
+
+    for bar in r.missed:
+        click = "none" if bar.click_offset_ms is None else f"one {bar.click_offset_ms:+.1f} ms off"
+        print(
+            f"    bar {bar.index} at {bar.at_s:.2f} s without a click: within {MISSED_SEARCH_S:g} s, {click}; {late(bar)}"
+        )
         for event in bar.nearby:
             print(f"      {event}")
     for bar in r.far:
-        late = (
-            "no late block" if bar.late_block_s is None else f"the nearest late block {bar.late_block_s:+.2f} s from it"
-        )
-        print(f"    bar {bar.index} at {bar.at_s:.2f} s heard {bar.error_ms:+.2f} ms off its line; {late}")
+        print(f"    bar {bar.index} at {bar.at_s:.2f} s heard {bar.error_ms:+.2f} ms off its line; {late(bar)}")
         for event in bar.nearby:
             print(f"      {event}")
     if r.late_at_s:

@@ -73,9 +73,7 @@ class SyncReport:
     missed: list[MissedBar] = field(default_factory=list)
     far: list[FarBar] = field(default_factory=list)
     late_at_s: list[float] = field(default_factory=list)  # when the output's late-block count rose (50 ms polls)
-    unrecorded_cycles: int = (
-        0  # cycles the band's recorder missed (silence in the recording: the bench's, not flowjam's)
-    )
+    unrecorded_cycles: int = 0  # cycles the band's recorder missed (silence there is the bench's, not flowjam's)
 
     @property
     def median_ms(self) -> float:
@@ -215,12 +213,7 @@ def bench_sync(
     events += [(recording_s + at / RATE, f"the band's recorder missed {frames} frames") for at, frames in unrecorded]
     events = [(at - recording_s, what) for at, what in events]
     missed_bars = [] if heard.size == 0 else _missed_bars(audio, first_frame, bar_frames, heard, late_s, events)
-    far = []
-    for index in heard.tolist():
-        error_ms = float(errors[index]) / RATE * 1000.0
-        if abs(error_ms) > FAR_MS:
-            at_s, nearest, nearby = _near(bar_frames, index, first_frame, late_s, events)
-            far.append(FarBar(index, at_s, error_ms, nearest, nearby))
+    far = _far_bars(errors, first_frame, bar_frames, heard, late_s, events)
     tempi = [(at, bpm) for at, bpm in tempi if at <= recorded_until_s]  # the band plays on unwatched after it
     late, steady, settled = None, heard, None
     if changed_s is not None and tempo_change is not None:  # from when on the followed tempo stays within 0.05 BPM
@@ -292,6 +285,25 @@ def _missed_bars(
         click = None if np.isnan(offset) else float(offset) / RATE * 1000.0
         missed.append(MissedBar(index, at_s, click, nearest, nearby))
     return missed
+
+
+def _far_bars(
+    errors: np.ndarray,
+    first_frame: int,
+    bar_frames: np.ndarray,
+    heard: np.ndarray,
+    late_s: list[float],
+    events: list[tuple[float, str]],
+) -> list[FarBar]:
+    """Each heard bar whose click (`errors`, frames from its line) is more than FAR_MS off, with the nearest late
+    block and the `events` within a bar of it (times from the recording's start)."""
+    far = []
+    for index in heard.tolist():
+        error_ms = float(errors[index]) / RATE * 1000.0
+        if abs(error_ms) > FAR_MS:
+            at_s, nearest, nearby = _near(bar_frames, index, first_frame, late_s, events)
+            far.append(FarBar(index, at_s, error_ms, nearest, nearby))
+    return far
 
 
 def _near(
