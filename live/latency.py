@@ -18,9 +18,7 @@ class LatencyRecord:
     change: KnobChange
     kind: KnobKind
     applied_tick: int = 0  # index of the tick whose knob pass applied it
-    ticks_started_since_received: int = (
-        0  # ticks that began after the change arrived but before it applied (0 = next tick)
-    )
+    cycles_waited: int = 0  # ticks (on a ring: its cycles) begun after it arrived, before the one applying it
     tick_done_at: float | None = None  # end of the first tick that used the new value
     written_at: float | None = None  # when the first audio made with it was patched into the loop
     ear_at: float | None = None  # when the playhead reaches that audio
@@ -49,12 +47,18 @@ class LatencyTracker:
         self.keep = keep
         self.done: list[LatencyRecord] = []
         self._pending: list[LatencyRecord] = []
-        self._tick_starts: list[float] = []
+        self._tick_starts: deque[float] = deque(maxlen=64)
+        self._own_starts = True
         self._lock = threading.Lock()
 
+    def follow_cycles(self, starts: deque[float]) -> None:
+        """On a shared ring: count the ring's cycle starts (kept by its thread, the one that applies knobs), not this
+        runner's own ticks, so a cycle that passed this session by counts as a cycle its knob waited."""
+        self._tick_starts, self._own_starts = starts, False
+
     def tick_started(self, at: float) -> None:
-        self._tick_starts.append(at)
-        del self._tick_starts[:-64]
+        if self._own_starts:
+            self._tick_starts.append(at)
 
     def track(self, change: KnobChange, kind: KnobKind, tick: int) -> None:
         waited = sum(start > change.received_at for start in self._tick_starts)

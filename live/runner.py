@@ -140,6 +140,7 @@ class LiveRunner:
         self._tick_done = torch.cuda.Event() if session.device.type == "cuda" and ticker is None else None
         self._tick_started: float | None = None
         if ticker is not None:
+            self.stats.latency.follow_cycles(ticker.cycle_starts)
             ticker.register(self)
 
     def _encode(self, prompt: str | Conditioning) -> Conditioning:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,6 +72,7 @@ class SharedTicker:
         self._waiting = 0  # threads waiting to change runners or lanes: the tick thread lets them in between ticks
         self._thread: threading.Thread | None = None
         self._tick_done = torch.cuda.Event() if session.device.type == "cuda" else None
+        self.cycle_starts: deque[float] = deque(maxlen=64)  # perf_counter at each cycle's start, once its knobs applied
         self.ticks = 0
         self.tick_ms = 0.0
         self.phases = CyclePhases()
@@ -187,6 +188,7 @@ class SharedTicker:
                 started[runner.stream.name] = runner.begin_tick()
             except Exception as error:  # one session's bad message or knob must not stop the others
                 runner.count_error(error)
+        self.cycle_starts.append(cycle_started)
         began = time.perf_counter()
         try:
             finished = self.pipeline.tick()

@@ -47,7 +47,18 @@ class Client:
         self.tokens: dict[str, str] = {}  # session -> its token, for the sessions this client created
 
     def health(self) -> bool:
-        return bool(self._call("GET", "/health").get("ok"))
+        """True once the server can create sessions; False while it cannot yet (its replicas still start)."""
+        return self.not_ready() is None
+
+    def not_ready(self) -> str | None:
+        """None once the server can create sessions; else the server's reason (a 503 from /health)."""
+        try:
+            self._call("GET", "/health")
+        except ServerError as error:
+            if error.status == 503:
+                return error.message
+            raise
+        return None
 
     def create(
         self,

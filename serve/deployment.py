@@ -30,6 +30,7 @@ import ray
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.config import RequestRouterConfig
+from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import MultiplexMixin, PendingRequest, RequestRouter, RunningReplica
 
@@ -347,16 +348,52 @@ class RayRouter:
             f"session {session!r} was lost: its replica {replica} stopped; create it again with POST /sessions"
         )
 
+    async def not_ready(self) -> str | None:
+        """None while a replica answers; else why none does (the replicas' state as Ray's controller tells it)."""
+        return None if await self._answers() else await self._none_answers()
+
     async def _placement(self) -> list[dict[str, Any]]:
-        """{"replica", "sessions"} of every live replica (a dead one answers with an error and is left out)."""
-        response = self.replicas.broadcast("placement")
+        """{"replica", "sessions"} of every replica that answers; SessionRefused naming the replicas' state if none
+        does (all still starting, or all dead or failed)."""
+        answers = await self._answers()
+        if not answers:
+            raise SessionRefused(await self._none_answers())
+        return answers
+
+    async def _answers(self) -> list[dict[str, Any]]:
+        """The placement answers of the live replicas: a dead one answers with an error and is left out; none at all
+        when the router knows no running replica (Ray's DeploymentUnavailableError, whose "failed to deploy" also
+        covers replicas that are still starting)."""
         try:
+            response = self.replicas.broadcast("placement")
             answers = await response.results_async(timeout_s=PLACEMENT_TIMEOUT_S, return_exceptions=True)
+        except DeploymentUnavailableError:
+            return []
         except TimeoutError:  # one replica hung: better "try again" than calling its sessions lost
             raise SessionRefused(
                 f"a replica did not say which sessions it plays within {PLACEMENT_TIMEOUT_S:g} s: try again"
             ) from None
         return [answer for answer in answers if isinstance(answer, dict)]
+
+    async def _none_answers(self) -> str:
+        state = await asyncio.to_thread(_replica_state)
+        return (
+            f"no replica of {RingReplica.name} is running yet ({state}): a replica loads the model (and may compile "
+            "graphs) first; GET /health answers ok once one runs"
+        )
+
+
+def _replica_state() -> str:
+    """This app's RingReplica deployment as Ray's controller sees it: "<status>, <count> <replica state>, ...[; <its
+    message>]" (a replica's constructor error is in the message)."""
+    application = serve.status().applications.get(APP_NAME)
+    deployment = None if application is None else application.deployments.get(RingReplica.name)
+    if deployment is None:
+        return f"the {APP_NAME} application has no {RingReplica.name} deployment yet"
+    counts = {str(getattr(state, "value", state)): count for state, count in deployment.replica_states.items()}
+    shown = ", ".join(f"{count} {state.lower()}" for state, count in sorted(counts.items())) or "no replicas"
+    message = f"; {deployment.message}" if deployment.message else ""
+    return f"{getattr(deployment.status, 'value', deployment.status)}, {shown}{message}"
 
 
 def _cause(error: BaseException) -> BaseException:

@@ -57,6 +57,7 @@ class SessionRouter(Protocol):
     async def set_prompt(self, session: str, slot: str, text: str) -> None: ...
     async def status(self, session: str) -> dict[str, Any]: ...
     async def sessions(self) -> list[dict[str, str]]: ...
+    async def not_ready(self) -> str | None: ...  # None once sessions can be created; else why not, and what to do
     def audio(self, session: str) -> AsyncIterator[bytes]: ...
 
 
@@ -121,8 +122,12 @@ def make_app(router: SessionRouter, policy: AccessPolicy | None = None) -> FastA
         tokens.check(session, bearer(request.headers.get("authorization")))
 
     @app.get("/health")
-    async def health() -> dict[str, bool]:
-        return {"ok": True}
+    async def health() -> JSONResponse:
+        """200 {"ok": true} once sessions can be created; 503 {"ok": false, "error": why} while they cannot."""
+        reason = await router.not_ready()
+        if reason is None:
+            return JSONResponse({"ok": True})
+        return JSONResponse({"ok": False, "error": reason}, status_code=503)
 
     @app.post("/sessions", status_code=201)
     async def create(request: Request) -> dict[str, Any]:
@@ -389,6 +394,9 @@ class LocalRouter:
 
     async def status(self, session: str) -> dict[str, Any]:
         return {**await asyncio.to_thread(self.host.status, session), "replica": self.replica}
+
+    async def not_ready(self) -> str | None:
+        return None  # the host is built before the app serves
 
     async def sessions(self) -> list[dict[str, str]]:
         names = await asyncio.to_thread(self.host.names)

@@ -239,7 +239,7 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session, 
         )
         record = next(r for r in app.runner.stats.latencies if r.change.name == "velocity_scale")
         assert record.change.origin == "osc"
-        assert record.ticks_started_since_received == 0, "a shared-curve knob must apply on the very next tick"
+        assert record.cycles_waited == 0, "a shared-curve knob must apply on the very next tick"
         assert float(app.runner.stream.pipeline.shared_curves()["velocity_scale"].flatten()[0]) == 0.25
         client = SimpleUDPClient("127.0.0.1", port)
         client.send_message("/flowjam/default/norm/denoise", 0.5)

@@ -6,6 +6,7 @@ starting Ray and Serve."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import ADMIT_ANY_SPEED_MS, free_tcp_port
+from helpers import ADMIT_ANY_SPEED_MS, free_tcp_port, wait_for
 
 if os.environ.get("FLOWJAM_RAY") != "1":
     pytest.skip(
@@ -39,6 +40,7 @@ SILENT_RUN = 10  # consecutive all-zero chunks that show volume 0 reached the au
 WAIT_S = 15.0  # the longest any expected thing may take to show up
 CALL_WAIT_S = 45.0  # the longest a call may take: a create on a replica whose CPU ring already plays 7 sessions
 LOST_WITHIN_S = 5.0  # a killed replica's sessions say so this soon
+RESTART_WAIT_S = 90.0  # Serve's controller finds a dead replica by its health check (every 10 s), then starts one
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,14 @@ def replica_logs() -> list[Path]:
     logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
     found = sorted(logs.glob(f"replica_{deployment.APP_NAME}_RingReplica_*.log"))
     assert len(found) >= 2, f"no replica logs under {logs}"
+    return found
+
+
+def proxy_logs() -> list[Path]:
+    """The log files of this cluster's Serve HTTP proxies."""
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    found = sorted(logs.glob("proxy_*.log"))
+    assert found, f"no proxy logs under {logs}"
     return found
 
 
@@ -272,3 +282,36 @@ def test_a_stalled_client_behind_the_ray_proxy_finds_at_most_the_window_waiting(
         client.end(name)
     assert stall.waited_s <= window_s + 0.25, f"{stall.waited_s:.2f} s waited; the window is {window_s:g} s"
     assert stall.skipped_chunks > 0 and stall.counted_dropped == stall.skipped_chunks, stall
+
+
+def test_with_no_replica_running_health_and_create_say_so_until_serve_starts_them_again(server):
+    """Every replica killed: /health answers 503 and a create 503, both naming the replicas' state, until Serve's
+    controller has started new ones; then a session plays again."""
+    client = Client(server, timeout_s=CALL_WAIT_S, key=KEY)
+    prefix = f"SERVE_REPLICA::{deployment.APP_NAME}#RingReplica#"
+    wait_for(client.health, RESTART_WAIT_S, "a replica running", poll_s=0.2)
+    replicas = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    assert replicas, "no replica actors"
+    for name in replicas:  # the one the first test killed may be among them, and one still starting
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    reason = wait_for(client.not_ready, RESTART_WAIT_S, "/health to say that no replica runs", poll_s=0.05)
+    with pytest.raises(ServerError) as refused:
+        client.create(PROMPT, seconds=LOOP_S, name="early")
+    if client.health():
+        pytest.fail(f"the replicas came back before the create was answered ({refused.value})")
+    assert refused.value.status == 503
+    for said in (reason, refused.value.message):
+        assert "no replica of RingReplica is running yet" in said and "GET /health" in said, said
+    wait_for(client.health, RESTART_WAIT_S, "Serve to start the replicas again", poll_s=0.2)
+    name = client.create(PROMPT, seconds=LOOP_S, name="again")["session"]
+    listener = Listener(client, name)
+    try:
+        listener.wait_chunks(CHUNKS_TO_PLAY)
+    finally:
+        client.end(name)
+        listener.close()
+    # No client of this module gave up on a call in flight, so Serve's proxy closed none of its request generators
+    # mid-request (what logs "async generator ignored GeneratorExit", docs/serve.md).
+    for log in proxy_logs():
+        assert "GeneratorExit" not in log.read_text(), f"{log.name}:\n{log.read_text()[-4000:]}"

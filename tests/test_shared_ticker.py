@@ -3,6 +3,7 @@ each session's runner keeps its own knobs, prompts and loop; every tick is one f
 plays bit for bit what it plays alone (CPU fp32), its knobs reach only its own audio, and the host's clock plays
 every loop in real time to its subscribers without ever waiting for a slow one."""
 
+import random
 import time
 
 import numpy as np
@@ -210,6 +211,41 @@ def test_host_knobs_are_checked_all_first_and_reach_only_their_session(host):
         host.create("c", SessionSpec("  "))
     with pytest.raises(ValueError, match="playing already"):
         host.create("a", SessionSpec("again", seconds=4))
+
+
+def test_each_sessions_knob_reaches_the_ring_in_the_first_cycle_that_begins_after_it(host):
+    """The scheduling rule of a shared ring: a knob waits for no session's turn, at most the cycle in progress."""
+    names = ("a", "b", "c")
+    for index, name in enumerate(names):
+        host.create(name, SessionSpec("lofi piano", seconds=4, knobs={"depth": 2, "seed": index}))
+    runners = [host.runner(name) for name in names]
+    wait_for(lambda: all(runner.stats.latents >= 1 for runner in runners), 120, "every session's first latent")
+    pause = random.Random(46)
+    values = [round(0.5 + 0.02 * turn, 2) for turn in range(36)]
+    sent: dict[str, list[float]] = {name: [] for name in names}
+    for turn, value in enumerate(values):  # at random moments of the ring's cycle, each session in turn
+        name = names[turn % len(names)]
+        host.set_knobs(name, {"velocity_scale": value})
+        sent[name].append(value)
+        time.sleep(pause.uniform(0.0, max(runner.stats.loop_s for runner in runners)))  # up to a ring cycle
+
+    def heard(name: str) -> list:
+        return [r for r in host.runner(name).stats.latencies if r.change.name == "velocity_scale"]
+
+    wait_for(
+        lambda: all(heard(name) and heard(name)[-1].change.value == sent[name][-1] for name in names),
+        120,
+        "every session's last change to reach its ear",
+    )
+    for name in names:
+        records = heard(name)
+        applied = [r.change.value for r in records]
+        assert applied == [value for value in sent[name] if value in applied], "a change went astray"
+        assert len(records) >= len(sent[name]) // 2, f"session {name}: most changes were superseded before a cycle"
+        waited = [r.cycles_waited for r in records]
+        assert waited == [0] * len(records), f"session {name}: a knob waited ring cycles {waited} before applying"
+        assert all(0 < r.knob_to_tick_ms for r in records)
+    assert all(host.status(name)["errors"] == 0 for name in names)
 
 
 def test_the_host_refuses_a_session_it_could_not_keep_in_real_time(session):
