@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -12,11 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
-from .protocol import ACK_EVERY, AudioChunk, decode_chunk
+from .protocol import ACK_EVERY, CLOSE_MESSAGE, AudioChunk, decode_chunk
 
 CLOSE_UNKNOWN_SESSION = 4404
+CLOSE_WAIT_S = 2.0  # how long closing a stream waits for the server's close
 
 
 class ServerError(RuntimeError):
@@ -196,7 +199,25 @@ class Stream:
     def set_prompt(self, slot: str, text: str) -> None:
         self.connection.send(json.dumps({"prompt": {"slot": slot, "text": text}}))
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Ask the server to end the stream and wait up to `timeout_s` for its close (audio still on its way is
+        dropped), then close the connection. A server-side close ends the request cleanly on every hop: a client
+        that just hangs up mid-send makes Ray Serve's proxy log its request as failed (docs/serve.md)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            if self.close_code is None:
+                self.connection.send(CLOSE_MESSAGE)
+            while self.close_code is None and (left := deadline - time.monotonic()) > 0:
+                try:
+                    self.connection.recv(min(left, 0.1))
+                except TimeoutError:
+                    continue
+                except RuntimeError:  # another thread is reading it: that thread sees the close
+                    if self.connection.state is State.CLOSED:
+                        break
+                    time.sleep(0.02)
+        except ConnectionClosed as error:
+            self.close_code = error.rcvd.code if error.rcvd is not None else 1006
         self.connection.close()
 
     def __enter__(self) -> Stream:

@@ -20,6 +20,7 @@ CHANNELS = 2
 MAGIC = b"FJA1"
 HEADER = struct.Struct("<4sQIII")  # magic, sample index, loop position, frames, dropped chunks so far
 ACK_EVERY = 4  # a client acknowledges every 4th chunk: {"ack": the sample after it} (200 ms)
+CLOSE_MESSAGE = '{"close": true}'  # a client's request that the server end its stream and close it
 ACK_WINDOW_FRAMES = 2 * SAMPLE_RATE  # a client that acknowledges has at most 2 s of audio unacknowledged
 
 

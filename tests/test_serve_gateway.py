@@ -123,6 +123,20 @@ def test_two_sessions_stream_their_own_audio_with_increasing_sample_indices(clie
             assert [chunk.position for chunk in received] == [chunk.sample % (4 * SAMPLE_RATE) for chunk in received]
 
 
+def test_a_stream_the_client_closes_is_ended_by_the_server_and_its_session_plays_on(client, new_session):
+    """Closing asks the server to end the stream: the server closes it (1000), so no hop sees a client hang up
+    mid-send (what Ray Serve's proxy logs as a failed request)."""
+    session = new_session()
+    stream = client.stream(session)
+    chunks(stream, 5)
+    started = time.monotonic()
+    stream.close()
+    assert stream.close_code == 1000, "the server did not close the stream the client asked it to end"
+    assert time.monotonic() - started < 1.0
+    with client.stream(session) as again:
+        assert_contiguous(chunks(again, 10))
+
+
 def test_a_long_loop_and_an_endless_song_share_the_ring_when_their_window_matches(client, new_session):
     """Rows of one ring share T: a 12 s loop and an endless song with 4 s windows play on one host; an 8 s window is
     refused with the window that fits."""
