@@ -107,7 +107,7 @@ def report_sessions(r, count: int, args: argparse.Namespace) -> None:
         f"  {count} asked, {r.sessions} playing: tick {r.ring_tick_ms:.1f} ms, a latent every "
         f"{r.latent_interval_ms:.0f} ms (slowest session: {r.cycles_per_latent:.2f} ring cycles of "
         f"{r.latent_interval_ms / r.cycles_per_latent:.1f} ms; {r.restarting_interval_ms:.0f} ms while a per-request "
-        f"knob restarts the slots), {r.errors} errors -> {verdict}\n"
+        f"knob restarts the slots), {r.errors} errors, {r.late_writes} of {r.writes} writes late -> {verdict}\n"
         f"    tick graphs settled {settled(r.settle_s)} after the last session started (target 5 s; the sessions "
         f"started over {r.starting_s:.1f} s, admission measuring the ring between creates)\n"
         f"    ring cycle {p.cycle_ms:.1f} ms: runners {p.runners_ms:.1f} + tick {p.tick_ms:.1f} + hand-out "

@@ -36,6 +36,8 @@ class SessionsReport:
     knobs: list[LatencySummary]  # over every session's trials
     errors: int
     graphs: GraphCounters | None = None  # the ring's tick graphs at the end (None on a backend without graphs)
+    writes: int = 0  # audio patches every session wrote during the knobs' turns
+    late_writes: int = 0  # of them, those the playhead had reached before they landed (their fade-in cut short)
 
     def realtime(self, interval_ms: float, ear_ms: float) -> bool:
         shared = self.knobs[0]
@@ -132,6 +134,7 @@ def measure_sessions(
         runners = [host.runner(name) for name in host.names()]
         _wait(lambda: all(r.stats.writes > 1 for r in runners), 600, "every session's first writes")
         settle_s = _settle(host, all_started)
+        writes_before = [(r.stats.writes, r.stats.late_writes) for r in runners]
         ticks = []
         summaries = []
         intervals = []
@@ -168,6 +171,8 @@ def measure_sessions(
             summaries,
             sum(r.stats.errors for r in runners),
             host.ticker.pipeline.graph_counters,
+            sum(r.stats.writes - before[0] for r, before in zip(runners, writes_before)),
+            sum(r.stats.late_writes - before[1] for r, before in zip(runners, writes_before)),
         )
     finally:
         for name in host.names():

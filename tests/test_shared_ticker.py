@@ -302,6 +302,7 @@ def test_the_sessions_bench_plays_every_session_follows_its_knobs_to_the_ear_and
     finally:
         host.close()
     assert report.sessions == 2 and report.refused is None and report.errors == 0
+    assert 0 <= report.late_writes <= report.writes and report.writes >= 2 * report.sessions
     assert [summary.knob for summary in report.knobs] == ["velocity_scale", "denoise"]
     assert 0 < report.latent_interval_ms < 60_000 and 0 < report.restarting_interval_ms < 60_000
     assert report.cycles_per_latent > 0 and report.settle_s is not None and None not in report.touch_settle_s
