@@ -258,9 +258,22 @@ def test_oscsend_and_python_osc_steer_the_running_stream_with_feedback(session, 
     assert app.runner.stats.errors == 0, app.runner.stats.last_error
 
 
+FLOOD = """
+import sys
+from pythonosc.udp_client import SimpleUDPClient
+client = SimpleUDPClient("127.0.0.1", int(sys.argv[1]))
+for i in range(10_000):
+    client.send_message("/flowjam/default/knob/velocity_scale", 0.5 + (i % 100) / 100)
+client.send_message("/flowjam/default/knob/velocity_scale", 1.375)
+"""  # a controller flooding from a process of its own, as one does: a sender in the test's process would take the
+# engine's GIL for the whole flood, which no real controller can
+
+
 @WINDOWS
 def test_bad_osc_input_and_a_flood_never_stop_the_music(session, window_s):
-    app = LiveApp(session, loop_config(window_s, prompt="flood", playback_mode="null", osc_port=0))
+    # the output's clock in a process of its own, as a sound card plays by default: a clock thread here would share
+    # the GIL with the engine and count its own late wake-ups as underruns (tests/test_playback.py)
+    app = LiveApp(session, loop_config(window_s, prompt="flood", playback_mode="null-process", osc_port=0))
     assert_generation(app, window_s)
     shared_memory_file = Path("/dev/shm") / app.buffer.name.lstrip("/")
     assert shared_memory_file.exists()
@@ -275,9 +288,7 @@ def test_bad_osc_input_and_a_flood_never_stop_the_music(session, window_s):
         client.send_message("/flowjam/default/knob/velocity_scale", float("inf"))
         client.send_message("/flowjam/default/knob/denoise", 7.0)  # clamped to 1
         latents_before = app.runner.stats.latents
-        for i in range(10_000):
-            client.send_message("/flowjam/default/knob/velocity_scale", 0.5 + (i % 100) / 100)
-        client.send_message("/flowjam/default/knob/velocity_scale", 1.375)
+        subprocess.run([sys.executable, "-c", FLOOD, str(app.osc.address[1])], check=True, timeout=60)
         wait_for(lambda: app.registry.get("velocity_scale") == 1.375, 30, "the last flood value")
         wait_for(lambda: app.runner.stats.latents > latents_before + 3, 30, "the stream to keep producing")
         assert app.registry.get("denoise") == 1.0
@@ -288,7 +299,8 @@ def test_bad_osc_input_and_a_flood_never_stop_the_music(session, window_s):
             and rejected.get("not_finite", 0) >= 2
             and rejected.get("unknown_knob", 0) >= 1
         )
-        assert app.runner.stats.errors == 0 and app.playback.stats()["underruns"] == 0
+        stats = app.playback.stats()
+        assert app.runner.stats.errors == 0 and stats["underruns"] == 0, (stats["late_blocks"], stats["gaps"])
     finally:
         app.stop()
     assert not app.runner.alive and not app.playback.running
