@@ -30,6 +30,7 @@ from ..engine.stream import MAX_LANES, AdmissionRefused
 from ..engine.stream.windows import check_window_seconds, ring_frames, window_frames
 from ..live.app import add_lora_knobs
 from ..live.knobs import KnobRegistry
+from ..live.latency import LatencyRecord
 from ..live.loop_buffer import LoopBuffer
 from ..live.loop_map import LoopMap
 from ..live.renderer import BlockRenderer
@@ -45,6 +46,7 @@ log = logging.getLogger("flowjam.serve")
 
 BLOCK_FRAMES = 2400  # 50 ms at 48 kHz: the clock's period and the size of an audio chunk
 SUBSCRIBER_CHUNKS = 40  # 2 s of audio waiting for a slow client before its oldest chunks go
+HEARD_SHOWN = 16  # knob changes followed to the ear that a session's status lists (the newest)
 
 
 @dataclass(frozen=True)
@@ -330,6 +332,7 @@ class RingHost:
             dropped=sum(s.dropped for s in hosted.subscriptions),
             sessions=len(self._sessions),
             ring_tick_ms=round(self.ticker.tick_ms, 2),
+            heard=[_heard(record) for record in hosted.runner.stats.latencies[-HEARD_SHOWN:]],
         )
         return status
 
@@ -381,6 +384,21 @@ class RingHost:
         if hosted is None:
             raise UnknownSession(refusals.unknown_session(name))
         return hosted
+
+
+def _heard(record: LatencyRecord) -> dict[str, Any]:
+    """A knob change followed to the ear, as a status lists it: ms from its arrival at this host to the first tick
+    that used it and to when its sound reaches the playhead (a client through a gateway adds its call's way here)."""
+    change = record.change
+    return {
+        "knob": change.name,
+        "value": change.value,
+        "kind": record.kind.value,
+        "seq": change.seq,
+        "origin": change.origin,
+        "to_tick_ms": round(record.knob_to_tick_ms, 1),
+        "to_ear_ms": round(record.knob_to_ear_ms, 1),
+    }
 
 
 def _knob_value(registry: KnobRegistry, name: str) -> float | str:

@@ -246,6 +246,10 @@ def test_each_sessions_knob_reaches_the_ring_in_the_first_cycle_that_begins_afte
         assert waited == [0] * len(records), f"session {name}: a knob waited ring cycles {waited} before applying"
         assert all(0 < r.knob_to_tick_ms for r in records)
     assert all(host.status(name)["errors"] == 0 for name in names)
+    # what a client through the gateway reads: the newest changes heard, as the session's records say
+    shown = [h for h in host.status("b")["heard"] if h["knob"] == "velocity_scale"]
+    assert shown and [h["value"] for h in shown] == [r.change.value for r in heard("b")][-len(shown) :]
+    assert all(h["kind"] == "shared" and 0 < h["to_tick_ms"] < h["to_ear_ms"] for h in shown), shown
 
 
 def test_the_host_refuses_a_session_it_could_not_keep_in_real_time(session):
