@@ -44,7 +44,6 @@ CREATE_FIELDS |= {"bpm": (int, float), "time_signature": (int, str), "bars": (in
 POLL_S = 0.25  # the longest wait for a chunk: a stream that closes frees its poller thread within this
 POLLERS = 64
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_UNKNOWN_SESSION = 1000, 1008, 1011, 4404
-CLOSE_ASKED = object()  # _read_control's answer when the client sent CLOSE_MESSAGE
 SEND_BUFFER_BYTES = 128 * 1024  # Linux doubles it: ~1.3 s of audio (192 kB/s) waits there for a client that stalls
 
 
@@ -202,7 +201,9 @@ def make_app(router: SessionRouter, policy: AccessPolicy | None = None) -> FastA
             for outcome in outcomes:
                 if isinstance(outcome, Exception) and not isinstance(outcome, (WebSocketDisconnect, OSError)):
                     log.error("stream of session %s failed", session, exc_info=outcome)
-        if outcomes[1] is CLOSE_ASKED:  # the server closes, so the stream ends as a finished request everywhere
+        if (
+            outcomes[1] is True
+        ):  # the client asked: the server closes, so the stream ends as a finished request everywhere
             await link.close(CLOSE_NORMAL)
 
     return app
@@ -288,15 +289,15 @@ async def _send_audio(router: SessionRouter, session: str, link: _Link) -> None:
     await link.close(CLOSE_NORMAL)
 
 
-async def _read_control(router: SessionRouter, session: str, link: _Link, max_bytes: int) -> object:
-    """Apply the client's control messages until it disconnects (-> None) or asks the server to close the stream
-    (`{"close": true}` -> CLOSE_ASKED); a bad one gets an error event, nothing stops."""
+async def _read_control(router: SessionRouter, session: str, link: _Link, max_bytes: int) -> bool:
+    """Apply the client's control messages until it disconnects (-> False) or asks the server to close the stream
+    (`{"close": true}` -> True); a bad one gets an error event, nothing stops."""
     while True:
         message = await link.websocket.receive()
         if message["type"] == "websocket.disconnect":
-            return None
+            return False
         if message.get("text") == CLOSE_MESSAGE:
-            return CLOSE_ASKED
+            return True
         size = len(message.get("text") or "") + len(message.get("bytes") or b"")
         if size > max_bytes:
             await link.send_event(

@@ -100,9 +100,12 @@ def silent(chunk) -> bool:
     return not chunk.audio.any()
 
 
+REPLICA_ACTOR = f"SERVE_REPLICA::{deployment.APP_NAME}#RingReplica#"  # + the replica id: Serve's actor name
+
+
 def replica_actor(replica: str):
     """The Serve replica actor behind a replica id (Serve names them in its namespace)."""
-    name = f"SERVE_REPLICA::{deployment.APP_NAME}#RingReplica#{replica}"
+    name = REPLICA_ACTOR + replica
     try:
         return ray.get_actor(name, namespace="serve")
     except ValueError:
@@ -110,20 +113,17 @@ def replica_actor(replica: str):
         raise AssertionError(f"no actor {name!r}; the named actors are {actors}") from None
 
 
+def serve_logs(pattern: str, at_least: int) -> list[Path]:
+    """This cluster's Serve log files named by `pattern` (Serve writes one per replica and per proxy)."""
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    found = sorted(logs.glob(pattern))
+    assert len(found) >= at_least, f"{len(found)} {pattern} under {logs}, expected at least {at_least}"
+    return found
+
+
 def replica_logs() -> list[Path]:
-    """The log files of this cluster's RingReplicas (Serve writes one per replica under the session's logs)."""
-    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
-    found = sorted(logs.glob(f"replica_{deployment.APP_NAME}_RingReplica_*.log"))
-    assert len(found) >= 2, f"no replica logs under {logs}"
-    return found
-
-
-def proxy_logs() -> list[Path]:
-    """The log files of this cluster's Serve HTTP proxies."""
-    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
-    found = sorted(logs.glob("proxy_*.log"))
-    assert found, f"no proxy logs under {logs}"
-    return found
+    """The log files of this cluster's RingReplicas."""
+    return serve_logs(f"replica_{deployment.APP_NAME}_RingReplica_*.log", 2)
 
 
 def status_code(call: Callable[[], object]) -> int:
@@ -288,9 +288,10 @@ def test_with_no_replica_running_health_and_create_say_so_until_serve_starts_the
     """Every replica killed: /health answers 503 and a create 503, both naming the replicas' state, until Serve's
     controller has started new ones; then a session plays again."""
     client = Client(server, timeout_s=CALL_WAIT_S, key=KEY)
-    prefix = f"SERVE_REPLICA::{deployment.APP_NAME}#RingReplica#"
     wait_for(client.health, RESTART_WAIT_S, "a replica running", poll_s=0.2)
-    replicas = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    replicas = [
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(REPLICA_ACTOR)
+    ]
     assert replicas, "no replica actors"
     for name in replicas:  # the one the first test killed may be among them, and one still starting
         with contextlib.suppress(ValueError):
@@ -313,5 +314,5 @@ def test_with_no_replica_running_health_and_create_say_so_until_serve_starts_the
         listener.close()
     # No client of this module gave up on a call in flight, so Serve's proxy closed none of its request generators
     # mid-request (what logs "async generator ignored GeneratorExit", docs/serve.md).
-    for log in proxy_logs():
+    for log in serve_logs("proxy_*.log", 1):
         assert "GeneratorExit" not in log.read_text(), f"{log.name}:\n{log.read_text()[-4000:]}"
