@@ -142,6 +142,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--gpus", type=int, default=1, help="run the same bench on GPUs 0..N-1 at once, one process (host) each"
     )
     sessions.add_argument(
+        "--writes",
+        choices=("each", "batched"),
+        default="each",
+        help="who decodes the sessions' windows: a writer thread per session (each, what serve runs) or one ring "
+        "writer in batches (batched)",
+    )
+    sessions.add_argument(
         "--lora-rank",
         type=int,
         help="attach a random live LoRA of this rank on every attention and MLP projection; each session plays it "

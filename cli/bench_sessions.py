@@ -46,7 +46,10 @@ def bench_sessions(args: argparse.Namespace) -> int:
         lora = "bench"
         lora_set(decoder).attach(random_lora(decoder, lora, args.lora_rank, seed=0), 1.0, "live")
         print(f"  a live LoRA of rank {args.lora_rank}, each session at its own strength")
-    host = RingHost(session, latent_interval_ms=args.interval_ms)  # one host: admission learns from every count
+    batched = args.writes == "batched"
+    host = RingHost(session, latent_interval_ms=args.interval_ms, batched_writes=batched)  # admission learns throughout
+    writer = host.ticker.writer
+    print(f"  windows written by {'one ring writer, in batches' if writer else 'a writer thread per session'}")
     try:
         for count in args.sessions:
             r = measure_sessions(
@@ -113,6 +116,8 @@ def report_sessions(r, count: int, args: argparse.Namespace) -> None:
         f"    ring cycle {p.cycle_ms:.1f} ms: runners {p.runners_ms:.1f} + tick {p.tick_ms:.1f} + hand-out "
         f"{p.handout_ms:.1f} + other {p.cycle_ms - p.runners_ms - p.tick_ms - p.handout_ms:.1f} ms"
     )
+    if r.write_batches:
+        print(f"    ring writer: {r.write_batches} batches, {r.writes / r.write_batches:.2f} windows a batch")
     for s, touch_settle_s in zip(r.knobs, r.touch_settle_s):
         print(
             f"    {s.knob:>15} ({s.kind}): knob -> tick {s.tick_ms_median:.1f} / {s.tick_ms_p95:.1f} ms, -> ear "

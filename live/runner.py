@@ -136,6 +136,7 @@ class LiveRunner:
             # LiveApp fills the loop with the source; else the first latent does (a windowed one writes its window only)
             loop_filled=source is not None or self._walker is not None,
             loop_map=self.loop_map,
+            ring=None if ticker is None else ticker.writer,
         )
         self._tick_done = torch.cuda.Event() if session.device.type == "cuda" and ticker is None else None
         self._tick_started: float | None = None
@@ -234,6 +235,11 @@ class LiveRunner:
     def request_frames(self) -> int:
         """T of this stream's requests: its window, or the whole loop (the ring it plays on needs one T)."""
         return self.frames if self._walker is None else self._walker.window
+
+    @property
+    def writer(self) -> AheadWriter:
+        """This session's writer (its windows decoded by the ring's writer on a ring with batched writes)."""
+        return self._writer
 
     @property
     def current_source(self) -> Source | None:

@@ -1,6 +1,7 @@
 """One ring for several live sessions: a tick thread drives every attached runner over one StreamPipeline, so all
 their slots advance in one batched forward a tick; each runner keeps its own knobs, prompts, loop buffer, writer
-and lane of the ring (its slots, depth, pacing and shared curves).
+and lane of the ring (its slots, depth, pacing and shared curves). With `batched_writes` one ring writer
+(`RingWriter`) decodes every session's due windows in one batch, woken once a cycle after the hand-out.
 
 A tick here is what `LiveRunner.tick` is for a runner alone, spread over the runners: every runner applies its
 messages and knobs and submits (`begin_tick`), the ring ticks once (waited for on a GPU), and every runner gets the
@@ -23,6 +24,7 @@ from ..engine.params import REALTIME_LATENT_INTERVAL_MS
 from ..engine.session import Session
 from ..engine.stream import RealtimeNeed, StreamLane, StreamPipeline
 from .realtime import raise_thread_priority
+from .ring_writer import RingWriter
 
 log = logging.getLogger("flowjam.ticker")
 
@@ -53,16 +55,24 @@ class CyclePhases:
 
 class SharedTicker:
     def __init__(
-        self, session: Session, backend: str | None = None, latent_interval_ms: float = REALTIME_LATENT_INTERVAL_MS
+        self,
+        session: Session,
+        backend: str | None = None,
+        latent_interval_ms: float = REALTIME_LATENT_INTERVAL_MS,
+        batched_writes: bool = False,
     ):
         """`latent_interval_ms`: what admission control promises every session, a fresh latent at least that
-        often (see `RealtimeNeed`)."""
+        often (see `RealtimeNeed`). `batched_writes`: one writer thread decodes every session's due windows in one
+        batch (`RingWriter`) instead of a writer thread per session. Measured on an H200 at 4 and 8 sessions it
+        wrote fewer patches late at 8 but heard a shared knob later (docs/benchmarks.md, "One writer per ring"),
+        so it is not the default."""
         self.session = session
         self.latent_interval_ms = latent_interval_ms
         self.pipeline = StreamPipeline(
             session.models.acestep.decoder, depth=1, backend=backend or session.backend, paced=True
         )
         self.pipeline.cycle_costs = True  # admission learns what a whole cycle of this ring costs, not the tick alone
+        self.writer = RingWriter(session) if batched_writes else None
         self._cycle_started: float | None = None
         self._cycle_parts: tuple[float, float, float] | None = None  # the last cycle's runners, tick and hand-out (ms)
         self._runners: dict[str, object] = {}  # lane name -> LiveRunner, in the order they came
@@ -149,14 +159,20 @@ class SharedTicker:
             self._lock.notify()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.writer is not None:
+            self.writer.stop(timeout_s)
 
     # ---- ticking -------------------------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """One tick of every attached runner and, for runners whose writer is not running, their writes."""
+        """One tick of every attached runner and, for runners whose writer is not running, their writes (in one
+        batch where the ring's writes are batched)."""
         with self._lock:
             runners = list(self._runners.values())
             self._tick(runners)
+        if self.writer is not None:
+            self.writer.write_now([runner.writer for runner in runners if not runner.writer.running])
+            return
         for runner in runners:
             runner.write_pending()
 
@@ -213,5 +229,7 @@ class SharedTicker:
                     runner.end_tick(started[name], done, by_lane.get(name, []))
                 except Exception as error:
                     runner.count_error(error)
+        if self.writer is not None:  # every latent offered: one batch writes them all
+            self.writer.wake()
         ms = 1000.0
         self._cycle_parts = ((began - cycle_started) * ms, self.tick_ms, (time.perf_counter() - done) * ms)

@@ -5,7 +5,8 @@ It runs on a thread of its own and, on a GPU, on a high-priority CUDA stream of 
 latents it re-decodes the newest one at the moving playhead (gap-fill) before the last window runs out, so the
 region about to play is always the freshest audio there is. The lead follows the measured time from reading the
 playhead to the patch being in the buffer, its jitter, and the output's block (audio within a block past the
-playhead may already be read).
+playhead may already be read). On a ring of several sessions one `RingWriter` (ring_writer.py) decodes every due
+session's window in one batch instead of a thread per session.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +28,9 @@ from .latency import RunnerStats
 from .loop_buffer import LoopBuffer
 from .loop_map import LoopMap
 from .realtime import raise_thread_priority
+
+if TYPE_CHECKING:
+    from .ring_writer import RingWriter
 
 FADE_FRAMES = 480  # 10 ms equal-gain edges on every patch
 WAKE_MARGIN_S = 0.008  # beyond the measured write time and the output's block: a late wake-up
@@ -39,6 +45,36 @@ tick lengthens the window, and a shape decoded for the first time then (plain, i
 device lock held that a tick's capture waits for) cost a first touch 100-200 ms."""
 
 
+def decode_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A high-priority CUDA stream for a writer's decodes (None off a GPU), so they overlap the next tick."""
+    return torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+
+
+@contextmanager
+def writing_thread(cuda_stream: torch.cuda.Stream | None) -> Iterator[None]:
+    """Set up the calling thread as a writer: raised priority, and its decodes on `cuda_stream` (on a CPU, one
+    core, so the ticks keep the others)."""
+    raise_thread_priority()
+    if cuda_stream is None:
+        torch.set_num_threads(1)
+    with torch.cuda.stream(cuda_stream) if cuda_stream is not None else nullcontext():
+        yield
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """One write, planned: the latent, its freshness ((request sequence, tick) of a new latent, None for a gap-fill),
+    when the playhead was read, the first buffer frame the patch replaces, the window's start in the latent (s) and
+    the samples of the decoded window before that frame."""
+
+    latent: torch.Tensor
+    fresh: tuple[int, int] | None
+    read_at: float
+    start: int
+    window_start_s: float
+    into: int
+
+
 class AheadWriter:
     def __init__(
         self,
@@ -50,21 +86,24 @@ class AheadWriter:
         min_patch_s: float,
         loop_filled: bool,
         loop_map: LoopMap,
+        ring: RingWriter | None = None,
     ):
         """`loop_filled`: the buffer already holds the loop (else the first latent is decoded whole into it);
-        `loop_map`: where the buffer's audio lies on the latents offered."""
+        `loop_map`: where the buffer's audio lies on the latents offered; `ring`: the ring's writer that decodes
+        this session's windows with the others' once started (else a thread of its own does)."""
         self.session, self.buffer, self.stats, self.loop_map = session, buffer, stats, loop_map
         self._on_error = on_error
         self._lead_range_s, self._min_patch_s = lead_range_s, min_patch_s
         self._loop_filled = loop_filled
         if loop_filled:
             stats.audio_from_frames = buffer.played_frames
+        self._ring = ring
         self._decode = session.window_decoder()
-        cuda = session.device.type == "cuda"
-        self._cuda_stream = torch.cuda.Stream(session.device, priority=-1) if cuda else None
+        self._cuda_stream = decode_stream(session.device) if ring is None else None
         self._latest: torch.Tensor | None = None
         self._pending: tuple[torch.Tensor, torch.cuda.Event | None, int, int] | None = None
         self._last_write: float | None = None
+        self._written_s = 0.0  # the last decoded window's length (s): the playhead passes its end about then
         self._adapted = False  # the averages are set (by the first steady write)
         self._ready = threading.Condition()
         self._stopping = False
@@ -72,12 +111,15 @@ class AheadWriter:
 
     @property
     def running(self) -> bool:
+        if self._ring is not None:
+            return self._ring.writes_for(self)
         return self._thread is not None and self._thread.is_alive()
 
     @property
     def graph_counters(self) -> dict[str, int]:
-        """The window decoder's graph counters (captures, replays, failures)."""
-        return dict(vars(self._decode.counters))
+        """The window decoder's graph counters (captures, replays, failures): the ring writer's on a ring."""
+        decoder = self._decode if self._ring is None else self._ring.decoder
+        return dict(vars(decoder.counters))
 
     def offer(self, latent: torch.Tensor, fresh_from: int, tick: int) -> None:
         """A latent finished by tick `tick`, its request made at registry sequence `fresh_from`; one not yet taken
@@ -105,18 +147,29 @@ class AheadWriter:
             self._write(latent, fresh)
 
     def start(self) -> None:
+        if self._ring is not None:
+            self._ring.add(self)
+            return
         self._thread = threading.Thread(target=self._run, name="flowjam-writer", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float) -> None:
+        if self._ring is not None:
+            self._ring.remove(self, timeout_s)  # a batch writing this session ends first
+            return
         with self._ready:
             self._stopping = True
             self._ready.notify()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def take(self) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
+        """(latent to write, (its request's sequence, its tick) if it is new, None for a gap-fill); on a GPU the
+        calling thread's stream waits for the latent to be made."""
+        with self._ready:
+            return self._take()
+
     def _take(self) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
-        """(latent to write, (its request's sequence, its tick) if it is new, None for a gap-fill)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return self._latest, None
@@ -128,19 +181,26 @@ class AheadWriter:
         self._latest = latent
         return latent, tuple(fresh)
 
+    def due_at(self) -> float:
+        """When the next write is due (perf_counter s): at once for an offered latent, else a gap-fill's time;
+        never, with nothing to write."""
+        with self._ready:
+            if self._pending is not None:
+                return 0.0
+            if self._latest is None:
+                return math.inf
+        return time.perf_counter() + self._gap_s()
+
     def _gap_s(self) -> float:
         """Time until a gap-fill is due: before the playhead passes the last window, less a write."""
         stats = self.stats
         if self._last_write is None:
             return 0.05
-        due = self._last_write + stats.patch_s - stats.lead_s - 2.0 * stats.write_s
+        due = self._last_write + self._written_s - stats.lead_s - 2.0 * stats.write_s
         return max(MIN_GAP_S, due - time.perf_counter())
 
     def _run(self) -> None:
-        raise_thread_priority()
-        if self._cuda_stream is None:  # on a CPU the decode takes one core, so the ticks keep the others
-            torch.set_num_threads(1)
-        with torch.cuda.stream(self._cuda_stream) if self._cuda_stream is not None else nullcontext():
+        with writing_thread(self._cuda_stream):
             while True:
                 with self._ready:
                     self._ready.wait_for(lambda: self._pending is not None or self._stopping, self._gap_s())
@@ -157,43 +217,56 @@ class AheadWriter:
 
     def _write(self, latent: torch.Tensor, fresh: tuple[int, int] | None) -> None:
         """Decode the window at playhead + lead and patch it into the loop buffer."""
-        stats = self.stats
-        hop, loop_map = self.session.models.vae.hop_samples, self.loop_map
-        rate = self.buffer.sample_rate
-        frames = latent.shape[1]
-        if not self._loop_filled:  # the first latent fills the whole loop: no never-written (silent) region is left
-            self.buffer.fill(loop_map.loop_audio(self.session.decode(latent), FADE_FRAMES))
-            self._loop_filled = True
-            stats.audio_from_frames = self.buffer.played_frames
-        if stats.writes == 0:  # window shapes a steady stream uses, captured before they are needed
+        if self.stats.writes == 0:  # window shapes a steady stream uses, captured before they are needed
             self._decode.warm_up(latent, WARM_WINDOWS_S, DECODE_MARGIN_FRAMES)
+        plan = self.plan(latent, fresh)
+        audio = self._decode(latent, plan.window_start_s, self.stats.patch_s, DECODE_MARGIN_FRAMES, cyclic=True)
+        self.land(plan, audio.cpu(), warm_up=self._decode.last_was_warm_up)  # .cpu(): waits for the decode only
+
+    def plan(self, latent: torch.Tensor, fresh: tuple[int, int] | None) -> WritePlan:
+        """Read the playhead: where the next patch starts (playhead + lead) and the window that holds it. The first
+        latent of a loop not yet filled is decoded whole into it first."""
+        if not self._loop_filled:  # the first latent fills the whole loop: no never-written (silent) region is left
+            self.buffer.fill(self.loop_map.loop_audio(self.session.decode(latent), FADE_FRAMES))
+            self._loop_filled = True
+            self.stats.audio_from_frames = self.buffer.played_frames
+        hop, frames = self.session.models.vae.hop_samples, latent.shape[1]
         read_at = time.perf_counter()
-        start = self.buffer.playhead_frames + int(stats.lead_s * rate)  # the first sample the new audio replaces
-        latent_at = loop_map.latent_sample(start)
+        start = self.buffer.playhead_frames + int(self.stats.lead_s * self.buffer.sample_rate)
+        latent_at = self.loop_map.latent_sample(start)  # the first sample the new audio replaces
         frame, into = (latent_at // hop) % frames, latent_at % hop  # the latent frame holding it, and where in it
-        audio = self._decode(
-            latent, frame / LATENT_RATE_HZ, stats.patch_s, DECODE_MARGIN_FRAMES, cyclic=True
-        ).cpu()  # on a GPU this waits for the decode only (the writer's own stream): the audio is real from here on
+        return WritePlan(latent, fresh, read_at, start, frame / LATENT_RATE_HZ, into)
+
+    def land(self, plan: WritePlan, audio: torch.Tensor, warm_up: bool = False) -> None:
+        """Patch the decoded window (host audio [2, samples] from the plan's window start) into the loop buffer from
+        the plan's start exactly, and follow the write in the figures. `warm_up`: its decode captured a new shape
+        (a one-off time the lead need not cover)."""
+        stats, rate = self.stats, self.buffer.sample_rate
         decoded = time.perf_counter()
-        audio = loop_map.splice(audio[:, into:], start, FADE_FRAMES)  # from playhead + lead exactly
-        self.buffer.patch(start, audio, FADE_FRAMES)
+        window_s = audio.shape[1] / rate
+        audio = self.loop_map.splice(audio[:, plan.into :], plan.start, FADE_FRAMES)
+        self.buffer.patch(plan.start, audio, FADE_FRAMES)
         patched = time.perf_counter()
-        stats.decode_ms = (decoded - read_at) * 1000.0
+        stats.decode_ms = (decoded - plan.read_at) * 1000.0
         stats.writes += 1
-        if fresh is not None:
-            stats.written_seq = fresh[0]
+        if plan.fresh is not None:
+            stats.written_seq = plan.fresh[0]
         interval = None if self._last_write is None else patched - self._last_write
-        self._last_write = patched
-        if not self._decode.last_was_warm_up:  # a one-off capture is not the write time the lead must cover
-            self._adapt(interval, patched - read_at)
+        self._last_write, self._written_s = patched, window_s
+        if not warm_up:
+            self._adapt(interval, patched - plan.read_at)
         playhead = self.buffer.playhead_frames
-        if 0 <= playhead - start < audio.shape[1]:  # the playhead passed the patch's start: heard from now
+        if 0 <= playhead - plan.start < audio.shape[1]:  # the playhead passed the patch's start: heard from now
             stats.late_writes += 1
             ahead_s = 0.0
         else:
-            ahead_s = ((start - playhead) % self.buffer.frames) / rate
-        if fresh is not None:
-            stats.latency.heard(patched, patched + ahead_s, *fresh)
+            ahead_s = ((plan.start - playhead) % self.buffer.frames) / rate
+        if plan.fresh is not None:
+            stats.latency.heard(patched, patched + ahead_s, *plan.fresh)
+
+    def fail(self, error: Exception) -> None:
+        """A write of this session failed (the stream plays on from the buffer)."""
+        self._on_error(error)
 
     def _adapt(self, interval_s: float | None, write_s: float) -> None:
         """The lead covers the time from reading the playhead to the patch being in the buffer (the decode and the

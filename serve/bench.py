@@ -38,10 +38,16 @@ class SessionsReport:
     graphs: GraphCounters | None = None  # the ring's tick graphs at the end (None on a backend without graphs)
     writes: int = 0  # audio patches every session wrote during the knobs' turns
     late_writes: int = 0  # of them, those the playhead had reached before they landed (their fade-in cut short)
+    write_batches: int = 0  # the ring writer's batches that wrote them (0: a writer thread per session)
 
     def realtime(self, interval_ms: float, ear_ms: float) -> bool:
         shared = self.knobs[0]
         return self.refused is None and self.latent_interval_ms <= interval_ms and shared.ear_ms_p95 <= ear_ms
+
+
+def _write_batches(host) -> int:
+    writer = host.ticker.writer
+    return 0 if writer is None else writer.batches
 
 
 def _wait(predicate, timeout_s: float, what: str) -> None:
@@ -135,6 +141,7 @@ def measure_sessions(
         _wait(lambda: all(r.stats.writes > 1 for r in runners), 600, "every session's first writes")
         settle_s = _settle(host, all_started)
         writes_before = [(r.stats.writes, r.stats.late_writes) for r in runners]
+        batches_before = _write_batches(host)
         ticks = []
         summaries = []
         intervals = []
@@ -173,6 +180,7 @@ def measure_sessions(
             host.ticker.pipeline.graph_counters,
             sum(r.stats.writes - before[0] for r, before in zip(runners, writes_before)),
             sum(r.stats.late_writes - before[1] for r, before in zip(runners, writes_before)),
+            _write_batches(host) - batches_before,
         )
     finally:
         for name in host.names():

@@ -13,7 +13,7 @@ from flowjam.engine.lora import lora_set
 from flowjam.live.app import add_lora_knobs
 from flowjam.live.knobs import KnobRegistry
 from flowjam.live.loop_buffer import LoopBuffer
-from flowjam.live.runner import LiveRunner
+from flowjam.live.runner import LiveRunner, RunnerConfig
 from flowjam.live.shared_ticker import SharedTicker
 from flowjam.live.sync.grid import Grid
 from flowjam.serve.bench import measure_sessions
@@ -29,14 +29,24 @@ TICKS = 16
 class Player:
     """A runner on a loop buffer of its own, on `ring` or alone, stepped by hand."""
 
-    def __init__(self, session, prompt: str, knobs: dict, ring: SharedTicker | None = None, name: str = "me"):
+    def __init__(
+        self,
+        session,
+        prompt: str,
+        knobs: dict,
+        ring: SharedTicker | None = None,
+        name: str = "me",
+        config: RunnerConfig | None = None,
+    ):
         self.registry = KnobRegistry()
         add_lora_knobs(self.registry, session)
         for knob, value in knobs.items():
             self.registry.set(knob, value, origin="test")
         frames = round(SECONDS * 25) * session.models.vae.hop_samples
         self.buffer = LoopBuffer(frames, channels=2, sample_rate=session.sample_rate)
-        self.runner = LiveRunner(session, self.registry, self.buffer, prompt, ticker=ring, name=name)
+        self.runner = LiveRunner(
+            session, self.registry, self.buffer, prompt, ticker=ring, name=name, config=config or RunnerConfig()
+        )
         self.latents: list[torch.Tensor] = []
 
     def collect(self) -> None:
@@ -141,6 +151,51 @@ def test_ending_a_session_leaves_the_others_playing(session, players):
         time.sleep(0.01)
     assert b.runner.stats.latents >= latents + 3 and b.runner.alive and not a.runner.alive
     assert b.runner.stats.errors == 0, b.runner.stats.last_error
+
+
+PINNED_WRITES = RunnerConfig(min_lead_s=0.1, max_lead_s=0.1, patch_s=4.0)  # every write from 0.1 s, 4 s or more
+
+
+def test_one_ring_writer_writes_each_session_its_own_audio(session, players):
+    """The ring's writer decodes every session's window in one batch: each buffer gets its own session's newest
+    latent, decoded (no output reads the buffers: the playhead stays at 0, so every write starts at the 0.1 s lead)."""
+    ring = SharedTicker(session, batched_writes=True)
+    sessions = [("mellow piano", ME), ("breakbeat drums", DRUMS), ("choir pad", {**ME, "seed": 3})]
+    played = [players(prompt, knobs, ring, f"s{i}", PINNED_WRITES) for i, (prompt, knobs) in enumerate(sessions)]
+    for _ in range(12):
+        ring.step()
+    assert ring.writer.windows > ring.writer.batches > 0, "no batch held more than one session's window"
+    rate, hop, fade = session.sample_rate, session.models.vae.hop_samples, 480
+    start = int(0.1 * rate)
+    kept = slice(start + fade, start + 3 * rate)  # inside the newest write, past its fade-in
+    heard = [player.buffer.snapshot()[:, kept] for player in played]
+    for index, player in enumerate(played):
+        assert player.runner.stats.writes >= 3 and player.runner.stats.errors == 0, player.runner.stats.last_error
+        window = session.decode(player.runner.latest, t_start=(start // hop) / 25, window_s=4.0, cyclic=True)
+        own = window[:, start % hop + fade : start % hop + 3 * rate].numpy()
+        np.testing.assert_allclose(heard[index], own, atol=1e-5, err_msg=f"session {index} holds other audio")
+    assert np.abs(heard[0] - heard[1]).max() > 1e-3, "two sessions' buffers hold the same audio"
+
+
+@pytest.mark.parametrize("batched_writes", [False, True], ids=["a writer each", "one ring writer"])
+def test_ending_a_session_while_the_ring_writes_leaves_the_others_written(session, players, batched_writes):
+    ring = SharedTicker(session, batched_writes=batched_writes)
+    a, b = players("a", ME, ring, "a"), players("b", ME, ring, "b")
+    a.runner.start(), b.runner.start()
+    deadline = time.monotonic() + 60
+    while min(a.runner.stats.writes, b.runner.stats.writes) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert a.runner.writer.running and b.runner.writer.running
+    a.runner.stop()
+    writes = b.runner.stats.writes
+    while b.runner.stats.writes < writes + 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert b.runner.stats.writes >= writes + 3 and not a.runner.writer.running
+    assert b.runner.stats.errors == 0, b.runner.stats.last_error
+    if batched_writes:
+        assert ring.writer.windows > ring.writer.batches, "the two sessions' windows were never decoded together"
+        ring.stop()
+        assert not b.runner.writer.running, "the ring's writer outlived the ring"
 
 
 # ---- the host ------------------------------------------------------------------------------------------------
@@ -295,10 +350,13 @@ def test_a_host_started_with_a_lora_gives_every_session_its_own_strength_knob(gl
         host.close()
 
 
-def test_the_sessions_bench_plays_every_session_follows_its_knobs_to_the_ear_and_splits_the_cycle(session, tint_lora):
+@pytest.mark.parametrize("batched_writes", [False, True], ids=["a writer each", "one ring writer"])
+def test_the_sessions_bench_plays_every_session_follows_its_knobs_to_the_ear_and_splits_the_cycle(
+    session, tint_lora, batched_writes
+):
     backend, session.backend = session.backend, "graph"  # the tick-plan path CI can run: the bench waits it settles
     try:
-        host = RingHost(session, latent_interval_ms=ADMIT_ANY_SPEED_MS)
+        host = RingHost(session, latent_interval_ms=ADMIT_ANY_SPEED_MS, batched_writes=batched_writes)
     finally:
         session.backend = backend
     try:
@@ -307,6 +365,7 @@ def test_the_sessions_bench_plays_every_session_follows_its_knobs_to_the_ear_and
         host.close()
     assert report.sessions == 2 and report.refused is None and report.errors == 0
     assert 0 <= report.late_writes <= report.writes and report.writes >= 2 * report.sessions
+    assert (report.write_batches > 0) == batched_writes and report.write_batches <= report.writes
     assert [summary.knob for summary in report.knobs] == ["velocity_scale", "denoise"]
     assert 0 < report.latent_interval_ms < 60_000 and 0 < report.restarting_interval_ms < 60_000
     assert report.cycles_per_latent > 0 and report.settle_s is not None and None not in report.touch_settle_s

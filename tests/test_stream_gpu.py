@@ -118,6 +118,66 @@ def test_window_decoder_replays_the_plain_decode_without_host_syncs():
 
 
 @cuda
+def test_a_batch_of_windows_replays_each_window_as_decoded_alone():
+    """The full-size VAE (random weights, bf16): three sessions' windows in one captured decode (rows padded to 4)
+    are each window's own plain decode, to bf16's rounding (a batch's convolutions run other kernels: ~1 % apart after
+    the VAE's ~200 layers; another session's window is ~12 % apart: random weights' outputs look alike)."""
+    from flowjam.engine.audio.window_decode import WindowDecoder
+    from flowjam.engine.models.presets import get_preset
+    from flowjam.engine.models.vae import OobleckVAE
+
+    device = torch.device("cuda")
+    vae = OobleckVAE(get_preset("turbo-2b").vae).to(device, torch.bfloat16).eval()
+    latents = [torch.randn(1, 500, 64, device=device, dtype=torch.bfloat16) for _ in range(3)]
+    starts = [19.7, 0.0, 7.3]  # the first across the seam
+    alone = WindowDecoder(vae, device, torch.bfloat16, capture=False)
+    expected = [alone(latent, start, 0.6, margin_frames=12) for latent, start in zip(latents, starts)]
+    decoder = WindowDecoder(vae, device, torch.bfloat16)
+    for _ in range(2):  # plain warm-up, then the capture
+        decoder.decode_many(latents, starts, 0.6, margin_frames=12)
+    with no_host_sync():
+        replayed = decoder.decode_many(latents, starts, 0.6, margin_frames=12)
+    assert decoder.counters.captures == 1 and decoder.counters.replays == 1
+    for row, want in enumerate(expected):
+        error = ((replayed[row] - want).norm() / want.norm()).item()
+        assert error < 3e-2, f"row {row}: relative error {error:.2e}"
+    assert ((replayed[0] - replayed[1]).norm() / expected[1].norm()).item() > 0.06, "two rows decoded one window"
+
+
+@cuda
+def test_one_ring_writer_writes_every_session_from_its_stream_while_graph_ticks_run():
+    from flowjam.live.knobs import KnobRegistry
+    from flowjam.live.loop_buffer import LoopBuffer
+    from flowjam.live.runner import LiveRunner
+    from flowjam.live.shared_ticker import SharedTicker
+
+    session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
+    ring = SharedTicker(session, backend="graph", batched_writes=True)
+    buffers = [LoopBuffer(10 * 25 * 1920, channels=2, sample_rate=session.sample_rate) for _ in range(3)]
+    runners = [
+        LiveRunner(session, KnobRegistry(), buffer, f"ring writer {i}", ticker=ring, name=f"s{i}")
+        for i, buffer in enumerate(buffers)
+    ]
+    for runner in runners:
+        runner.start()
+    try:
+        time.sleep(5.0)
+        statuses = [runner.status() for runner in runners]
+    finally:
+        for runner in runners:
+            runner.stop()
+        ring.stop()
+        for buffer in buffers:
+            buffer.unlink()
+    for status, runner in zip(statuses, runners):
+        assert status["errors"] == 0, status["last_error"]
+        assert runner.stats.writes > 10, runner.stats
+    counters = ring.writer.decoder.counters
+    assert ring.writer.windows > ring.writer.batches, "no batch held two sessions' windows"
+    assert counters.replays > 0 and counters.capture_failures == 0, counters
+
+
+@cuda
 def test_runner_writes_from_its_own_cuda_stream_while_graph_ticks_run():
     from flowjam.live.knobs import KnobRegistry
     from flowjam.live.loop_buffer import LoopBuffer

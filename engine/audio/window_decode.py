@@ -1,6 +1,6 @@
 """Windowed VAE decodes: which latent frames a window needs (`plan_window`, pure), and `WindowDecoder`, which
-decodes windows as CUDA-graph replays, one graph per window shape, so a short window costs its work rather than
-the launch overhead of the VAE's hundreds of kernels."""
+decodes windows as CUDA-graph replays, one graph per window shape and batch size, so a short window costs its work
+rather than the launch overhead of the VAE's hundreds of kernels, and the windows of several sessions one launch."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import nn
 from ..params import LATENT_RATE_HZ
 from ..stream.tick_graph import StaticTensors, TickGraphs
 
-WINDOW_GRAPHS = 16  # window shapes kept captured (least recently used dropped first)
+WINDOW_GRAPHS = 48  # window shapes (lengths by batch rows) kept captured (least recently used dropped first)
 MAX_CAPTURED_WINDOW_S = 1.6  # longer windows (a loop that fell behind, a whole-loop fill) always decode plain
 
 
@@ -65,10 +65,19 @@ def plan_window(frames: int, t_start: float, window_s: float, margin_frames: int
     return WindowPlan(start, keep, margin_frames, tuple(segments))
 
 
+def batch_rows(count: int) -> int:
+    """The rows a batch of `count` windows is decoded with: the next power of two, so a few captured shapes serve
+    every count."""
+    if count < 1:
+        raise ValueError(f"a batch needs at least one window, got {count}")
+    return 1 << (count - 1).bit_length()
+
+
 class WindowDecoder:
     """Windowed decodes of a VAE for one thread at a time: on a GPU the first decode of a window shape runs plain,
     the second is captured, later ones replay it; elsewhere (or with `capture=False`) every decode runs plain
-    through the same static tensors. Returns a new tensor each call: the same audio as `Session.decode`."""
+    through the same static tensors. Several latents' windows of one length decode as one batch (`decode_many`).
+    Returns a new tensor each call: the same audio as `Session.decode`."""
 
     def __init__(self, vae: nn.Module, device: torch.device, dtype: torch.dtype, capture: bool = True):
         self.vae, self.dtype = vae, dtype
@@ -81,36 +90,64 @@ class WindowDecoder:
     def counters(self):
         return self._graphs.counters
 
+    @property
+    def captures(self) -> bool:
+        return self._graphs.capture
+
     def __call__(
         self, latent: torch.Tensor, t_start: float, window_s: float, margin_frames: int, cyclic: bool = True
     ) -> torch.Tensor:
         """Stereo float audio [2, keep * hop] of the window (see `plan_window`)."""
-        window = plan_window(latent.shape[1], t_start, window_s, margin_frames, cyclic)
-        shape = (1, window.input_frames, latent.shape[-1])
+        return self.decode_many([latent], [t_start], window_s, margin_frames, cyclic)[0]
+
+    def decode_many(
+        self,
+        latents: list[torch.Tensor],
+        starts_s: list[float],
+        window_s: float,
+        margin_frames: int,
+        cyclic: bool = True,
+    ) -> torch.Tensor:
+        """Stereo float audio [len(latents), 2, keep * hop]: each latent's window of `window_s` from its start, in
+        one decode. Every window must need as many input frames (latents no shorter than the window)."""
+        if len(latents) != len(starts_s):
+            raise ValueError(f"{len(latents)} latents but {len(starts_s)} window starts")
+        windows = [plan_window(z.shape[1], t, window_s, margin_frames, cyclic) for z, t in zip(latents, starts_s)]
+        first = windows[0]
+        if any((w.input_frames, w.left, w.keep) != (first.input_frames, first.left, first.keep) for w in windows):
+            raise ValueError(
+                f"windows of one batch must have one length: {window_s} s is longer than some latents "
+                f"({sorted({z.shape[1] for z in latents})} frames); decode those apart"
+            )
+        rows = batch_rows(len(latents))
+        shape = (rows, first.input_frames, latents[0].shape[-1])
         static_in = self._static.get("latent", shape, self.dtype)
-        static_out = self._static.get("audio", (2, window.keep * self.hop), torch.float32)
-        at = 0
-        for lo, hi in window.segments:
-            static_in.narrow(1, at, hi - lo).copy_(latent[:, lo:hi])
-            at += hi - lo
-        kept = window.kept_samples(self.hop)
+        static_out = self._static.get("audio", (rows, 2, first.keep * self.hop), torch.float32)
+        for row, (latent, window) in enumerate(zip(latents, windows)):
+            at = 0
+            for lo, hi in window.segments:
+                static_in[row].narrow(0, at, hi - lo).copy_(latent[0, lo:hi])
+                at += hi - lo
+        kept = first.kept_samples(self.hop)
 
         def decode() -> None:
-            audio = self.vae.decode(static_in.transpose(1, 2))[0]
-            static_out.copy_(audio[:, kept])
+            static_out.copy_(self.vae.decode(static_in.transpose(1, 2))[:, :, kept])
 
         counters = self._graphs.counters
         before = (counters.new_plans, counters.captures)
         with torch.no_grad():
             self._graphs.run((shape, kept.start), decode, capture=window_s <= MAX_CAPTURED_WINDOW_S)
         self.last_was_warm_up = (counters.new_plans, counters.captures) != before
-        return static_out.clone()
+        return static_out[: len(latents)].clone()
 
-    def warm_up(self, latent: torch.Tensor, windows_s: tuple[float, ...], margin_frames: int) -> None:
-        """Run and capture these window lengths now, so no later decode of them pays for it (nothing to do where
-        decodes are not captured)."""
+    def warm_up(
+        self, latent: torch.Tensor, windows_s: tuple[float, ...], margin_frames: int, rows: tuple[int, ...] = (1,)
+    ) -> None:
+        """Run and capture these window lengths, in batches of these rows, now, so no later decode of them pays for
+        it (nothing to do where decodes are not captured)."""
         if not self._graphs.capture:
             return
-        for window_s in windows_s:
-            for _ in range(2):
-                self(latent, 0.0, window_s, margin_frames)
+        for count in rows:
+            for window_s in windows_s:
+                for _ in range(2):
+                    self.decode_many([latent] * count, [0.0] * count, window_s, margin_frames)
