@@ -149,6 +149,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "writer in batches (batched)",
     )
     sessions.add_argument(
+        "--overlap",
+        action="store_true",
+        help="the ring prepares the next tick and hands out the last one's latents while the GPU runs it (needs "
+        "--writes batched)",
+    )
+    sessions.add_argument(
         "--lora-rank",
         type=int,
         help="attach a random live LoRA of this rank on every attention and MLP projection; each session plays it "

@@ -47,9 +47,13 @@ def bench_sessions(args: argparse.Namespace) -> int:
         lora_set(decoder).attach(random_lora(decoder, lora, args.lora_rank, seed=0), 1.0, "live")
         print(f"  a live LoRA of rank {args.lora_rank}, each session at its own strength")
     batched = args.writes == "batched"
-    host = RingHost(session, latent_interval_ms=args.interval_ms, batched_writes=batched)  # admission learns throughout
-    writer = host.ticker.writer
-    print(f"  windows written by {'one ring writer, in batches' if writer else 'a writer thread per session'}")
+    if args.overlap and not batched:
+        raise CommandError("--overlap needs --writes batched (the ring's writer is woken once each tick has ended)")
+    # one host for every count: admission learns from each
+    host = RingHost(session, latent_interval_ms=args.interval_ms, batched_writes=batched, overlap_ticks=args.overlap)
+    writer = "one ring writer, in batches" if batched else "a writer thread per session"
+    cycle = "; the next tick prepared while the GPU runs the last" if args.overlap else ""
+    print(f"  windows written by {writer}{cycle}")
     try:
         for count in args.sessions:
             r = measure_sessions(

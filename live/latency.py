@@ -65,11 +65,13 @@ class LatencyTracker:
         with self._lock:
             self._pending.append(LatencyRecord(change, kind, tick, waited))
 
-    def tick_done(self, at: float, fresh_from: int | None) -> None:
-        """A tick ended at `at`; `fresh_from` is the tag of the request it finished (None if none finished)."""
+    def tick_done(self, at: float, fresh_from: int | None, tick: int | None = None) -> None:
+        """Tick `tick` ended at `at`; `fresh_from` is the tag of the request it finished (None if none finished).
+        Changes applied to a later tick (a ring that overlaps its ticks applies the next one's knobs before this one
+        ends) wait for theirs."""
         with self._lock:
             for record in self._pending:
-                if record.tick_done_at is not None:
+                if record.tick_done_at is not None or (tick is not None and record.applied_tick > tick):
                     continue
                 if record.kind is KnobKind.SHARED or (fresh_from is not None and fresh_from >= record.change.seq):
                     record.tick_done_at = at

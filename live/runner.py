@@ -328,18 +328,43 @@ class LiveRunner:
 
     def end_tick(self, started: float, tick_done: float, finished: list[Finished]) -> None:
         """A tick's second half: its figures, and the newest finished latent to the writer."""
-        latency = self.stats.latency
         self.stats.ticks += 1
-        self.stats.tick_ms = (tick_done - started) * 1000.0
-        fresh_from: int | None = None
-        if finished:
-            self._latest = self._landed(finished)
-            fresh_from = self._latest_seq = finished[-1].request.tag
-            self.stats.latents += len(finished)
-            self.stats.latent_times.extend([tick_done] * len(finished))
-        latency.tick_done(tick_done, fresh_from)
+        fresh_from = self._land(finished)
+        self.tick_ended(started, tick_done, len(finished), fresh_from, self.stats.ticks)
         if fresh_from is not None:
             self._writer.offer(self._latest, fresh_from, self.stats.ticks)
+
+    def hand_out(self, finished: list[Finished]) -> tuple[int, int | None]:
+        """A tick launched and not yet ended (a ring that overlaps its ticks): its latents to the writer now (they
+        are ready once the device gets past the tick) -> (the tick's number, the tag of the request it finished or
+        None), for `tick_ended` once it has ended."""
+        self.stats.ticks += 1
+        fresh_from = self._land(finished)
+        if fresh_from is not None:
+            self._writer.offer(self._latest, fresh_from, self.stats.ticks)
+        return self.stats.ticks, fresh_from
+
+    def apply_knobs(self) -> None:
+        """Knob changes since the last tick's start (a ring that overlaps its ticks applies them again just before
+        launching one, so a shared knob moved during the runners' turns is in it)."""
+        self._apply_knobs()
+
+    def tick_ended(self, started: float, tick_done: float, latents: int, fresh_from: int | None, tick: int) -> None:
+        """Tick `tick` (begun at `started`) ended at `tick_done`, finishing `latents` (the newest from request
+        `fresh_from`): its figures."""
+        self.stats.tick_ms = (tick_done - started) * 1000.0
+        if latents:
+            self.stats.latents += latents
+            self.stats.latent_times.extend([tick_done] * latents)
+        self.stats.latency.tick_done(tick_done, fresh_from, tick)
+
+    def _land(self, finished: list[Finished]) -> int | None:
+        """The finished latents merged in as the latent the writer decodes -> the newest one's request tag."""
+        if not finished:
+            return None
+        self._latest = self._landed(finished)
+        self._latest_seq = finished[-1].request.tag
+        return self._latest_seq
 
     def _landed(self, finished: list[Finished]) -> torch.Tensor:
         """The latent the writer decodes from now on: the newest whole loop, or, windowed, the timeline with the

@@ -53,6 +53,15 @@ class CyclePhases:
         self.cycles += 1
 
 
+@dataclass
+class InFlight:
+    """A tick launched and handed out whose end the ring has not waited for yet: when it was launched, and per lane
+    (runner, when its turn began, the tick's number, the latents it finished, the newest one's request tag)."""
+
+    launched: float
+    lanes: dict[str, tuple[object, float, int, int, int | None]]
+
+
 class SharedTicker:
     def __init__(
         self,
@@ -60,12 +69,17 @@ class SharedTicker:
         backend: str | None = None,
         latent_interval_ms: float = REALTIME_LATENT_INTERVAL_MS,
         batched_writes: bool = False,
+        overlap_ticks: bool = False,
     ):
         """`latent_interval_ms`: what admission control promises every session, a fresh latent at least that
         often (see `RealtimeNeed`). `batched_writes`: one writer thread decodes every session's due windows in one
         batch (`RingWriter`) instead of a writer thread per session. Measured on an H200 at 4 and 8 sessions it
         wrote fewer patches late at 8 but heard a shared knob later (docs/benchmarks.md, "One writer per ring"),
-        so it is not the default."""
+        so it is not the default. `overlap_ticks` (with `batched_writes`): the runners prepare the next tick and the
+        hand-out runs while the GPU runs the last one (see `_overlapped_cycle`): at 8 sessions a cycle 8 % shorter,
+        a shared knob heard later (docs/benchmarks.md), so not the default either."""
+        if overlap_ticks and not batched_writes:
+            raise ValueError("overlap_ticks needs batched_writes: the ring's writer is woken once each tick has ended")
         self.session = session
         self.latent_interval_ms = latent_interval_ms
         self.pipeline = StreamPipeline(
@@ -73,6 +87,8 @@ class SharedTicker:
         )
         self.pipeline.cycle_costs = True  # admission learns what a whole cycle of this ring costs, not the tick alone
         self.writer = RingWriter(session) if batched_writes else None
+        self.overlap_ticks = overlap_ticks
+        self._in_flight: InFlight | None = None  # the tick launched and handed out, not yet waited for
         self._cycle_started: float | None = None
         self._cycle_parts: tuple[float, float, float] | None = None  # the last cycle's runners, tick and hand-out (ms)
         self._runners: dict[str, object] = {}  # lane name -> LiveRunner, in the order they came
@@ -169,7 +185,11 @@ class SharedTicker:
         batch where the ring's writes are batched)."""
         with self._lock:
             runners = list(self._runners.values())
-            self._tick(runners)
+            if self.overlap_ticks:
+                self._overlapped_cycle(runners)
+                self._end_in_flight()  # stepped by hand: each step's tick ends within it
+            else:
+                self._tick(runners)
         if self.writer is not None:
             self.writer.write_now([runner.writer for runner in runners if not runner.writer.running])
             return
@@ -181,15 +201,22 @@ class SharedTicker:
         while True:
             with self._lock:
                 while not self._playing and not self._stopping:
+                    self._end_in_flight()
                     self._cycle_started = None  # a wait for sessions is no part of a cycle's cost
                     self._lock.wait()
                 if self._stopping:
+                    self._end_in_flight()
                     return
-                self._tick([runner for name, runner in self._runners.items() if name in self._playing])
+                playing = [runner for name, runner in self._runners.items() if name in self._playing]
+                if self.overlap_ticks:
+                    self._overlapped_cycle(playing)
+                else:
+                    self._tick(playing)
             if self._waiting:
                 time.sleep(0.0005)
 
-    def _tick(self, runners: list) -> None:
+    def _begin_cycle(self) -> float:
+        """A cycle starts: the last one's length and parts into the phases."""
         cycle_started = time.perf_counter()
         cycle_ms = None if self._cycle_started is None else (cycle_started - self._cycle_started) * 1000.0
         if cycle_ms is not None:
@@ -198,30 +225,101 @@ class SharedTicker:
                 self.phases.add(*self._cycle_parts, cycle_ms)
         self._cycle_started = cycle_started
         self._cycle_parts = None
+        return cycle_started
+
+    def _runners_turns(self, runners: list) -> dict[str, float]:
+        """Every runner's first half (messages, knobs, its request) -> when each began, by lane."""
         started: dict[str, float] = {}
         for runner in runners:
             try:
                 started[runner.stream.name] = runner.begin_tick()
             except Exception as error:  # one session's bad message or knob must not stop the others
                 runner.count_error(error)
-        self.cycle_starts.append(cycle_started)
-        began = time.perf_counter()
+        return started
+
+    def _launch(self, runners: list, wait: bool) -> dict[str, list] | None:
+        """The ring's tick (`wait`: until the GPU has run it) -> the latents it finished, by lane; None if it failed
+        (every runner counts the error)."""
         try:
             finished = self.pipeline.tick()
             if self._tick_done is not None:
                 self._tick_done.record()
-                self._tick_done.synchronize()
+                if wait:
+                    self._tick_done.synchronize()
         except Exception as error:
             for runner in runners:
                 runner.count_error(error)
             time.sleep(0.01)
+            return None
+        by_lane: dict[str, list] = defaultdict(list)
+        for result in finished:
+            by_lane[result.lane].append(result)
+        return by_lane
+
+    def _overlapped_cycle(self, runners: list) -> None:
+        """A cycle whose host work runs beside the GPU's tick: every runner's turn (messages, knobs, its request)
+        while the last tick runs, then the wait for it (its figures), the knobs that came meanwhile, the launch of
+        the next tick and at once its hand-out (the timeline's merges queue behind the tick on the device; nothing
+        here reads the device) and the ring's writer woken (it waits for the tick's latents itself). The device's
+        work keeps the order of `_tick`'s, so the audio is the same; a shared knob is applied up to the launch."""
+        cycle_started = self._begin_cycle()
+        started = self._runners_turns(runners)
+        began = time.perf_counter()
+        self._end_in_flight()
+        waited = time.perf_counter()
+        for runner in runners:
+            if runner.stream.name in started:
+                try:
+                    runner.apply_knobs()
+                except Exception as error:
+                    runner.count_error(error)
+        self.cycle_starts.append(time.perf_counter())
+        launched = time.perf_counter()
+        by_lane = self._launch(runners, wait=False)
+        if by_lane is None:
+            return
+        lanes = {}
+        for runner in runners:
+            name = runner.stream.name
+            if name in started:
+                try:
+                    lane_finished = by_lane.get(name, [])
+                    tick, fresh_from = runner.hand_out(lane_finished)
+                    lanes[name] = (runner, started[name], tick, len(lane_finished), fresh_from)
+                except Exception as error:
+                    runner.count_error(error)
+        self._in_flight = InFlight(launched, lanes)
+        self.writer.wake()  # it waits for the tick's latents itself, then writes them at once
+        ms = 1000.0
+        self._cycle_parts = ((began - cycle_started) * ms, (waited - began) * ms, (time.perf_counter() - launched) * ms)
+
+    def _end_in_flight(self) -> None:
+        """Wait for the tick in flight, if any, and note its figures."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        if self._tick_done is not None:
+            self._tick_done.synchronize()
+        done = time.perf_counter()
+        self.ticks += 1
+        self.tick_ms = (done - in_flight.launched) * 1000.0
+        for runner, started, tick, latents, fresh_from in in_flight.lanes.values():
+            try:
+                runner.tick_ended(started, done, latents, fresh_from, tick)
+            except Exception as error:
+                runner.count_error(error)
+
+    def _tick(self, runners: list) -> None:
+        cycle_started = self._begin_cycle()
+        started = self._runners_turns(runners)
+        self.cycle_starts.append(cycle_started)
+        began = time.perf_counter()
+        by_lane = self._launch(runners, wait=True)
+        if by_lane is None:
             return
         done = time.perf_counter()
         self.ticks += 1
         self.tick_ms = (done - began) * 1000.0
-        by_lane: dict[str, list] = defaultdict(list)
-        for result in finished:
-            by_lane[result.lane].append(result)
         for runner in runners:
             name = runner.stream.name
             if name in started:

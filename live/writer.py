@@ -165,15 +165,18 @@ class AheadWriter:
 
     def take(self) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
         """(latent to write, (its request's sequence, its tick) if it is new, None for a gap-fill); on a GPU the
-        calling thread's stream waits for the latent to be made."""
+        calling thread waits for the latent to be made (a ring that overlaps its ticks offers latents of a tick
+        still running: a write's time, from its playhead read on, must not hold that tick)."""
         with self._ready:
-            return self._take()
+            return self._take(host_waits=True)
 
-    def _take(self) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
+    def _take(self, host_waits: bool = False) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
         pending, self._pending = self._pending, None
         if pending is None:
             return self._latest, None
         latent, ready, *fresh = pending
+        if ready is not None and host_waits:
+            ready.synchronize()
         if ready is not None:  # read on this thread's stream: wait for the offering stream, and keep the memory
             # from being handed to that stream again while a decode here still reads it
             torch.cuda.current_stream(latent.device).wait_event(ready)

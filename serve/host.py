@@ -168,11 +168,18 @@ class RingHost:
         block_frames: int = BLOCK_FRAMES,
         window_seconds: float = DEFAULT_WINDOW_SECONDS,
         batched_writes: bool = False,
+        overlap_ticks: bool = False,
     ):
-        """`window_seconds`: a session's window when its create gives none; `batched_writes`: see `SharedTicker`."""
+        """`window_seconds`: a session's window when its create gives none; `batched_writes`, `overlap_ticks`: see
+        `SharedTicker`."""
         self.session = session
         self.window_seconds = check_window_seconds(window_seconds)
-        self.ticker = SharedTicker(session, latent_interval_ms=latent_interval_ms, batched_writes=batched_writes)
+        self.ticker = SharedTicker(
+            session,
+            latent_interval_ms=latent_interval_ms,
+            batched_writes=batched_writes,
+            overlap_ticks=overlap_ticks,
+        )
         self.block_frames = block_frames
         self._sessions: dict[str, HostedSession] = {}
         self._starting: set[str] = set()  # names being created (outside the lock)

@@ -177,6 +177,57 @@ def test_one_ring_writer_writes_each_session_its_own_audio(session, players):
     assert np.abs(heard[0] - heard[1]).max() > 1e-3, "two sessions' buffers hold the same audio"
 
 
+def test_a_ring_that_overlaps_its_ticks_plays_bit_for_bit_what_it_plays_in_turn(session, players):
+    """The overlapped cycle (runners' turns and hand-out beside the GPU's tick) queues the same work in the same
+    order: with the knobs moved between steps, every latent is the plain cycle's, bit for bit, and so is the audio
+    written."""
+    sessions = [("mellow piano", ME), ("breakbeat drums", DRUMS)]
+    played = {}
+    for overlap in (False, True):
+        ring = SharedTicker(session, batched_writes=True, overlap_ticks=overlap)
+        pair = [players(prompt, knobs, ring, f"s{i}", PINNED_WRITES) for i, (prompt, knobs) in enumerate(sessions)]
+        moves = {3: [(pair[1], "velocity_scale", 1.4)], 5: [(pair[0], "guidance", 3.0)], 7: [(pair[1], "denoise", 0.6)]}
+        play_ring(ring, pair, ticks=12, at=moves)
+        played[overlap] = pair
+    for plain, overlapped in zip(played[False], played[True]):
+        assert len(overlapped.latents) == len(plain.latents) >= 3
+        for index, (a, b) in enumerate(zip(plain.latents, overlapped.latents)):
+            assert torch.equal(a, b), f"latent {index}: the overlapped cycle changed it"
+        assert overlapped.runner.stats.writes == plain.runner.stats.writes
+        written = slice(0, int(3.1 * session.sample_rate))  # the writes' first 3 s: their length follows timing,
+        # and a longer window's convolutions round a last bit differently
+        np.testing.assert_allclose(
+            overlapped.buffer.snapshot()[:, written], plain.buffer.snapshot()[:, written], atol=1e-6
+        )
+        assert overlapped.runner.stats.ticks == plain.runner.stats.ticks == 12
+        assert overlapped.runner.stats.errors == 0, overlapped.runner.stats.last_error
+    with pytest.raises(ValueError, match="overlap_ticks needs batched_writes"):
+        SharedTicker(session, overlap_ticks=True)
+
+
+def test_a_ring_that_overlaps_its_ticks_hears_each_sessions_knob_and_ends_cleanly(session, players):
+    ring = SharedTicker(session, batched_writes=True, overlap_ticks=True)
+    a, b = players("a", ME, ring, "a"), players("b", ME, ring, "b")
+    a.runner.start(), b.runner.start()
+    wait_for(lambda: min(a.runner.stats.writes, b.runner.stats.writes) >= 3, 60, "both sessions' first writes")
+    a.registry.set("velocity_scale", 1.3, origin="test")
+    b.registry.set("denoise", 0.5, origin="test")
+
+    def heard(player: Player, knob: str) -> list:
+        return [record for record in player.runner.stats.latencies if record.change.name == knob]
+
+    wait_for(lambda: heard(a, "velocity_scale") and heard(b, "denoise"), 60, "both knobs heard")
+    for player, knob, kind in ((a, "velocity_scale", "shared"), (b, "denoise", "request")):
+        (record,) = heard(player, knob)
+        assert record.kind.value == kind and 0 < record.knob_to_tick_ms < record.knob_to_ear_ms, record
+    a.runner.stop()
+    writes = b.runner.stats.writes
+    wait_for(lambda: b.runner.stats.writes >= writes + 3, 60, "the other session's writes after one ended")
+    assert b.runner.stats.errors == 0 and a.runner.stats.errors == 0, b.runner.stats.last_error
+    ring.stop()
+    assert not ring.alive and not b.runner.writer.running
+
+
 @pytest.mark.parametrize("batched_writes", [False, True], ids=["a writer each", "one ring writer"])
 def test_ending_a_session_while_the_ring_writes_leaves_the_others_written(session, players, batched_writes):
     ring = SharedTicker(session, batched_writes=batched_writes)

@@ -145,14 +145,15 @@ def test_a_batch_of_windows_replays_each_window_as_decoded_alone():
 
 
 @cuda
-def test_one_ring_writer_writes_every_session_from_its_stream_while_graph_ticks_run():
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain cycle", "overlapped cycle"])
+def test_one_ring_writer_writes_every_session_from_its_stream_while_graph_ticks_run(overlap):
     from flowjam.live.knobs import KnobRegistry
     from flowjam.live.loop_buffer import LoopBuffer
     from flowjam.live.runner import LiveRunner
     from flowjam.live.shared_ticker import SharedTicker
 
     session = Session.load(preset="tiny", device="cuda", dtype=torch.bfloat16)
-    ring = SharedTicker(session, backend="graph", batched_writes=True)
+    ring = SharedTicker(session, backend="graph", batched_writes=True, overlap_ticks=overlap)
     buffers = [LoopBuffer(10 * 25 * 1920, channels=2, sample_rate=session.sample_rate) for _ in range(3)]
     runners = [
         LiveRunner(session, KnobRegistry(), buffer, f"ring writer {i}", ticker=ring, name=f"s{i}")
@@ -171,7 +172,7 @@ def test_one_ring_writer_writes_every_session_from_its_stream_while_graph_ticks_
             buffer.unlink()
     for status, runner in zip(statuses, runners):
         assert status["errors"] == 0, status["last_error"]
-        assert runner.stats.writes > 10, runner.stats
+        assert runner.stats.writes > 10 and runner.stats.latents > 5, runner.stats
     counters = ring.writer.decoder.counters
     assert ring.writer.windows > ring.writer.batches, "no batch held two sessions' windows"
     assert counters.replays > 0 and counters.capture_failures == 0, counters

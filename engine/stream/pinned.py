@@ -1,5 +1,7 @@
 """Host -> GPU copies through reused page-locked buffers: pinning a fresh tensor costs about a millisecond of host
-time per call on an H200 (most of a graph-replayed tick's host budget), a reused buffer costs nothing."""
+time per call on an H200 (most of a graph-replayed tick's host budget), a reused buffer costs nothing. A shape copied
+many times while the GPU is busy (eight sessions' window curves prepared while the ring's tick runs) gets more
+buffers rather than a wait for the copy queued behind that tick."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-BUFFERS_PER_SHAPE = 4  # copies of one shape that may be in flight at once
+BUFFERS_PER_SHAPE = 4  # buffers a shape starts with; more are pinned while all of them wait for their copies
+MAX_BUFFERS_PER_SHAPE = 64  # then a copy waits for the oldest buffer's
 
 
 @dataclass
@@ -42,12 +45,15 @@ class PinnedStaging:
             return
         ring = self._rings.setdefault((tuple(tensor.shape), tensor.dtype), _Ring())
         index = ring.next
-        ring.next = (index + 1) % BUFFERS_PER_SHAPE
-        if index == len(ring.buffers):
-            ring.buffers.append(torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True))
-            ring.copied.append(torch.cuda.Event())
+        grow = len(ring.buffers) < BUFFERS_PER_SHAPE or (
+            len(ring.buffers) < MAX_BUFFERS_PER_SHAPE and not ring.copied[index].query()
+        )
+        if grow:  # a new buffer in the ring's order, before the busy one (the oldest stays next-but-one)
+            ring.buffers.insert(index, torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True))
+            ring.copied.insert(index, torch.cuda.Event())
         else:
             ring.copied[index].synchronize()
+        ring.next = (index + 1) % len(ring.buffers)
         staged = ring.buffers[index]
         staged.copy_(tensor)
         out.copy_(staged, non_blocking=True)
