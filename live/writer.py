@@ -5,8 +5,8 @@ It runs on a thread of its own and, on a GPU, on a high-priority CUDA stream of 
 latents it re-decodes the newest one at the moving playhead (gap-fill) before the last window runs out, so the
 region about to play is always the freshest audio there is. The lead follows the measured time from reading the
 playhead to the patch being in the buffer, its jitter, and the output's block (audio within a block past the
-playhead may already be read). On a ring of several sessions one `RingWriter` (ring_writer.py) decodes every due
-session's window in one batch instead of a thread per session.
+playhead may already be read). A ring of several sessions can have one `RingWriter` (ring_writer.py) decode every
+due session's window in one batch instead (`SharedTicker(batched_writes=True)`).
 """
 
 from __future__ import annotations
