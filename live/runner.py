@@ -316,7 +316,7 @@ class LiveRunner:
     def begin_tick(self) -> float:
         """A tick's first half: messages, knobs and this tick's request; -> when the tick started."""
         self._drain_messages()
-        self._apply_knobs()
+        self.apply_knobs()
         started = time.perf_counter()
         if self._tick_started is not None:
             self.stats.loop_s += EMA_WEIGHT * (started - self._tick_started - self.stats.loop_s)
@@ -331,8 +331,7 @@ class LiveRunner:
         self.stats.ticks += 1
         fresh_from = self._land(finished)
         self.tick_ended(started, tick_done, len(finished), fresh_from, self.stats.ticks)
-        if fresh_from is not None:
-            self._writer.offer(self._latest, fresh_from, self.stats.ticks)
+        self._offer(fresh_from)
 
     def hand_out(self, finished: list[Finished]) -> tuple[int, int | None]:
         """A tick launched and not yet ended (a ring that overlaps its ticks): its latents to the writer now (they
@@ -340,14 +339,8 @@ class LiveRunner:
         None), for `tick_ended` once it has ended."""
         self.stats.ticks += 1
         fresh_from = self._land(finished)
-        if fresh_from is not None:
-            self._writer.offer(self._latest, fresh_from, self.stats.ticks)
+        self._offer(fresh_from)
         return self.stats.ticks, fresh_from
-
-    def apply_knobs(self) -> None:
-        """Knob changes since the last tick's start (a ring that overlaps its ticks applies them again just before
-        launching one, so a shared knob moved during the runners' turns is in it)."""
-        self._apply_knobs()
 
     def tick_ended(self, started: float, tick_done: float, latents: int, fresh_from: int | None, tick: int) -> None:
         """Tick `tick` (begun at `started`) ended at `tick_done`, finishing `latents` (the newest from request
@@ -365,6 +358,11 @@ class LiveRunner:
         self._latest = self._landed(finished)
         self._latest_seq = finished[-1].request.tag
         return self._latest_seq
+
+    def _offer(self, fresh_from: int | None) -> None:
+        """The newest latent to the writer, if this tick finished one."""
+        if fresh_from is not None:
+            self._writer.offer(self._latest, fresh_from, self.stats.ticks)
 
     def _landed(self, finished: list[Finished]) -> torch.Tensor:
         """The latent the writer decodes from now on: the newest whole loop, or, windowed, the timeline with the
@@ -435,7 +433,9 @@ class LiveRunner:
         if slot != "negative":
             self._blends.clear()
 
-    def _apply_knobs(self) -> None:
+    def apply_knobs(self) -> None:
+        """Knob changes since the last pass, onto the stream (a ring that overlaps its ticks passes again just before
+        launching one, so a shared knob moved during the runners' turns is in it)."""
         for change in self.registry.changes_since(self._seq_applied):
             spec = self.registry.specs[change.name]
             if change.name.startswith(LORA_KNOB_PREFIX):

@@ -273,8 +273,8 @@ class SharedTicker:
                     runner.apply_knobs()
                 except Exception as error:
                     runner.count_error(error)
-        self.cycle_starts.append(time.perf_counter())
         launched = time.perf_counter()
+        self.cycle_starts.append(launched)
         by_lane = self._launch(runners, wait=False)
         if by_lane is None:
             return

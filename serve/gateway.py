@@ -201,9 +201,7 @@ def make_app(router: SessionRouter, policy: AccessPolicy | None = None) -> FastA
             for outcome in outcomes:
                 if isinstance(outcome, Exception) and not isinstance(outcome, (WebSocketDisconnect, OSError)):
                     log.error("stream of session %s failed", session, exc_info=outcome)
-        if (
-            outcomes[1] is True
-        ):  # the client asked: the server closes, so the stream ends as a finished request everywhere
+        if outcomes[1] is True:  # the client asked: the server closes, so the stream ends as a finished request
             await link.close(CLOSE_NORMAL)
 
     return app
