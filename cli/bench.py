@@ -1,13 +1,14 @@
 """`flowjam bench TARGET`: benchmarks that print numbers. The flags of every target are here; what each target
 measures and prints is in bench_models (dit, decode, lm), bench_ticks (tick, ring, lora), bench_live (latency, soak, sync),
-bench_sessions (sessions) and bench_plugin (plugin)."""
+bench_sessions (sessions), bench_served (served) and bench_plugin (plugin)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..engine.params import MAX_STEPS, REALTIME_LATENT_INTERVAL_MS, song_frames
-from . import bench_live, bench_models, bench_plugin, bench_sessions, bench_ticks
+from . import bench_live, bench_models, bench_plugin, bench_served, bench_sessions, bench_ticks
 from .flags import (
     CommandError,
     add_backend,
@@ -16,10 +17,12 @@ from .flags import (
     add_depth,
     add_device,
     add_dtype,
+    add_key_file,
     add_lm_preset,
     add_model_arguments,
     add_precision,
     add_preset,
+    add_server_url,
     add_song_seconds,
     add_steps,
     add_time_signature,
@@ -39,6 +42,7 @@ TARGETS = {
     "decode": bench_models.bench_decode,
     "latency": bench_live.bench_latency,
     "sessions": bench_sessions.bench_sessions,
+    "served": bench_served.bench_served,
     "soak": bench_live.bench_soak,
     "lm": bench_models.bench_lm,
     "kernels": bench_models.bench_kernels,
@@ -56,8 +60,9 @@ COUNTS = (
     "tokens",
     "lora_rank",
     "bars",
+    "rounds",
 )  # 1 or more
-AMOUNTS = ("minutes", "window", "interval_ms", "ear_ms")  # finite, above 0
+AMOUNTS = ("minutes", "window", "interval_ms", "ear_ms", "interval_s", "recreate_timeout_s")  # finite, above 0
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -162,6 +167,42 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_model_arguments(sessions)
 
+    served = targets.add_parser(
+        "served",
+        help="a running server (serve --local, or on Ray Serve) measured from outside over HTTP and WebSocket, as "
+        "players use it: creates, placement, latent interval, a shared knob -> ear, a replica killed",
+    )
+    add_server_url(served)
+    add_key_file(served)
+    served.add_argument("--sessions", type=int, default=8, help="sessions created, one at a time (default 8)")
+    served.add_argument("--prompt", default="lofi hip hop, mellow piano", help="every session's caption (prompt A)")
+    add_song_seconds(served, 60.0, help="each session's loop length (s)")
+    add_window_seconds(served)
+    add_depth(served)
+    add_cfg_mode(served, "off")
+    served.add_argument(
+        "--rounds", type=int, default=6, help="rounds of velocity_scale turned on every session at once (default 6)"
+    )
+    served.add_argument("--interval-s", type=float, default=3.0, help="between the rounds' starts (s, default 3)")
+    served.add_argument(
+        "--kill-replica",
+        action="store_true",
+        help="then kill the replica holding the most sessions (Ray Serve only; joins the server's Ray cluster): its "
+        "sessions' lost events, the others' gaps, and their re-creates",
+    )
+    served.add_argument(
+        "--address",
+        default="auto",
+        help="with --kill-replica: the Ray cluster the server runs on ('auto', the default: the one on this machine)",
+    )
+    served.add_argument(
+        "--recreate-timeout-s",
+        type=float,
+        default=120.0,
+        help="how long re-creates refused with 503 are tried again (s, default 120)",
+    )
+    served.add_argument("--json", type=Path, help="also write every figure to this JSON file")
+
     soak = targets.add_parser("soak", help="play for N minutes under a knob storm and prompt swaps")
     soak.add_argument("--minutes", type=float, default=2.0, help="how long to play")
     soak.add_argument(
@@ -248,7 +289,8 @@ def add_stream(parser: argparse.ArgumentParser, song_seconds: float, cfg: str) -
 
 def run(args: argparse.Namespace) -> int:
     check_bench_args(args)
-    check_device(args.device)
+    if "device" in args:  # `served` measures a server elsewhere: no device here
+        check_device(args.device)
     return TARGETS[args.target](args)
 
 

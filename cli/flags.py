@@ -301,9 +301,23 @@ def add_audio_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list-devices", action="store_true", help="print audio output devices and exit")
 
 
+def add_server_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", default="http://127.0.0.1:8000", help="the server's URL (flowjam serve)")
+
+
+def add_key_file(parser: argparse.ArgumentParser, more_help: str = "") -> None:
+    """--key-file: the server key of `flowjam serve` (the environment's FLOWJAM_SERVE_KEY otherwise)."""
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        help="a file whose first line is the server key, needed to create and list sessions (or set "
+        f"FLOWJAM_SERVE_KEY){more_help}",
+    )
+
+
 def add_server_arguments(parser: argparse.ArgumentParser, session_required: bool = True) -> None:
     """Where a served session is and what opens it: the server's URL, the session's name and its token."""
-    parser.add_argument("--server", default="http://127.0.0.1:8000", help="the server's URL (flowjam serve)")
+    add_server_url(parser)
     parser.add_argument(
         "--session", required=session_required, help="the session's name (as POST /sessions returned it)"
     )

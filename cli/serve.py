@@ -6,10 +6,10 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 
 from .flags import (
     add_backend,
+    add_key_file,
     add_lora_arguments,
     add_model_arguments,
     add_window_seconds,
@@ -29,12 +29,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--address", help="Ray cluster to join ('auto': the one `ray start --head` runs here)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (anything but loopback must be asked for)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--key-file",
-        type=Path,
-        help="a file whose first line is the server key, needed to create and list sessions (or set "
-        "FLOWJAM_SERVE_KEY); required to bind anything but loopback",
-    )
+    add_key_file(parser, "; required to bind anything but loopback")
     parser.add_argument(
         "--allow-host", action="append", default=[], metavar="NAME", help="another name clients reach it by (Host)"
     )

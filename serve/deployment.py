@@ -42,6 +42,7 @@ from .gateway import LocalRouter, make_app
 from .host import HostOptions
 
 APP_NAME = "flowjam"
+SERVE_NAMESPACE = "serve"  # where Serve names its actors
 MULTIPLEXED_SESSIONS = 16 * MAX_LANES  # the multiplex LRU never reaches this: a host refuses sessions past MAX_LANES
 REPLICA_REQUESTS = 64 * MAX_LANES  # every audio stream is a request in flight for as long as it plays
 GATEWAY_REQUESTS = 4096  # every WebSocket too
@@ -418,6 +419,11 @@ class Gateway:
 
     def __serve_build_asgi_app__(self):
         return make_app(self.router, self.policy)
+
+
+def replica_actor_name(replica: str) -> str:
+    """The name of the Ray actor behind RingReplica `replica` (its id), in SERVE_NAMESPACE: what `ray.kill` takes."""
+    return f"SERVE_REPLICA::{APP_NAME}#{RingReplica.name}#{replica}"
 
 
 def build_app(

@@ -4,6 +4,7 @@ records what is played, and the ComfyUI nodes driven without ComfyUI (text condi
 import contextlib
 import random
 import socket
+import threading
 import time
 
 import numpy as np
@@ -26,6 +27,28 @@ def wait_for(predicate, timeout_s: float, what, poll_s: float = 0.01):
             pytest.fail(f"timed out after {timeout_s:g} s waiting for {what() if callable(what) else what}")
         time.sleep(poll_s)
     return value
+
+
+@contextlib.contextmanager
+def served(host, policy=None):
+    """The gateway over `host` (a RingHost) on a free loopback port -> its URL; the host is closed afterwards.
+    `policy`: the server's AccessPolicy (default: loopback, no server key)."""
+    import uvicorn
+    from flowjam.serve.gateway import LocalRouter, listening_socket, make_app
+
+    router = LocalRouter(host)
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(make_app(router, policy), log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, args=([sock],), name="test-uvicorn", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 10.0, "uvicorn to start")
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10.0)
+        router.close()
+        host.close()
 
 
 QUIET_PORTS = range(20000, 32000)
@@ -325,3 +348,24 @@ def check_fused_op_fakes(device: str) -> None:
             fp8_inputs = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
             # the schema check compares inputs before and after with arithmetic e4m3 tensors do not have
             torch.library.opcheck(op, args, test_utils=OPCHECKS_FP8_INPUTS if fp8_inputs else DEFAULT_OPCHECKS)
+
+
+HALVES = ("x", "queries", "first layer's x", "first layer's queries", "layer output")
+
+
+def both_halves(layer, ops, x, modulation, rope, heads) -> tuple:
+    """A DiT layer's two halves through `ops` (`HALVES`): after another layer, whose MLP output is pending, and as
+    the first layer; the second half's output with its MLP output added, as the next layer adds it."""
+    import torch
+    from flowjam.engine.models.dit import gated_add
+
+    generator = torch.Generator().manual_seed(1)
+    pending = tuple(
+        torch.randn(shape, generator=generator).to(x.device, x.dtype) * scale
+        for shape, scale in ((x.shape, 1.0), ((x.shape[0], 1, x.shape[2]), 0.1))
+    )
+    layer_modulation = layer.modulation(modulation)
+    x_out, queries = layer.attend_self(x, pending, layer_modulation, rope, None, ops)
+    first_layer = layer.attend_self(x, None, layer_modulation, rope, None, ops)
+    finished, mlp_pending = layer.finish(x, heads, layer_modulation, ops)
+    return x_out, queries, *first_layer, gated_add(finished, *mlp_pending)

@@ -15,8 +15,10 @@ from flowjam.engine.models.dit import EAGER_OPS, DiTLayer
 from flowjam.engine.models.layers import rope_cos_sin
 from flowjam.engine.models.presets import get_preset
 from helpers import (
+    HALVES,
     assert_a_tick_replays_without_host_sync,
     assert_close_latents,
+    both_halves,
     check_fused_op_fakes,
     stream_latents,
 )
@@ -236,19 +238,13 @@ def test_an_fp8_layer_through_the_fused_ops_reads_quantised_rows_and_equals_the_
     mlp = layer.mlp
     with torch.no_grad():
         handed = FUSED_OPS.modulated_norm(layer.mlp_norm, x, None, None, (mlp.gate_proj, mlp.up_proj))
-        eager = (
-            *eager_layer.attend_self(x, modulation, rope, None, EAGER_OPS),
-            eager_layer.finish(x, heads, modulation, EAGER_OPS),
-        )
+        eager = both_halves(eager_layer, EAGER_OPS, x, modulation, rope, heads)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiled:
-            fused = (
-                *layer.attend_self(x, modulation, rope, None, FUSED_OPS),
-                layer.finish(x, heads, modulation, FUSED_OPS),
-            )
+            fused = both_halves(layer, FUSED_OPS, x, modulation, rope, heads)
     assert isinstance(handed, Fp8Rows)
     kernels = {event.key for event in profiled.key_averages()}
     assert {"_add_norm_modulate", "_quantize_rows", "_norm_rope_columns"} <= kernels, kernels
-    for name, a, b in zip(("x", "queries", "finish"), fused, eager):
+    for name, a, b in zip(HALVES, fused, eager):
         error = _relative(a, b.float())
         assert error < 2e-2, f"{name} at {tokens} tokens: relative error {error:.2e}"
 
@@ -278,12 +274,10 @@ def test_a_dit_layer_through_the_fused_ops_equals_the_eager_layer(tokens, forced
     rope = rope_cos_sin(torch.arange(tokens, device="cuda"), config.head_dim, config.rope_theta, torch.bfloat16)
     heads = torch.randn(4, config.num_attention_heads, tokens, config.head_dim, device="cuda").bfloat16()
     with torch.no_grad():
-        eager = layer.attend_self(x, modulation, rope, None, EAGER_OPS)
-        eager_out = layer.finish(x, heads, modulation, EAGER_OPS)
+        eager = both_halves(layer, EAGER_OPS, x, modulation, rope, heads)
         with forced_path(fused=forced):
-            fused = layer.attend_self(x, modulation, rope, None, FUSED_OPS)
-            fused_out = layer.finish(x, heads, modulation, FUSED_OPS)
-    for name, a, b in (("x", fused[0], eager[0]), ("queries", fused[1], eager[1]), ("finish", fused_out, eager_out)):
+            fused = both_halves(layer, FUSED_OPS, x, modulation, rope, heads)
+    for name, a, b in zip(HALVES, fused, eager):
         error = _relative(a, b.float())
         assert error < 1e-2, f"{name} at {tokens} tokens: relative error {error:.2e}"
 

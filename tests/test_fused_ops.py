@@ -13,7 +13,7 @@ from flowjam.engine.models.dit import EAGER_OPS, DiTDecoder
 from flowjam.engine.models.layers import rope_cos_sin
 from flowjam.engine.models.presets import get_preset
 from flowjam.engine.stream.backends import decoder_forward
-from helpers import check_fused_op_fakes
+from helpers import HALVES, both_halves, check_fused_op_fakes
 
 
 def _decoder() -> DiTDecoder:
@@ -39,19 +39,13 @@ def test_fused_ops_equal_the_eager_layer_bit_for_bit_where_the_kernels_do_not_ru
     rope = rope_cos_sin(torch.arange(tokens), config.head_dim, config.rope_theta, torch.float32)
     heads = torch.randn(3, config.num_attention_heads, tokens, config.head_dim)
     with torch.no_grad():
-        eager = (
-            *layer.attend_self(x, modulation, rope, None, EAGER_OPS),
-            layer.finish(x, heads, modulation, EAGER_OPS),
-        )
+        eager = both_halves(layer, EAGER_OPS, x, modulation, rope, heads)
         with forced_path(True) if forced else contextlib.nullcontext():
-            fused = (
-                *layer.attend_self(x, modulation, rope, None, FUSED_OPS),
-                layer.finish(x, heads, modulation, FUSED_OPS),
-            )
-    for name, a, b in zip(("x", "queries", "finish"), fused, eager):
+            fused = both_halves(layer, FUSED_OPS, x, modulation, rope, heads)
+    for name, a, b in zip(HALVES, fused, eager):
         assert torch.equal(a, b), f"{name}: the fused ops' fallback differs from the eager layer"
-    with torch.no_grad():  # and the layer itself moves x: the check above compares something that changes
-        assert not torch.equal(eager[2], x)
+    assert not torch.equal(eager[0], x), "the pending MLP output was not added"
+    assert not torch.equal(eager[4], x), "the layer did not move x"
 
 
 def _moving_keeps_the_velocity(decoder: DiTDecoder, move, what: str) -> int:
@@ -137,22 +131,16 @@ def test_fp8_layers_through_the_fused_ops_read_their_input_quantised_by_the_norm
     rope = rope_cos_sin(torch.arange(tokens), config.head_dim, config.rope_theta, torch.float32)
     heads = torch.randn(2, config.num_attention_heads, tokens, config.head_dim)
     with torch.no_grad():
-        eager = (
-            *layer.attend_self(x, modulation, rope, None, EAGER_OPS),
-            layer.finish(x, heads, modulation, EAGER_OPS),
-        )
+        eager = both_halves(layer, EAGER_OPS, x, modulation, rope, heads)
         with forced_path(True) if forced else contextlib.nullcontext():
-            fused = (
-                *layer.attend_self(x, modulation, rope, None, FUSED_OPS),
-                layer.finish(x, heads, modulation, FUSED_OPS),
-            )
+            fused = both_halves(layer, FUSED_OPS, x, modulation, rope, heads)
         mlp, scale, shift = layer.mlp, modulation[:, None, 3], modulation[:, None, 4]
         handed = FUSED_OPS.modulated_norm(layer.mlp_norm, x, scale, shift, (mlp.gate_proj, mlp.up_proj))
         lora = LoraLinear(mlp.up_proj, SimpleNamespace(strengths=torch.ones(4), row_strengths=None))
         kept = FUSED_OPS.modulated_norm(layer.mlp_norm, x, scale, shift, (mlp.gate_proj, lora))
         activations = FUSED_OPS.swiglu(mlp, handed)
         down, eager_down = mlp.down_proj(activations), mlp.down_proj(EAGER_OPS.swiglu(mlp, handed))
-    for name, a, b in zip(("x", "queries", "finish"), fused, eager):
+    for name, a, b in zip(HALVES, fused, eager):
         assert torch.equal(a, b), f"{name}: the FP8 layer through the fused ops differs from the eager one"
     assert isinstance(handed, Fp8Rows) and handed.values.dtype == torch.float8_e4m3fn
     assert handed.values.shape == (2 * tokens, config.hidden_size) and handed.shape == tuple(x.shape)

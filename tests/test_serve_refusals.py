@@ -2,7 +2,6 @@
 another player's session, admission goes by the ring's measured latents one create at a time, JSON nested past the
 limit is a clear 400 (the stream goes on), a depth change answers what the ring applied, a loop's bar limit in bars."""
 
-import contextlib
 import json
 import threading
 import time
@@ -10,7 +9,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-import uvicorn
 from flowjam.engine.stream import RealtimeNeed
 from flowjam.engine.stream.lanes import AdmissionRefused, Lane, check_admission, deepened
 from flowjam.serve import admission as admission_module
@@ -18,32 +16,13 @@ from flowjam.serve import host as host_module
 from flowjam.serve import refusals
 from flowjam.serve.client import Client
 from flowjam.serve.errors import SessionRefused
-from flowjam.serve.gateway import LocalRouter, listening_socket, make_app
 from flowjam.serve.guard import MAX_JSON_DEPTH
 from flowjam.serve.host import RingHost, SessionSpec
 from flowjam.serve.protocol import AudioChunk
-from helpers import ADMIT_ANY_SPEED_MS, wait_for
+from helpers import ADMIT_ANY_SPEED_MS, served, wait_for
 
 SECRET = "alice-secret-jam"  # another player's session: no answer to anyone else may hold this name
 TIGHT_MS = 0.01  # a realtime need no ring keeps
-
-
-@contextlib.contextmanager
-def served(host: RingHost):
-    """The gateway over `host` on a free loopback port -> its URL; the host is closed afterwards."""
-    router = LocalRouter(host)
-    sock = listening_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(make_app(router), log_level="warning", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, args=([sock],), name="test-uvicorn", daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, 10.0, "uvicorn to start")
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10.0)
-        router.close()
-        host.close()
 
 
 def http(method: str, url: str, body: object = None, token: str | None = None) -> tuple[int, dict]:

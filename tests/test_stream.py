@@ -146,6 +146,23 @@ def test_shared_curve_overrides_per_slot_values_then_per_slot_values_return(sess
     assert all(torch.equal(x, y) for x, y in zip(refrozen, slot_states(pipeline)) if y is not None and x is not None)
 
 
+def test_a_curve_tensor_changed_in_place_is_heard_and_set_back_plays_bit_for_bit_as_before(session, prompts):
+    """The pipeline copies a host curve tensor to the device once while it is unchanged (a window walker hands the
+    same mask over every tick): an in-place change must still reach the next request."""
+    pipeline = StreamPipeline(session.models.acestep.decoder, depth=1)
+    curve = torch.full((FRAMES,), 1.0, dtype=torch.float64)  # not the stream's dtype: its device copy is a new tensor
+
+    def generated() -> torch.Tensor:
+        pipeline.submit(session.make_request(prompts[0], SECONDS, seed=5, velocity_scale=curve))
+        return pipeline.drain()[0].latent
+
+    before = generated()
+    curve[: FRAMES // 2] = 0.5
+    assert not torch.equal(generated(), before), "the curve's in-place change was not heard"
+    curve.fill_(1.0)
+    assert torch.equal(generated(), before), "the curve set back did not play as before"
+
+
 @pytest.mark.parametrize("depth, steps", [(1, 8), (4, 8), (4, 4), (8, 8)])
 @across_backends
 def test_free_pipeline_delivers_exactly_steps_ticks_later(session, prompts, backend, depth, steps):

@@ -26,10 +26,8 @@ class FusedOps(LayerOps):
     by the pass that makes it. LoRA-wrapped linears run as LayerOps' (the norm pass after them still runs)."""
 
     @staticmethod
-    def residual(
-        x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor | Fp8Rows, gate: torch.Tensor | None
-    ) -> torch.Tensor:
-        return LayerOps.residual(x, linear, _input_for(linear, inputs), gate)
+    def project(linear: nn.Module, inputs: torch.Tensor | Fp8Rows) -> torch.Tensor:
+        return linear(_input_for(linear, inputs))
 
     @staticmethod
     def self_attention(
@@ -72,20 +70,17 @@ class FusedOps(LayerOps):
             return Fp8Rows(values, row_scale, tuple(x.shape))
         return torch.ops.flowjam.norm_modulate(x, norm.weight, scale, shift, norm.eps)
 
-    def residual_norm(
+    def add_norm(
         self,
         x: torch.Tensor,
-        linear: nn.Module,
-        inputs: torch.Tensor,
+        delta: torch.Tensor,
         gate: torch.Tensor | None,
         norm: RMSNorm,
         scale: torch.Tensor | None,
         shift: torch.Tensor | None,
         into: tuple[nn.Module, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
-        """The projection alone (cuBLAS, or FP8 / LoRA-wrapped as it comes), then the gate, residual, norm and
-        modulation in one pass (quantising where every projection `into` is FP8)."""
-        delta = linear(_input_for(linear, inputs))
+        """The gate, residual, norm and modulation in one pass (quantising where every projection `into` is FP8)."""
         if _reads_fp8_rows(into):
             x, values, row_scale = torch.ops.flowjam.add_norm_quantize(
                 x, delta, gate, norm.weight, scale, shift, norm.eps

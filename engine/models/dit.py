@@ -76,6 +76,8 @@ class CrossGroup:
 
 
 CrossSlice = tuple[torch.Tensor, torch.Tensor, int, int]  # one group at one layer: keys, values, start, count
+Pending = tuple[torch.Tensor, torch.Tensor]
+"""A layer's MLP output and its gate, not yet added to x: the next layer adds them in its first norm's pass."""
 
 
 def _group_attention(attn: Attention, q: torch.Tensor, cross: tuple[CrossSlice, ...]) -> torch.Tensor:
@@ -161,36 +163,50 @@ class DiTLayer(nn.Module):
         self_mask: torch.Tensor | None,
         cross: tuple[CrossSlice, ...],
     ) -> torch.Tensor:
-        """One layer over every row; `cross` is this layer's K/V per condition group."""
-        return run_layer(LayerStages(), self, x, modulation, rope, self_mask, cross)
+        """One layer over every row (`modulation` the decoder's, [B, 6, H]); `cross` is this layer's K/V per
+        condition group."""
+        x, pending = run_layer(LayerStages(), self, x, None, self.modulation(modulation), rope, self_mask, cross)
+        return gated_add(x, *pending)
+
+    def modulation(self, modulation: torch.Tensor) -> torch.Tensor:
+        """This layer's six AdaLN vectors [B, 6, H] from the decoder's timestep modulation (what `attend_self` and
+        `finish` take; `DiTDecoder.layer_modulations` makes every layer's at once)."""
+        return self.scale_shift_table + modulation
 
     def attend_self(
         self,
         x: torch.Tensor,
+        pending: Pending | None,
         modulation: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         self_mask: torch.Tensor | None,
         ops: LayerOps | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer up to its cross-attention: modulated self-attention -> (x, cross-attention queries)."""
+        """The layer up to its cross-attention: the previous layer's `pending` MLP output added, then modulated
+        self-attention -> (x, cross-attention queries). `modulation`: this layer's (`DiTLayer.modulation`)."""
         ops = EAGER_OPS if ops is None else ops
-        shift, scale, gate = (self.scale_shift_table[:, :3] + modulation[:, :3]).chunk(3, dim=1)
+        shift, scale, gate = modulation[:, :3].chunk(3, dim=1)
         attn, cross = self.self_attn, self.cross_attn
-        h = ops.modulated_norm(self.self_attn_norm, x, scale, shift, (attn.q_proj, attn.k_proj, attn.v_proj))
+        into = (attn.q_proj, attn.k_proj, attn.v_proj)
+        if pending is None:
+            h = ops.modulated_norm(self.self_attn_norm, x, scale, shift, into)
+        else:
+            x, h = ops.add_norm(x, *pending, self.self_attn_norm, scale, shift, into)
         heads = attn.flat_heads(ops.self_attention(attn, h, rope, self_mask))
         x, h = ops.residual_norm(x, attn.o_proj, heads, gate, self.cross_attn_norm, None, None, (cross.q_proj,))
         return x, cross.query(h)
 
     def finish(
         self, x: torch.Tensor, cross_heads: torch.Tensor, modulation: torch.Tensor, ops: LayerOps | None = None
-    ) -> torch.Tensor:
-        """The layer after its cross-attention heads: output projection, then the modulated MLP."""
+    ) -> tuple[torch.Tensor, Pending]:
+        """The layer after its cross-attention heads: output projection, then the modulated MLP -> (x, the MLP's
+        output and gate, still to add: `Pending`)."""
         ops = EAGER_OPS if ops is None else ops
-        mlp_shift, mlp_scale, mlp_gate = (self.scale_shift_table[:, 3:] + modulation[:, 3:]).chunk(3, dim=1)
+        mlp_shift, mlp_scale, mlp_gate = modulation[:, 3:].chunk(3, dim=1)
         heads, mlp = self.cross_attn.flat_heads(cross_heads), self.mlp
         into = (mlp.gate_proj, mlp.up_proj)
         x, h = ops.residual_norm(x, self.cross_attn.o_proj, heads, None, self.mlp_norm, mlp_scale, mlp_shift, into)
-        return ops.residual(x, mlp.down_proj, ops.swiglu(mlp, h), mlp_gate)
+        return x, (ops.project(mlp.down_proj, ops.swiglu(mlp, h)), mlp_gate)
 
 
 def gated_add(x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -212,11 +228,9 @@ class LayerOps:
     (`Fp8Rows`), as they do the SwiGLU's activations to an FP8 down projection."""
 
     @staticmethod
-    def residual(
-        x: torch.Tensor, linear: nn.Module, inputs: torch.Tensor | Fp8Rows, gate: torch.Tensor | None
-    ) -> torch.Tensor:
-        """x + linear(inputs) * gate (gate [B, 1, N], one per batch row; None: no gate)."""
-        return gated_add(x, linear(inputs), gate)
+    def project(linear: nn.Module, inputs: torch.Tensor | Fp8Rows) -> torch.Tensor:
+        """linear(inputs), a projection whose output a residual adds."""
+        return linear(inputs)
 
     @staticmethod
     def self_attention(
@@ -242,6 +256,21 @@ class LayerOps:
         """norm(x) * (1 + scale) + shift (scale and shift [B, 1, N]; None: the norm alone)."""
         return modulated(norm(x), x, scale, shift)
 
+    def add_norm(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        gate: torch.Tensor | None,
+        norm: RMSNorm,
+        scale: torch.Tensor | None,
+        shift: torch.Tensor | None,
+        into: tuple[nn.Module, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
+        """(x', the next block's input): x' = x + delta * gate (gate [B, 1, N], one per batch row; None: no gate),
+        then `modulated_norm` of x'."""
+        x = gated_add(x, delta, gate)
+        return x, self.modulated_norm(norm, x, scale, shift, into)
+
     def residual_norm(
         self,
         x: torch.Tensor,
@@ -253,9 +282,8 @@ class LayerOps:
         shift: torch.Tensor | None,
         into: tuple[nn.Module, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
-        """(x', the next block's input): x' = x + linear(inputs) * gate, then `modulated_norm` of x'."""
-        x = self.residual(x, linear, inputs, gate)
-        return x, self.modulated_norm(norm, x, scale, shift, into)
+        """`add_norm` of linear(inputs)."""
+        return self.add_norm(x, self.project(linear, inputs), gate, norm, scale, shift, into)
 
 
 EAGER_OPS = LayerOps()
@@ -268,20 +296,22 @@ class LayerStages:
     tick, so compiled code never sees them and never recompiles for a new prompt or group layout."""
 
     attend_self: Callable[..., tuple[torch.Tensor, torch.Tensor]] = DiTLayer.attend_self
-    finish: Callable[..., torch.Tensor] = DiTLayer.finish
+    finish: Callable[..., tuple[torch.Tensor, Pending]] = DiTLayer.finish
 
 
 def run_layer(
     stages: LayerStages,
     layer: DiTLayer,
     x: torch.Tensor,
+    pending: Pending | None,
     modulation: torch.Tensor,
     rope: tuple[torch.Tensor, torch.Tensor],
     self_mask: torch.Tensor | None,
     cross: tuple[CrossSlice, ...],
-) -> torch.Tensor:
-    """One layer: its first half, the grouped cross-attention, its second half."""
-    x, queries = stages.attend_self(layer, x, modulation, rope, self_mask)
+) -> tuple[torch.Tensor, Pending]:
+    """One layer (the previous one's MLP output `pending`, this layer's `modulation`): its first half, the grouped
+    cross-attention, its second half -> (x, its own MLP output still to add)."""
+    x, queries = stages.attend_self(layer, x, pending, modulation, rope, self_mask)
     return stages.finish(layer, x, _group_attention(layer.cross_attn, queries, cross), modulation)
 
 
@@ -327,6 +357,12 @@ class DiTDecoder(nn.Module):
         else:
             temb_r, tproj_r = self.time_embed_r(t - t_r)
         return temb + temb_r, tproj + tproj_r
+
+    def layer_modulations(self, modulation: torch.Tensor) -> torch.Tensor:
+        """Every layer's `DiTLayer.modulation` at once, [layers, B, 6, H]: one kernel a forward, not one in each
+        layer half."""
+        tables = torch.cat([layer.scale_shift_table for layer in self.layers])
+        return tables.unsqueeze(1) + modulation.unsqueeze(0)
 
     def build_cross_kv(self, encoder_hidden_states: torch.Tensor) -> CrossKV:
         """Embed a condition [B, L, Hc] and project it to every layer's cross-attention K/V (every token attends,
@@ -377,9 +413,12 @@ class DiTDecoder(nn.Module):
         )
         sliding = band_mask(tokens, self.config.sliding_window, x.device)
         stages = LayerStages() if stages is None else stages
-        for index, layer in enumerate(self.layers):
+        pending = None
+        for index, (layer, layer_modulation) in enumerate(zip(self.layers, self.layer_modulations(modulation))):
             cross = tuple((g.kv.keys[index], g.kv.values[index], g.start, g.count) for g in groups)
-            x = run_layer(stages, layer, x, modulation, rope, sliding if layer.sliding else None, cross)
+            mask = sliding if layer.sliding else None
+            x, pending = run_layer(stages, layer, x, pending, layer_modulation, rope, mask, cross)
+        x = gated_add(x, *pending)
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
         x = (self.norm_out(x) * (1 + scale) + shift).type_as(x)
         return self.proj_out(x)[:, :frames]

@@ -14,7 +14,7 @@ import torch
 from ..kernels import fused_kernels_available
 from ..kernels.fused_ops import FUSED_OPS
 from ..kernels.ops import pair_mlp_weights, stack_qkv_weights
-from ..models.dit import DiTDecoder, DiTLayer, LayerStages
+from ..models.dit import DiTDecoder, DiTLayer, LayerStages, Pending
 from ..params import BACKENDS
 
 
@@ -22,7 +22,7 @@ def _attend_self(layer: DiTLayer, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
     return layer.attend_self(*inputs)
 
 
-def _finish(layer: DiTLayer, *inputs) -> torch.Tensor:
+def _finish(layer: DiTLayer, *inputs) -> tuple[torch.Tensor, Pending]:
     return layer.finish(*inputs)
 
 
@@ -30,7 +30,7 @@ def _attend_self_fused(layer: DiTLayer, *inputs) -> tuple[torch.Tensor, torch.Te
     return layer.attend_self(*inputs, ops=FUSED_OPS)
 
 
-def _finish_fused(layer: DiTLayer, *inputs) -> torch.Tensor:
+def _finish_fused(layer: DiTLayer, *inputs) -> tuple[torch.Tensor, Pending]:
     return layer.finish(*inputs, ops=FUSED_OPS)
 
 
@@ -40,12 +40,23 @@ def _rows_dynamic(compiled: Callable) -> Callable:
     performance stalls it for seconds."""
 
     def run(layer: DiTLayer, *inputs):
-        for tensor in inputs:
-            if isinstance(tensor, torch.Tensor) and tensor.dim() >= 3:  # rows first: x, modulation, cross heads
+        for tensor in _tensors(inputs):
+            if tensor.dim() >= 3:  # rows first: x, the pending MLP output and gate, modulation, cross heads
                 torch._dynamo.maybe_mark_dynamic(tensor, 0)
         return compiled(layer, *inputs)
 
     return run
+
+
+def _tensors(inputs: tuple) -> list[torch.Tensor]:
+    """The tensors among `inputs`, those inside tuples included."""
+    found = []
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, tuple):
+            found.extend(_tensors(value))
+    return found
 
 
 @functools.cache
@@ -59,7 +70,8 @@ def compiled_stages(fused: bool) -> LayerStages:
     return LayerStages(_rows_dynamic(torch.compile(attend_self)), _rows_dynamic(torch.compile(finish)))
 
 
-LAYER_VARIANTS = 16  # compiled variants of a layer half kept (sliding or not x precision x one row or several)
+LAYER_VARIANTS = 32  # compiled variants of a layer half kept (sliding or not x precision x one row or several x
+# the first layer's first half, with no MLP output pending, or the others')
 
 
 def decoder_forward(decoder: DiTDecoder, backend: str = "eager") -> Callable:

@@ -61,6 +61,7 @@ from .tick_graph import DEVICE_WORK, GraphCounters
 COST_SAMPLES = 64  # recent (rows, tick ms) pairs admission control predicts from
 MODULATION_CACHE_SIZE = 512
 CONSTANT_CURVES_KEPT = 256  # constant curves kept on the device, by (name, value)
+HOST_CURVES_KEPT = 64  # host tensor curves kept on the device, by the tensor (a window's mask: two per session)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class StreamPipeline:
         self._last_noise: tuple[tuple, torch.Tensor] | None = None
         self._event_pairs: list[tuple[Any, Any]] = []  # reused: at most three, two of them possibly still read
         self._constant_curves: OrderedDict[tuple[str, float], torch.Tensor] = OrderedDict()
+        self._host_curves: OrderedDict[int, tuple[torch.Tensor, int, torch.Tensor]] = OrderedDict()
         self.cycle_costs = False  # True: whoever drives the ticks reports what a whole cycle costs (record_cycle)
 
     # ---- configuration ---------------------------------------------------------------------------------------
@@ -283,6 +285,8 @@ class StreamPipeline:
     def _curve(self, value: Curve, frames: int, name: str) -> torch.Tensor:
         """A request's curve on the device. A constant is made once per value and kept (a stream resubmits the same
         knob values every tick: each would be a small synchronous copy); no slot writes into its curves."""
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+            return self._host_curve(value, frames, name)
         if isinstance(value, (torch.Tensor, bool)):
             return self._to_device(as_curve(value, frames, name))
         key = (name, float(value))
@@ -292,6 +296,21 @@ class StreamPipeline:
             if len(self._constant_curves) > CONSTANT_CURVES_KEPT:
                 self._constant_curves.popitem(last=False)
         return constant
+
+    def _host_curve(self, value: torch.Tensor, frames: int, name: str) -> torch.Tensor:
+        """A host tensor curve on the device, copied once while that very tensor is unchanged (its in-place version):
+        a window walker hands the same mask and noise curves over every tick while their values repeat, and the
+        tick graph then finds them already home."""
+        kept = self._host_curves.get(id(value))
+        if kept is not None and kept[0] is value and kept[1] == value._version:
+            self._host_curves.move_to_end(id(value))
+            return kept[2]
+        on_device = self._to_device(as_curve(value, frames, name))
+        self._host_curves[id(value)] = (value, value._version, on_device)
+        self._host_curves.move_to_end(id(value))
+        if len(self._host_curves) > HOST_CURVES_KEPT:
+            self._host_curves.popitem(last=False)
+        return on_device
 
     def drain(self, max_ticks: int = 1000) -> list[Finished]:
         """Tick until every slot and the queue are empty; returns everything delivered on the way."""

@@ -30,6 +30,7 @@ class WindowWalker:
         self._inputs: tuple[tuple, dict[str, Any]] | None = None  # the last window's tensors, by what made them
         self._frame_curves: dict[str, torch.Tensor] = {}  # per-frame shared curves over the loop
         self._curves_at: WindowPlace | None = None  # the place they were last read at
+        self._curves: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None  # the last window curves, by value
 
     def place(self, write_sample: int, hop: int) -> WindowPlace:
         """The window whose generated part starts at the latent frame holding audio sample `write_sample`."""
@@ -59,16 +60,27 @@ class WindowWalker:
         }
         held = timeline.holds(place)
         if held.any():
-            kept = (torch.arange(place.frames) < place.keep) & held
             inputs["source_latents"] = timeline.window(place)
             FINITE_CHECKS.derived(inputs["source_latents"])  # the engine's latents and a source checked at `fill`
-            inputs["latent_mask"] = (~kept).float()
-            # frames never generated start from noise, the others at the schedule's start; always given, held frames
-            # or not, so every window request has the same curves (one tick plan, not one per mix of windows)
             start_t = timestep_schedule(steps, shift, denoise)[0]
-            inputs["initial_noise"] = torch.where(held, torch.tensor(start_t), torch.tensor(1.0))
+            inputs["latent_mask"], inputs["initial_noise"] = self._window_curves(place, held, start_t)
         self._inputs = (key, inputs)
         return inputs
+
+    def _window_curves(
+        self, place: WindowPlace, held: torch.Tensor, start_t: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(latent mask, starting noise level) over a window: the kept frames the timeline holds are masked out;
+        frames never generated start from noise, the others at the schedule's start (always given, held frames or
+        not, so every window request has the same curves: one tick plan, not one per mix of windows). The same
+        tensors come back while their values repeat (a steady walk: every window alike), so the pipeline copies
+        them to the device once, not every tick."""
+        key = (place.frames, place.keep, start_t, held.numpy().tobytes())
+        if self._curves is None or self._curves[0] != key:
+            kept = (torch.arange(place.frames) < place.keep) & held
+            noise = torch.where(held, torch.tensor(start_t), torch.tensor(1.0))
+            self._curves = (key, ((~kept).float(), noise))
+        return self._curves[1]
 
     def land(self, finished: list[Finished], frozen_frame: int) -> None:
         """Merge delivered windows into the timeline after `frozen_frame` (whose audio is written and never changes
