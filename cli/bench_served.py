@@ -8,8 +8,12 @@ import argparse
 import json
 from collections import Counter
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from .flags import CommandError
+
+if TYPE_CHECKING:
+    from ..serve.load import KillFigures, LoadReport, Spread
 
 
 def bench_served(args: argparse.Namespace) -> int:
@@ -57,7 +61,7 @@ def bench_served(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def spread(figure, unit: str, digits: int = 1) -> str:
+def spread(figure: Spread, unit: str, digits: int = 1) -> str:
     """A Spread as 'median / p95 unit'."""
     if figure.count == 0:
         return "none"
@@ -68,7 +72,7 @@ def number(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def print_report(r) -> None:
+def print_report(r: LoadReport) -> None:
     from ..serve.load import KNOB
 
     through = [created for created in r.creates if created.replica]
@@ -110,7 +114,7 @@ def print_report(r) -> None:
     print(f"  ended {r.ended} sessions")
 
 
-def print_kill(k) -> None:
+def print_kill(k: KillFigures) -> None:
     from ..serve.load import WATCH_AFTER_KILL_S
 
     codes = ", ".join(f"{code} x{count}" for code, count in Counter(k.codes_after.values()).items())

@@ -16,10 +16,11 @@ class EngineProcess:
         self.command, self.env = command, env
         self.restart()
 
-    def restart(self) -> None:
-        """Start the engine (again, after kill()) with the same command."""
+    def restart(self, *flags: str) -> None:
+        """Start the engine (again, after kill()) with the same command, and `flags` after it this time (a later
+        flag wins)."""
         self.process = subprocess.Popen(
-            self.command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=self.env
+            [*self.command, *flags], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=self.env
         )
         self.lines: list[str] = []
         threading.Thread(target=self._read, args=(self.process, self.lines), daemon=True).start()

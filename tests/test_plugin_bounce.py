@@ -26,6 +26,8 @@ daw = pytest.importorskip("dawdreamer", reason="DawDreamer (pip install 'flowjam
 
 BARS = 4
 UNJUDGED_BLOCKS = 2  # the plugin knows a bounce by its pace once two blocks have come
+# the engine's most: its first loop comes after 50 ticks, not 8, well after the bounce's start
+SLOW_FIRST_LOOP_STEPS = 50
 
 
 def attach_fresh(session: str) -> ControlBlock:
@@ -60,7 +62,7 @@ def test_an_offline_bounce_started_with_the_engine_waits_for_its_loop_instead_of
     plugin.set_parameter(parameter_index(plugin, "click"), 0.5)  # off: what is heard is the loop
     plugin_engine.kill()
     time.sleep(STALE_AFTER_S + 0.3)  # its heartbeat goes stale
-    plugin_engine.restart()
+    plugin_engine.restart("--steps", str(SLOW_FIRST_LOOP_STEPS))
     control = None
     try:
         control = attach_fresh(SESSION)
@@ -83,4 +85,6 @@ def test_an_offline_bounce_started_with_the_engine_waits_for_its_loop_instead_of
     finally:
         if control is not None:
             control.close()
+        plugin_engine.kill()
+        plugin_engine.restart()  # as the other plugin tests know it
         plugin_engine.wait_ready()
